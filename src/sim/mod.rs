@@ -53,7 +53,7 @@ pub use state::{
 
 // === impl SimArgs ===
 
-/// `autoapproval sim`: where to listen and which faults to inject from the start.
+/// Runs the simulator of the four external systems: where it listens, which faults it injects.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SimArgs {
     /// Address to listen on.

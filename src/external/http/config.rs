@@ -1,0 +1,392 @@
+//! Where the external systems live and how hard we may call them: the
+//! `ExternalConfig` flags, credentials that never print, and durations.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use reqwest::Url;
+
+use crate::external::System;
+
+// === impl ExternalConfig ===
+
+/// Where the four external systems live and how hard we may call them.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ExternalConfig {
+    /// Base URL of the e-sign service.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_ESIGN_URL",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    pub esign_url: String,
+    /// Bearer token for the e-sign service.
+    #[arg(long, env = "AUTOAPPROVAL_ESIGN_TOKEN", hide_env_values = true)]
+    pub esign_token: Option<Secret>,
+    /// Base URL of the owner service.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_OWNER_URL",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    pub owner_url: String,
+    /// Bearer token for the owner service.
+    #[arg(long, env = "AUTOAPPROVAL_OWNER_TOKEN", hide_env_values = true)]
+    pub owner_token: Option<Secret>,
+    /// Base URL of the store service.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_STORE_URL",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    pub store_url: String,
+    /// Bearer token for the store service.
+    #[arg(long, env = "AUTOAPPROVAL_STORE_TOKEN", hide_env_values = true)]
+    pub store_token: Option<Secret>,
+    /// Base URL of the ad service.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_AD_URL",
+        default_value = "http://127.0.0.1:8090"
+    )]
+    pub ad_url: String,
+    /// Bearer token for the ad service.
+    #[arg(long, env = "AUTOAPPROVAL_AD_TOKEN", hide_env_values = true)]
+    pub ad_token: Option<Secret>,
+    /// Timeout of one external call, connect to last body byte (e.g. 500ms, 5s, 2m).
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_EXTERNAL_TIMEOUT",
+        default_value = "5s",
+        value_parser = parse_duration
+    )]
+    pub external_timeout: Duration,
+    /// Maximum calls in flight to each external system at once.
+    #[arg(long, env = "AUTOAPPROVAL_EXTERNAL_CONCURRENCY", default_value_t = 32)]
+    pub external_concurrency: usize,
+}
+
+impl ExternalConfig {
+    /// All four systems at one base URL (the simulator), no tokens, default limits.
+    pub fn all_at(base_url: impl Into<String>) -> Self {
+        let url = base_url.into();
+        Self {
+            esign_url: url.clone(),
+            esign_token: None,
+            owner_url: url.clone(),
+            owner_token: None,
+            store_url: url.clone(),
+            store_token: None,
+            ad_url: url,
+            ad_token: None,
+            external_timeout: Duration::from_secs(5),
+            external_concurrency: 32,
+        }
+    }
+
+    /// The same token for all four systems.
+    pub fn with_token(mut self, token: &str) -> Self {
+        let secret = Some(Secret::new(token));
+        self.esign_token = secret.clone();
+        self.owner_token = secret.clone();
+        self.store_token = secret.clone();
+        self.ad_token = secret;
+        self
+    }
+
+    /// Checks every value; the error names the offending flag.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (flag, url) in [
+            ("--esign-url", &self.esign_url),
+            ("--owner-url", &self.owner_url),
+            ("--store-url", &self.store_url),
+            ("--ad-url", &self.ad_url),
+        ] {
+            parse_base_url(flag, url)?;
+        }
+        if self.external_timeout.is_zero() {
+            return Err(ConfigError::ZeroTimeout);
+        }
+        if self.external_concurrency == 0 {
+            return Err(ConfigError::ZeroConcurrency);
+        }
+        Ok(())
+    }
+}
+
+/// A bad external-system configuration, naming the flag to fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A base URL that is not an absolute http(s) URL.
+    #[error("{flag}: {value:?} is not an http(s) URL: {reason}")]
+    InvalidUrl {
+        /// The flag that carried it.
+        flag: &'static str,
+        /// The value given.
+        value: String,
+        /// Why it was refused.
+        reason: String,
+    },
+    /// A token that cannot be sent in an HTTP header.
+    #[error("{flag}: the token contains characters not allowed in an HTTP header")]
+    InvalidToken {
+        /// The flag that carried it.
+        flag: &'static str,
+    },
+    /// `--external-timeout 0`.
+    #[error("--external-timeout must be greater than zero")]
+    ZeroTimeout,
+    /// `--external-concurrency 0`.
+    #[error("--external-concurrency must be at least 1")]
+    ZeroConcurrency,
+    /// reqwest could not build its client (TLS set-up).
+    #[error("building the HTTP client for {system}: {source}")]
+    Client {
+        /// The system the client was for.
+        system: System,
+        /// reqwest's error.
+        #[source]
+        source: reqwest::Error,
+    },
+}
+
+pub(super) fn parse_base_url(flag: &'static str, value: &str) -> Result<Url, ConfigError> {
+    let invalid = |reason: String| ConfigError::InvalidUrl {
+        flag,
+        value: value.to_owned(),
+        reason,
+    };
+    let url = Url::parse(value).map_err(|e| invalid(e.to_string()))?;
+    if !matches!(url.scheme(), "http" | "https") {
+        return Err(invalid(format!(
+            "scheme {:?} is not http or https",
+            url.scheme()
+        )));
+    }
+    if url.cannot_be_a_base() || url.host_str().is_none() {
+        return Err(invalid("no host".to_owned()));
+    }
+    Ok(url)
+}
+
+// === impl Secret ===
+
+/// A credential: usable, but printed as `***` by `Debug` and `Display`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    /// Wraps a credential.
+    pub fn new(value: impl Into<String>) -> Self {
+        Self(value.into())
+    }
+
+    /// The credential itself, for the one place that sends it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl fmt::Display for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("***")
+    }
+}
+
+impl FromStr for Secret {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(Self::new(s))
+    }
+}
+
+// === durations ===
+
+/// A duration that `parse_duration` refused.
+#[derive(Debug, thiserror::Error)]
+#[error("invalid duration {input:?}: {reason} (expected e.g. 500ms, 5s, 2m, 1m30s)")]
+pub struct DurationError {
+    /// What was given.
+    pub input: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+/// Parses `500ms`, `5s`, `2m`, `1h`, `1m30s`, `250us`, `0`; whole numbers only.
+pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
+    let err = |reason| DurationError {
+        input: input.to_owned(),
+        reason,
+    };
+    let s = input.trim();
+    if s == "0" {
+        return Ok(Duration::ZERO);
+    }
+    if s.is_empty() {
+        return Err(err("empty"));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(err("expected a number"));
+        }
+        let value: u64 = rest[..digits]
+            .parse()
+            .map_err(|_| err("number too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest
+            .find(|c: char| c.is_ascii_digit() || c.is_whitespace())
+            .unwrap_or(rest.len());
+        let unit = &rest[..unit_len];
+        rest = rest[unit_len..].trim_start();
+        let part = match unit {
+            "ns" => Some(Duration::from_nanos(value)),
+            "us" | "µs" => Some(Duration::from_micros(value)),
+            "ms" => Some(Duration::from_millis(value)),
+            "s" | "sec" => Some(Duration::from_secs(value)),
+            "m" | "min" => value.checked_mul(60).map(Duration::from_secs),
+            "h" => value.checked_mul(3600).map(Duration::from_secs),
+            "" => return Err(err("missing unit")),
+            _ => return Err(err("unknown unit")),
+        };
+        total = part
+            .and_then(|p| total.checked_add(p))
+            .ok_or_else(|| err("too large"))?;
+    }
+    Ok(total)
+}
+
+/// Formats a duration so that `parse_duration` reads it back: `30s`, `250ms`.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.subsec_nanos();
+    if nanos == 0 {
+        format!("{}s", d.as_secs())
+    } else if nanos.is_multiple_of(1_000_000) {
+        format!("{}ms", d.as_millis())
+    } else if nanos.is_multiple_of(1_000) {
+        format!("{}us", d.as_micros())
+    } else {
+        format!("{}ns", d.as_nanos())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_parse_in_every_unit() {
+        assert_eq!(parse_duration("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
+        assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
+        assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));
+        assert_eq!(parse_duration(" 0 ").unwrap(), Duration::ZERO);
+        assert_eq!(parse_duration("0ms").unwrap(), Duration::ZERO);
+    }
+
+    #[test]
+    fn durations_without_unit_or_number_are_refused() {
+        for bad in [
+            "",
+            "5",
+            "ms",
+            "5x",
+            "1.5s",
+            "-1s",
+            "s5",
+            "99999999999999999999s",
+        ] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} should be refused");
+        }
+        let err = parse_duration("5").unwrap_err().to_string();
+        assert!(err.contains("missing unit"), "{err}");
+    }
+
+    #[test]
+    fn formatted_durations_parse_back() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_secs(30),
+            Duration::from_millis(1500),
+            Duration::from_micros(7),
+            Duration::from_nanos(3),
+        ] {
+            assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
+        }
+        assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+    }
+
+    #[test]
+    fn secrets_never_print() {
+        let config = ExternalConfig::all_at("http://x").with_token("hunter2");
+        let printed = format!("{config:?}");
+        assert!(!printed.contains("hunter2"), "{printed}");
+        assert!(printed.contains("***"), "{printed}");
+    }
+
+    #[test]
+    fn validation_names_the_flag() {
+        let mut config = ExternalConfig::all_at("http://127.0.0.1:1");
+        config.store_url = "ftp://example.com".into();
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.starts_with("--store-url"), "{err}");
+
+        config.store_url = "not a url".into();
+        assert!(
+            config
+                .validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("--store-url")
+        );
+
+        let mut config = ExternalConfig::all_at("https://example.com/base/");
+        config.validate().unwrap();
+        config.external_timeout = Duration::ZERO;
+        assert!(matches!(config.validate(), Err(ConfigError::ZeroTimeout)));
+        config.external_timeout = Duration::from_secs(1);
+        config.external_concurrency = 0;
+        assert!(matches!(
+            config.validate(),
+            Err(ConfigError::ZeroConcurrency)
+        ));
+    }
+
+    #[test]
+    fn flags_and_defaults_parse() {
+        use clap::Parser;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            external: ExternalConfig,
+        }
+        let cli =
+            Cli::try_parse_from(["x", "--external-timeout", "500ms", "--ad-token", "t"]).unwrap();
+        assert_eq!(cli.external.external_timeout, Duration::from_millis(500));
+        assert_eq!(cli.external.external_concurrency, 32);
+        assert_eq!(cli.external.esign_url, "http://127.0.0.1:8090");
+        assert_eq!(
+            cli.external.ad_token.as_ref().map(Secret::expose),
+            Some("t")
+        );
+        let err = Cli::try_parse_from(["x", "--external-timeout", "5"])
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("--external-timeout"), "{err}");
+    }
+}
