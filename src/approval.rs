@@ -1,0 +1,406 @@
+//! One attempt at one request: claim, run the chain while heartbeating,
+//! write the outcome under the fence. Plus the poll turn that feeds attempts
+//! from the candidate queries.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use tracing::{debug, info, warn};
+
+use crate::clock::SharedClock;
+use crate::domain::{Candidate, Claim, Fence, RequestStatus, RequestType};
+use crate::external::ExternalSystems;
+use crate::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason, Step};
+use crate::retry::{RetryClass, RetryPolicy};
+use crate::store::{
+    CandidateQuery, ClaimOutcome, Completion, RetryWrite, ShardFilter, Store, StoreError,
+};
+use crate::telemetry::Metrics;
+
+/// How an attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// Approved by us.
+    Approved,
+    /// Waiting for a retry.
+    RetryScheduled {
+        /// The step that stopped.
+        step: Step,
+        /// Why and how long.
+        reason: RetryReason,
+        /// When it is due.
+        next_retry_time: DateTime<Utc>,
+        /// Retries so far, this one included.
+        retry_count: i32,
+    },
+    /// Someone else holds the request, or the retry is no longer due.
+    NotClaimed,
+    /// A person decided meanwhile; our state row is gone, nothing else written.
+    Superseded(RequestStatus),
+    /// The request row does not exist.
+    Vanished,
+    /// Our claim was taken over mid-chain; nothing more was written.
+    FenceLost,
+}
+
+impl AttemptOutcome {
+    /// Stable label for metrics.
+    pub fn label(&self) -> &'static str {
+        match self {
+            AttemptOutcome::Approved => "approved",
+            AttemptOutcome::RetryScheduled { .. } => "retry",
+            AttemptOutcome::NotClaimed => "not_claimed",
+            AttemptOutcome::Superseded(_) => "superseded",
+            AttemptOutcome::Vanished => "vanished",
+            AttemptOutcome::FenceLost => "fence_lost",
+        }
+    }
+}
+
+/// Settings of the approver.
+#[derive(Clone, Debug)]
+pub struct ApproverConfig {
+    /// The retry policy.
+    pub retry: RetryPolicy,
+    /// How often a running chain touches its claim.
+    pub heartbeat_interval: Duration,
+}
+
+impl Default for ApproverConfig {
+    fn default() -> Self {
+        Self {
+            retry: RetryPolicy::default(),
+            heartbeat_interval: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Runs attempts. Shared by the poll turn and the controller's reconcile.
+pub struct Approver {
+    store: Store,
+    external: ExternalSystems,
+    clock: SharedClock,
+    metrics: Metrics,
+    config: ApproverConfig,
+    chain: Chain,
+}
+
+// === impl Approver ===
+
+impl Approver {
+    /// An approver over these components.
+    pub fn new(
+        store: Store,
+        external: ExternalSystems,
+        clock: SharedClock,
+        metrics: Metrics,
+        config: ApproverConfig,
+    ) -> Self {
+        Self {
+            store,
+            external,
+            clock,
+            metrics,
+            config,
+            chain: Chain::default(),
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &ApproverConfig {
+        &self.config
+    }
+
+    /// Claims `candidate` under `fence` and, when won, runs it to an outcome.
+    /// A store error after the claim tries to release it, so an error path
+    /// never leaves the request IN_PROGRESS when it could give it back.
+    pub async fn attempt(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let claim = match self
+            .store
+            .claim(candidate, fence, self.clock.now(), self.config.retry.limit)
+            .await?
+        {
+            ClaimOutcome::Won(claim) => claim,
+            ClaimOutcome::Lost => {
+                self.metrics.claim("lost");
+                debug!(request_id = candidate.request_id, "claim lost");
+                return Ok(AttemptOutcome::NotClaimed);
+            }
+        };
+        self.metrics.claim("won");
+        match self.run_claimed(&claim).await {
+            Ok(outcome) => Ok(outcome),
+            Err(ChainError::FenceLost(_)) => {
+                warn!(
+                    request_id = claim.request_id,
+                    "claim taken over mid-chain; stopping"
+                );
+                Ok(AttemptOutcome::FenceLost)
+            }
+            Err(ChainError::Store(StoreError::Malformed { request_id, error })) => {
+                // Reported and parked, never lost: it waits the long interval
+                // and is visible in the state row and the memo.
+                self.metrics.malformed_row(error.column);
+                warn!(request_id, column = error.column, value = %error.value, "malformed request row skipped");
+                let reason = RetryReason::condition(format!("malformed row: {error}"));
+                self.schedule_retry(&claim, Step::Owner, reason).await
+            }
+            Err(ChainError::Store(e)) => {
+                if let Err(release) = self.store.release(&claim, self.clock.now()).await {
+                    warn!(request_id = claim.request_id, error = %release, "could not release claim after error");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn run_claimed(&self, claim: &Claim) -> Result<AttemptOutcome, ChainError> {
+        let cx = ChainContext {
+            store: &self.store,
+            external: &self.external,
+            claim,
+            clock: self.clock.as_ref(),
+            metrics: &self.metrics,
+        };
+        let current = std::sync::Mutex::new(Step::Owner);
+        let on_step = |step: Step| *current.lock().unwrap_or_else(|e| e.into_inner()) = step;
+        let chain = self.chain.run(&cx, &on_step);
+        tokio::pin!(chain);
+        let mut ticker = tokio::time::interval(self.config.heartbeat_interval);
+        ticker.tick().await;
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut chain => break outcome?,
+                _ = ticker.tick() => {
+                    let step = *current.lock().unwrap_or_else(|e| e.into_inner());
+                    if !self.store.heartbeat(claim, step.as_str(), self.clock.now()).await? {
+                        return Err(ChainError::FenceLost(claim.request_id));
+                    }
+                }
+            }
+        };
+        let step = *current.lock().unwrap_or_else(|e| e.into_inner());
+        let result = match outcome {
+            ChainOutcome::Success => match self.store.complete(claim, self.clock.now()).await? {
+                Completion::Approved => {
+                    info!(request_id = claim.request_id, "approved");
+                    AttemptOutcome::Approved
+                }
+                Completion::Stale => return Err(ChainError::FenceLost(claim.request_id)),
+                Completion::RequestClosed => {
+                    AttemptOutcome::Superseded(self.closed_status(claim).await?)
+                }
+            },
+            ChainOutcome::Retry { step, reason } => {
+                self.schedule_retry(claim, step, reason).await?
+            }
+            ChainOutcome::Closed(status) => {
+                if !self.store.drop_claim(claim).await? {
+                    return Err(ChainError::FenceLost(claim.request_id));
+                }
+                info!(request_id = claim.request_id, %status, "decided by a person; superseded");
+                AttemptOutcome::Superseded(status)
+            }
+            ChainOutcome::Vanished => {
+                if !self.store.drop_claim(claim).await? {
+                    return Err(ChainError::FenceLost(claim.request_id));
+                }
+                warn!(request_id = claim.request_id, "request vanished");
+                AttemptOutcome::Vanished
+            }
+        };
+        let reason = match &result {
+            AttemptOutcome::RetryScheduled { reason, .. } => reason.class.as_str(),
+            _ => "",
+        };
+        self.metrics.outcome(step.as_str(), result.label(), reason);
+        Ok(result)
+    }
+
+    async fn closed_status(&self, claim: &Claim) -> Result<RequestStatus, StoreError> {
+        Ok(self
+            .store
+            .request(claim.request_id)
+            .await?
+            .map_or(RequestStatus::Canceled, |r| r.status))
+    }
+
+    async fn schedule_retry(
+        &self,
+        claim: &Claim,
+        step: Step,
+        reason: RetryReason,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let now = self.clock.now();
+        let transient = reason.class == RetryClass::Transient;
+        let streak = if transient {
+            self.store.transient_streak(claim).await? + 1
+        } else {
+            0
+        };
+        let next_retry_time =
+            self.config
+                .retry
+                .next_retry_time(now, reason.class, streak, &mut rand::rng());
+        let write = RetryWrite {
+            next_retry_time,
+            transient,
+            reason: &reason.reason,
+            step: step.as_str(),
+        };
+        match self.store.schedule_retry(claim, &write, now).await? {
+            Some(retry_count) => {
+                info!(request_id = claim.request_id, %step, reason = %reason.reason, retry_count, "retry scheduled");
+                Ok(AttemptOutcome::RetryScheduled {
+                    step,
+                    reason,
+                    next_retry_time,
+                    retry_count,
+                })
+            }
+            None => Ok(AttemptOutcome::FenceLost),
+        }
+    }
+}
+
+/// Limits and window of the poll turn.
+#[derive(Clone, Debug)]
+pub struct TurnConfig {
+    /// Owner contracts per turn (the seed's 20).
+    pub owner_limit: i64,
+    /// Ad contracts per turn (the seed's 10).
+    pub ad_limit: i64,
+    /// Only requests whose sort_time is within this window.
+    pub window: Duration,
+    /// Attempts run at once.
+    pub concurrency: usize,
+}
+
+impl Default for TurnConfig {
+    fn default() -> Self {
+        Self {
+            owner_limit: 20,
+            ad_limit: 10,
+            window: Duration::from_secs(30 * 24 * 3600),
+            concurrency: 16,
+        }
+    }
+}
+
+/// What one turn did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TurnReport {
+    /// Candidates returned.
+    pub candidates: usize,
+    /// Outcomes per request, in completion order.
+    pub outcomes: Vec<(i64, AttemptOutcome)>,
+    /// Attempts that failed with a store error (already released).
+    pub errors: usize,
+}
+
+impl TurnReport {
+    /// How many attempts won their claim.
+    pub fn claimed(&self) -> usize {
+        self.outcomes
+            .iter()
+            .filter(|(_, o)| *o != AttemptOutcome::NotClaimed)
+            .count()
+    }
+}
+
+impl TurnConfig {
+    /// The candidate query of one type at `now`.
+    pub fn query(
+        &self,
+        request_type: RequestType,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+        shards: Option<ShardFilter>,
+    ) -> CandidateQuery {
+        let limit = match request_type {
+            RequestType::AdContract => self.ad_limit,
+            _ => self.owner_limit,
+        };
+        CandidateQuery {
+            request_type,
+            limit,
+            window_start: now
+                - chrono::Duration::from_std(self.window).unwrap_or(chrono::Duration::MAX),
+            now,
+            retry_limit,
+            shards,
+        }
+    }
+}
+
+/// Runs the candidate query of each auto-approvable type and attempts every
+/// candidate, `concurrency` at a time.
+pub async fn run_turn(
+    approver: &Arc<Approver>,
+    turn: &TurnConfig,
+    fence: &Fence,
+    shards: Option<ShardFilter>,
+) -> Result<TurnReport, StoreError> {
+    let now = approver.clock.now();
+    let mut candidates = Vec::new();
+    for request_type in RequestType::AUTO_APPROVABLE {
+        let query = turn.query(
+            request_type,
+            now,
+            approver.config.retry.limit,
+            shards.clone(),
+        );
+        let found = approver.store.candidates(&query).await?;
+        approver
+            .metrics
+            .candidates(request_type.as_str(), found.len() as u64);
+        candidates.extend(found);
+    }
+    Ok(attempt_all(approver, &candidates, fence, turn.concurrency).await)
+}
+
+/// Attempts each candidate, `concurrency` at a time; one failing or
+/// malformed request never stops the others.
+pub async fn attempt_all(
+    approver: &Arc<Approver>,
+    candidates: &[Candidate],
+    fence: &Fence,
+    concurrency: usize,
+) -> TurnReport {
+    let mut report = TurnReport {
+        candidates: candidates.len(),
+        ..TurnReport::default()
+    };
+    let mut attempts = futures::stream::iter(
+        candidates
+            .iter()
+            .map(|c| async move { (c.request_id, approver.attempt(c, fence).await) }),
+    )
+    .buffer_unordered(concurrency.max(1));
+    while let Some((request_id, result)) = attempts.next().await {
+        match result {
+            Ok(outcome) => report.outcomes.push((request_id, outcome)),
+            Err(error) => {
+                warn!(request_id, %error, "attempt failed");
+                report.errors += 1;
+            }
+        }
+    }
+    report
+}

@@ -1,0 +1,58 @@
+//! The cleanser: brings back claims stuck IN_PROGRESS (a worker died) and
+//! deletes state rows of requests that are already decided. One runner at a
+//! time; the coordination module decides which replica.
+
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::clock::SharedClock;
+use crate::store::{CleanseReport, Store, StoreError};
+use crate::telemetry::Metrics;
+
+/// Runs cleanser passes.
+pub struct Cleanser {
+    store: Store,
+    clock: SharedClock,
+    metrics: Metrics,
+    stuck_threshold: Duration,
+}
+
+impl Cleanser {
+    /// A cleanser that treats claims untouched for `stuck_threshold` as stuck.
+    /// The threshold must be well above the longest chain, or a live claim
+    /// would be taken for a dead one.
+    pub fn new(
+        store: Store,
+        clock: SharedClock,
+        metrics: Metrics,
+        stuck_threshold: Duration,
+    ) -> Self {
+        Self {
+            store,
+            clock,
+            metrics,
+            stuck_threshold,
+        }
+    }
+
+    /// One pass.
+    pub async fn run_once(&self) -> Result<CleanseReport, StoreError> {
+        let now = self.clock.now();
+        let stuck_before =
+            now - chrono::Duration::from_std(self.stuck_threshold).unwrap_or(chrono::Duration::MAX);
+        let report = self.store.cleanse(stuck_before, now).await?;
+        self.metrics
+            .cleansed(report.recovered.len() as u64, report.deleted);
+        for request_id in &report.recovered {
+            info!(request_id, "recovered a stuck claim");
+        }
+        if report.deleted > 0 {
+            info!(
+                deleted = report.deleted,
+                "deleted state rows of finished requests"
+            );
+        }
+        Ok(report)
+    }
+}

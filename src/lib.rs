@@ -1,0 +1,14 @@
+//! autoapproval: a Kubernetes-native controller that auto-approves contract
+//! requests kept in PostgreSQL.
+
+pub mod approval;
+pub mod cleanser;
+pub mod cli;
+pub mod clock;
+pub mod domain;
+pub mod external;
+pub mod processors;
+pub mod retry;
+pub mod sim;
+pub mod store;
+pub mod telemetry;

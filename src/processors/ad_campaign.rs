@@ -1,0 +1,61 @@
+//! The ad campaign processor: approves the campaign of an ad contract.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::filters::Filter;
+use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
+use crate::domain::Request;
+use crate::external::{CampaignApproval, IdempotencyKey, System};
+
+/// Approves an ad contract's campaign; owner and store already exist.
+pub struct AdCampaignProcessor {
+    filters: Vec<Arc<dyn Filter>>,
+}
+
+impl AdCampaignProcessor {
+    /// With the ad step's filters, in order.
+    pub fn new(filters: Vec<Arc<dyn Filter>>) -> Self {
+        Self { filters }
+    }
+}
+
+#[async_trait]
+impl Processor for AdCampaignProcessor {
+    fn step(&self) -> Step {
+        Step::AdCampaign
+    }
+
+    async fn process(
+        &self,
+        cx: &ChainContext<'_>,
+        request: &Request,
+    ) -> Result<Transition, ChainError> {
+        if request.campaign_id.is_some() {
+            return Ok(Transition::Success);
+        }
+        if let Some(wait) = run_filters(&self.filters, Step::AdCampaign, cx, request).await? {
+            return Ok(Transition::Retry(wait));
+        }
+        let Some(store_number) = request.target_store_number else {
+            return Ok(Transition::Retry(RetryReason::condition("no target store")));
+        };
+        let key = IdempotencyKey::new(request.id, "campaign");
+        let approval = CampaignApproval {
+            request_id: request.id,
+            store_number,
+        };
+        let campaign_id = match cx.record(
+            System::Ad,
+            cx.external.ad.approve_campaign(&key, &approval).await,
+        ) {
+            Ok(id) => id,
+            Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
+        };
+        if !cx.store.save_campaign_id(cx.claim, &campaign_id).await? {
+            return Err(ChainError::FenceLost(request.id));
+        }
+        Ok(Transition::Success)
+    }
+}

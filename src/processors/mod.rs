@@ -1,0 +1,281 @@
+//! The processor chain: owner → store → ad campaign, a small state machine.
+//! Each processor knows its successor; the runner only looks the named one up,
+//! re-reads the request from the primary before every step, and stops as soon
+//! as a person has decided.
+
+pub mod ad_campaign;
+pub mod filters;
+pub mod owner;
+pub mod store_approval;
+
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::clock::Clock;
+use crate::domain::{Claim, Request, RequestStatus, RequestType};
+use crate::external::{ErrorKind, ExternalError, ExternalSystems};
+use crate::retry::RetryClass;
+use crate::store::{Store, StoreError};
+use crate::telemetry::Metrics;
+
+/// A processor in the chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// Creates the owner.
+    Owner,
+    /// Creates the store.
+    Store,
+    /// Approves the ad campaign.
+    AdCampaign,
+}
+
+impl Step {
+    /// Where the chain starts for a request type; `None` when not auto-approvable.
+    /// A retry always starts here again; skip-if-done makes that cheap.
+    pub fn first_for(request_type: RequestType) -> Option<Step> {
+        match request_type {
+            RequestType::OwnerContract => Some(Step::Owner),
+            RequestType::AdContract => Some(Step::AdCampaign),
+            _ => None,
+        }
+    }
+
+    /// Stable name for status, metrics and idempotency keys.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::Owner => "owner",
+            Step::Store => "store",
+            Step::AdCampaign => "ad-campaign",
+        }
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Why a request has to wait, and how long.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RetryReason {
+    /// Condition not met, or transient failure.
+    pub class: RetryClass,
+    /// A short human reason, e.g. `documents not released`.
+    pub reason: String,
+}
+
+impl RetryReason {
+    /// An unmet condition.
+    pub fn condition(reason: impl Into<String>) -> Self {
+        Self {
+            class: RetryClass::ConditionNotMet,
+            reason: reason.into(),
+        }
+    }
+
+    /// A failed external call: transient errors back off, refusals wait long.
+    pub fn external(error: &ExternalError) -> Self {
+        let class = match error.kind {
+            ErrorKind::Transient => RetryClass::Transient,
+            ErrorKind::Permanent => RetryClass::ConditionNotMet,
+        };
+        Self {
+            class,
+            reason: error.to_string(),
+        }
+    }
+}
+
+/// What a processor answers.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Transition {
+    /// Go on with this processor.
+    Next(Step),
+    /// Every step is done: approve.
+    Success,
+    /// Stop here and retry later from the first step.
+    Retry(RetryReason),
+}
+
+/// Failures that end the chain without an outcome.
+#[derive(Debug, thiserror::Error)]
+pub enum ChainError {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Our fence no longer matches: another worker holds the request now.
+    #[error("claim on request {0} was lost")]
+    FenceLost(i64),
+}
+
+/// What a processor gets to work with.
+pub struct ChainContext<'a> {
+    /// The store (primary re-reads and fenced writes).
+    pub store: &'a Store,
+    /// The downstream systems.
+    pub external: &'a ExternalSystems,
+    /// The claim every write carries.
+    pub claim: &'a Claim,
+    /// Now.
+    pub clock: &'a dyn Clock,
+    /// Counters.
+    pub metrics: &'a Metrics,
+}
+
+impl ChainContext<'_> {
+    /// Counts an external call's result and passes it through.
+    pub fn record<T>(
+        &self,
+        system: crate::external::System,
+        result: Result<T, ExternalError>,
+    ) -> Result<T, ExternalError> {
+        let label = match &result {
+            Ok(_) => "ok",
+            Err(e) if e.kind == ErrorKind::Transient => "transient",
+            Err(_) => "permanent",
+        };
+        self.metrics.external_call(system.as_str(), label);
+        result
+    }
+}
+
+/// One processor of the chain.
+#[async_trait]
+pub trait Processor: Send + Sync {
+    /// Which step this is.
+    fn step(&self) -> Step;
+
+    /// Does this step's work on a freshly read, open request.
+    async fn process(
+        &self,
+        cx: &ChainContext<'_>,
+        request: &Request,
+    ) -> Result<Transition, ChainError>;
+}
+
+/// How a chain run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ChainOutcome {
+    /// Every step done: the request may be approved.
+    Success,
+    /// Must wait; `step` is where it stopped.
+    Retry {
+        /// The step that asked for the retry.
+        step: Step,
+        /// Why.
+        reason: RetryReason,
+    },
+    /// A person decided meanwhile (or the request is otherwise terminal).
+    Closed(RequestStatus),
+    /// The request row no longer exists.
+    Vanished,
+}
+
+/// The processors, looked up by step.
+pub struct Chain {
+    processors: Vec<Box<dyn Processor>>,
+}
+
+impl Default for Chain {
+    fn default() -> Self {
+        let filters = filters::all();
+        Self {
+            processors: vec![
+                Box::new(owner::OwnerProcessor::new(filters::for_step(
+                    &filters,
+                    Step::Owner,
+                ))),
+                Box::new(store_approval::StoreProcessor::new(filters::for_step(
+                    &filters,
+                    Step::Store,
+                ))),
+                Box::new(ad_campaign::AdCampaignProcessor::new(filters::for_step(
+                    &filters,
+                    Step::AdCampaign,
+                ))),
+            ],
+        }
+    }
+}
+
+// Longer than any real chain; guards against a processor naming itself.
+const MAX_TRANSITIONS: usize = 8;
+
+impl Chain {
+    /// Runs the chain for a claimed request, from its first step. `on_step`
+    /// is told each step as it starts (status projection, heartbeats).
+    pub async fn run(
+        &self,
+        cx: &ChainContext<'_>,
+        on_step: &(dyn Fn(Step) + Send + Sync),
+    ) -> Result<ChainOutcome, ChainError> {
+        let mut step = None;
+        for _ in 0..MAX_TRANSITIONS {
+            // Every step sees fresh data: the previous one changed the
+            // outside world, the e-sign ledger syncs by itself, and a person
+            // may have decided in between.
+            let Some(request) = cx.store.request(cx.claim.request_id).await? else {
+                return Ok(ChainOutcome::Vanished);
+            };
+            if !request.status.is_open() {
+                return Ok(ChainOutcome::Closed(request.status));
+            }
+            let current = match step {
+                Some(s) => s,
+                None => match Step::first_for(request.request_type) {
+                    Some(s) => s,
+                    None => {
+                        return Ok(ChainOutcome::Retry {
+                            step: Step::Owner,
+                            reason: RetryReason::condition(format!(
+                                "request type {} is not auto-approvable",
+                                request.request_type
+                            )),
+                        });
+                    }
+                },
+            };
+            on_step(current);
+            let Some(processor) = self.processors.iter().find(|p| p.step() == current) else {
+                return Ok(ChainOutcome::Retry {
+                    step: current,
+                    reason: RetryReason::condition(format!("no processor for step {current}")),
+                });
+            };
+            match processor.process(cx, &request).await? {
+                Transition::Next(next) => step = Some(next),
+                Transition::Success => return Ok(ChainOutcome::Success),
+                Transition::Retry(reason) => {
+                    return Ok(ChainOutcome::Retry {
+                        step: current,
+                        reason,
+                    });
+                }
+            }
+        }
+        Ok(ChainOutcome::Retry {
+            step: step.unwrap_or(Step::Owner),
+            reason: RetryReason::condition("processor chain did not terminate"),
+        })
+    }
+}
+
+/// Runs `filters` in order; the first that is not satisfied decides the retry.
+pub async fn run_filters(
+    filters: &[std::sync::Arc<dyn filters::Filter>],
+    step: Step,
+    cx: &ChainContext<'_>,
+    request: &Request,
+) -> Result<Option<RetryReason>, ChainError> {
+    for filter in filters
+        .iter()
+        .filter(|f| f.applies(step, request.request_type))
+    {
+        if let filters::Verdict::Wait(reason) = filter.check(cx, request).await? {
+            return Ok(Some(reason));
+        }
+    }
+    Ok(None)
+}

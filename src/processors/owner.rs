@@ -1,0 +1,58 @@
+//! The owner processor: creates the owner and stores its number.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::filters::Filter;
+use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
+use crate::domain::Request;
+use crate::external::{IdempotencyKey, NewOwner, System};
+
+/// Creates the owner of an owner contract.
+pub struct OwnerProcessor {
+    filters: Vec<Arc<dyn Filter>>,
+}
+
+impl OwnerProcessor {
+    /// With the owner step's filters, in order.
+    pub fn new(filters: Vec<Arc<dyn Filter>>) -> Self {
+        Self { filters }
+    }
+}
+
+#[async_trait]
+impl Processor for OwnerProcessor {
+    fn step(&self) -> Step {
+        Step::Owner
+    }
+
+    async fn process(
+        &self,
+        cx: &ChainContext<'_>,
+        request: &Request,
+    ) -> Result<Transition, ChainError> {
+        if request.owner_number.is_some() {
+            return Ok(Transition::Next(Step::Store));
+        }
+        if let Some(wait) = run_filters(&self.filters, Step::Owner, cx, request).await? {
+            return Ok(Transition::Retry(wait));
+        }
+        let key = IdempotencyKey::new(request.id, Step::Owner.as_str());
+        let owner = NewOwner {
+            request_id: request.id,
+            business_name: request.business_name.clone(),
+        };
+        let owner_number = match cx.record(
+            System::Owner,
+            cx.external.owner.create_owner(&key, &owner).await,
+        ) {
+            Ok(n) => n,
+            Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
+        };
+        if !cx.store.save_owner_number(cx.claim, owner_number).await? {
+            return Err(ChainError::FenceLost(request.id));
+        }
+        Ok(Transition::Next(Step::Store))
+    }
+}

@@ -1,0 +1,65 @@
+//! The store processor: creates the owner's store and stores its number.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::filters::Filter;
+use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
+use crate::domain::Request;
+use crate::external::{IdempotencyKey, NewStore, System};
+
+/// Creates the store of an owner contract; the last step of that chain.
+pub struct StoreProcessor {
+    filters: Vec<Arc<dyn Filter>>,
+}
+
+impl StoreProcessor {
+    /// With the store step's filters, in order.
+    pub fn new(filters: Vec<Arc<dyn Filter>>) -> Self {
+        Self { filters }
+    }
+}
+
+#[async_trait]
+impl Processor for StoreProcessor {
+    fn step(&self) -> Step {
+        Step::Store
+    }
+
+    async fn process(
+        &self,
+        cx: &ChainContext<'_>,
+        request: &Request,
+    ) -> Result<Transition, ChainError> {
+        // A number present means the store exists: done.
+        if request.store_number.is_some() {
+            return Ok(Transition::Success);
+        }
+        let Some(owner_number) = request.owner_number else {
+            return Ok(Transition::Retry(RetryReason::condition(
+                "owner not created",
+            )));
+        };
+        if let Some(wait) = run_filters(&self.filters, Step::Store, cx, request).await? {
+            return Ok(Transition::Retry(wait));
+        }
+        let key = IdempotencyKey::new(request.id, Step::Store.as_str());
+        let store = NewStore {
+            request_id: request.id,
+            owner_number,
+            store_name: request.business_name.clone(),
+        };
+        let store_number = match cx.record(
+            System::Store,
+            cx.external.store.create_store(&key, &store).await,
+        ) {
+            Ok(n) => n,
+            Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
+        };
+        if !cx.store.save_store_number(cx.claim, store_number).await? {
+            return Err(ChainError::FenceLost(request.id));
+        }
+        Ok(Transition::Success)
+    }
+}

@@ -1,0 +1,224 @@
+//! Telemetry: the Prometheus metrics every module records into, and the
+//! tracing subscriber.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TypeLabel {
+    request_type: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct OutcomeLabels {
+    step: String,
+    outcome: String,
+    reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SystemLabels {
+    system: String,
+    result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ColumnLabel {
+    column: String,
+}
+
+/// The controller's metrics. Cheap to clone; all clones share the counters.
+#[derive(Clone)]
+pub struct Metrics {
+    registry: Arc<Registry>,
+    candidates: Family<TypeLabel, Counter>,
+    claims: Family<ResultLabel, Counter>,
+    outcomes: Family<OutcomeLabels, Counter>,
+    external_calls: Family<SystemLabels, Counter>,
+    malformed_rows: Family<ColumnLabel, Counter>,
+    cleanser_recovered: Counter,
+    cleanser_deleted: Counter,
+    pickup_latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// A fresh registry with every metric registered.
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("autoapproval");
+        let candidates = Family::<TypeLabel, Counter>::default();
+        registry.register(
+            "candidates",
+            "Candidates returned by the candidate queries",
+            candidates.clone(),
+        );
+        let claims = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "claims",
+            "Claim attempts on the primary by result",
+            claims.clone(),
+        );
+        let outcomes = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "outcomes",
+            "Attempt outcomes by step and reason class",
+            outcomes.clone(),
+        );
+        let external_calls = Family::<SystemLabels, Counter>::default();
+        registry.register(
+            "external_calls",
+            "External system calls by system and result",
+            external_calls.clone(),
+        );
+        let malformed_rows = Family::<ColumnLabel, Counter>::default();
+        registry.register(
+            "malformed_rows",
+            "Rows skipped because a column holds a value the controller does not know",
+            malformed_rows.clone(),
+        );
+        let cleanser_recovered = Counter::default();
+        registry.register(
+            "cleanser_recovered",
+            "Stuck claims returned to RETRY_WAITING",
+            cleanser_recovered.clone(),
+        );
+        let cleanser_deleted = Counter::default();
+        registry.register(
+            "cleanser_deleted",
+            "State rows of finished requests deleted",
+            cleanser_deleted.clone(),
+        );
+        let pickup_latency = Histogram::new(exponential_buckets(0.001, 2.0, 22));
+        registry.register(
+            "pickup_latency_seconds",
+            "Time from a request becoming eligible to its claim",
+            pickup_latency.clone(),
+        );
+        Self {
+            registry: Arc::new(registry),
+            candidates,
+            claims,
+            outcomes,
+            external_calls,
+            malformed_rows,
+            cleanser_recovered,
+            cleanser_deleted,
+            pickup_latency,
+        }
+    }
+
+    /// Counts candidates of a type.
+    pub fn candidates(&self, request_type: &str, n: u64) {
+        self.candidates
+            .get_or_create(&TypeLabel {
+                request_type: request_type.into(),
+            })
+            .inc_by(n);
+    }
+
+    /// Counts a claim attempt: `won` or `lost`.
+    pub fn claim(&self, result: &str) {
+        self.claims
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// How many claim attempts had `result`.
+    pub fn claims(&self, result: &str) -> u64 {
+        self.claims
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .get()
+    }
+
+    /// Counts an attempt's outcome.
+    pub fn outcome(&self, step: &str, outcome: &str, reason: &str) {
+        let labels = OutcomeLabels {
+            step: step.into(),
+            outcome: outcome.into(),
+            reason: reason.into(),
+        };
+        self.outcomes.get_or_create(&labels).inc();
+    }
+
+    /// Counts an external call.
+    pub fn external_call(&self, system: &str, result: &str) {
+        self.external_calls
+            .get_or_create(&SystemLabels {
+                system: system.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a malformed row.
+    pub fn malformed_row(&self, column: &str) {
+        self.malformed_rows
+            .get_or_create(&ColumnLabel {
+                column: column.into(),
+            })
+            .inc();
+    }
+
+    /// How many malformed rows were seen with a bad `column`.
+    pub fn malformed_rows(&self, column: &str) -> u64 {
+        self.malformed_rows
+            .get_or_create(&ColumnLabel {
+                column: column.into(),
+            })
+            .get()
+    }
+
+    /// Counts a cleanser pass.
+    pub fn cleansed(&self, recovered: u64, deleted: u64) {
+        self.cleanser_recovered.inc_by(recovered);
+        self.cleanser_deleted.inc_by(deleted);
+    }
+
+    /// Records a pickup latency.
+    pub fn pickup(&self, seconds: f64) {
+        self.pickup_latency.observe(seconds);
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// Installs the tracing subscriber: `RUST_LOG` filter (default `info`),
+/// JSON lines when `json` is set.
+pub fn init_tracing(json: bool) {
+    use tracing_subscriber::EnvFilter;
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // A second init (tests) is harmless; keep the first.
+    let _ = if json {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}

@@ -1,0 +1,190 @@
+//! The thin candidate query against the seed's reference rows.
+
+use autoapproval::approval::TurnConfig;
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
+use autoapproval::store::{ShardFilter, Store};
+use chrono::Duration;
+use sqlx::PgPool;
+
+use crate::support::{NewRequest, insert_state, t0};
+
+fn query(
+    request_type: RequestType,
+    shards: Option<ShardFilter>,
+) -> autoapproval::store::CandidateQuery {
+    TurnConfig::default().query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
+}
+
+/// Rows 101–107 of the seed: new; first retry due; twelfth retry due;
+/// IN_PROGRESS elsewhere; retry not yet due; retry limit reached; approved.
+async fn seed_rows(pool: &PgPool) {
+    let now = t0();
+    NewRequest::ready_owner(101)
+        .sorted_at(now - Duration::minutes(1))
+        .insert(pool)
+        .await;
+    NewRequest::ready_owner(102)
+        .status("ING")
+        .sorted_at(now - Duration::minutes(11))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        102,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        1,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(103)
+        .sorted_at(now - Duration::hours(2))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        103,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        12,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(104)
+        .sorted_at(now - Duration::minutes(3))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        104,
+        "IN_PROGRESS",
+        None,
+        0,
+        now - Duration::seconds(5),
+    )
+    .await;
+    NewRequest::ready_owner(105)
+        .sorted_at(now - Duration::minutes(30))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        105,
+        "RETRY_WAITING",
+        Some(now + Duration::minutes(4)),
+        2,
+        now - Duration::minutes(6),
+    )
+    .await;
+    NewRequest::ready_owner(106)
+        .sorted_at(now - Duration::days(3))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        106,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        300,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(107)
+        .status("APPROVED")
+        .sorted_at(now - Duration::minutes(2))
+        .insert(pool)
+        .await;
+}
+
+#[sqlx::test]
+async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgPool) {
+    seed_rows(&pool).await;
+    let store = Store::new(pool.clone(), pool);
+    let found = store
+        .candidates(&query(RequestType::OwnerContract, None))
+        .await
+        .unwrap();
+    let ids: Vec<i64> = found.iter().map(|c| c.request_id).collect();
+    // ING sorts before PENDING; within PENDING the oldest sort_time first.
+    assert_eq!(ids, [102, 103, 101]);
+    assert_eq!(
+        found[2],
+        Candidate {
+            request_id: 101,
+            request_type: RequestType::OwnerContract,
+            state_id: None
+        }
+    );
+    assert!(found[0].state_id.is_some() && found[1].state_id.is_some());
+}
+
+#[sqlx::test]
+async fn limit_window_and_type_bound_the_turn(pool: PgPool) {
+    let now = t0();
+    for id in 1..=25 {
+        NewRequest::ready_owner(id)
+            .sorted_at(now - Duration::minutes(100 - id))
+            .insert(&pool)
+            .await;
+    }
+    // Outside the 30-day window, and another type: never selected.
+    NewRequest::ready_owner(90)
+        .sorted_at(now - Duration::days(31))
+        .insert(&pool)
+        .await;
+    let mut other = NewRequest::ready_owner(91);
+    other.request_type = "MENU_CHANGE";
+    other.insert(&pool).await;
+    let store = Store::new(pool.clone(), pool);
+    let found = store
+        .candidates(&query(RequestType::OwnerContract, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        found.iter().map(|c| c.request_id).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>()
+    );
+}
+
+#[sqlx::test]
+async fn ad_contracts_need_a_store_and_are_limited_to_ten(pool: PgPool) {
+    for id in 1..=12 {
+        NewRequest::ready_ad(id, 500 + id).insert(&pool).await;
+    }
+    let mut storeless = NewRequest::ready_ad(13, 0);
+    storeless.target_store_number = None;
+    storeless
+        .sorted_at(t0() - Duration::days(1))
+        .insert(&pool)
+        .await;
+    let store = Store::new(pool.clone(), pool);
+    let found = store
+        .candidates(&query(RequestType::AdContract, None))
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 10);
+    assert!(
+        found
+            .iter()
+            .all(|c| c.request_type == RequestType::AdContract && c.request_id != 13)
+    );
+}
+
+#[sqlx::test]
+async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
+    for id in 1..=12 {
+        NewRequest::ready_owner(id).insert(&pool).await;
+    }
+    let store = Store::new(pool.clone(), pool);
+    let shards = ShardFilter {
+        shard_count: 4,
+        shards: vec![1, 3],
+    };
+    let found = store
+        .candidates(&query(RequestType::OwnerContract, Some(shards)))
+        .await
+        .unwrap();
+    let mut ids: Vec<i64> = found.iter().map(|c| c.request_id).collect();
+    ids.sort();
+    assert_eq!(ids, [1, 3, 5, 7, 9, 11]);
+}

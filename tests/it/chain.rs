@@ -1,0 +1,225 @@
+//! The processor chain end to end: real PostgreSQL, the simulator over HTTP.
+
+use std::time::Duration as StdDuration;
+
+use autoapproval::approval::{AttemptOutcome, TurnConfig, run_turn};
+use autoapproval::domain::{Candidate, RequestStatus, RequestType};
+use autoapproval::external::{ContractStatus, System};
+use autoapproval::processors::Step;
+use autoapproval::retry::RetryClass;
+use autoapproval::sim::{FaultKind, Faults};
+use sqlx::PgPool;
+
+use crate::support::{Env, NewRequest, fence, request_view};
+
+fn owner(id: i64) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id: None,
+    }
+}
+
+#[sqlx::test]
+async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let report = run_turn(&env.approver, &TurnConfig::default(), &fence("a", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(report.outcomes, [(1, AttemptOutcome::Approved)]);
+    let view = request_view(&pool, 1).await;
+    assert_eq!(view.status, "APPROVED");
+    assert!(view.owner_number.is_some() && view.store_number.is_some());
+    assert!(
+        env.store.state(1).await.unwrap().is_none(),
+        "state row deleted on success"
+    );
+    let created = env.sim.stats().for_request(1);
+    assert_eq!((created.owner, created.store, created.campaign), (1, 1, 0));
+    // The e-sign sync wrote the ledger.
+    assert_eq!(
+        env.store.econtract_status("EC-1").await.unwrap().as_deref(),
+        Some("SIGNED")
+    );
+}
+
+#[sqlx::test]
+async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    env.sim.add_store(700, true);
+    NewRequest::ready_ad(2, 700).insert(&pool).await;
+    let report = run_turn(&env.approver, &TurnConfig::default(), &fence("a", 1), None)
+        .await
+        .unwrap();
+    assert_eq!(report.outcomes, [(2, AttemptOutcome::Approved)]);
+    let view = request_view(&pool, 2).await;
+    assert_eq!(
+        (view.status.as_str(), view.owner_number),
+        ("APPROVED", None)
+    );
+    assert!(view.campaign_id.is_some());
+    assert_eq!(env.sim.stats().for_request(2).campaign, 1);
+}
+
+#[sqlx::test]
+async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_ad(3, 404).insert(&pool).await;
+    let c = Candidate {
+        request_id: 3,
+        request_type: RequestType::AdContract,
+        state_id: None,
+    };
+    let outcome = env.approver.attempt(&c, &fence("a", 1)).await.unwrap();
+    let AttemptOutcome::RetryScheduled { step, reason, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(
+        (step, reason.reason.as_str()),
+        (Step::AdCampaign, "store 404 does not exist")
+    );
+    assert_eq!(env.sim.stats().created.campaigns, 0);
+}
+
+#[sqlx::test]
+async fn an_unsigned_econtract_waits_and_the_sync_records_it(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    env.sim.set_contract_status("EC-4", ContractStatus::Pending);
+    NewRequest::ready_owner(4).insert(&pool).await;
+    let outcome = env
+        .approver
+        .attempt(&owner(4), &fence("a", 1))
+        .await
+        .unwrap();
+    let AttemptOutcome::RetryScheduled { reason, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(
+        (reason.class, reason.reason.as_str()),
+        (RetryClass::ConditionNotMet, "e-contract pending")
+    );
+    assert_eq!(
+        env.store.econtract_status("EC-4").await.unwrap().as_deref(),
+        Some("PENDING")
+    );
+}
+
+#[sqlx::test]
+async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key(
+    pool: PgPool,
+) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_owner(5).insert(&pool).await;
+    // The owner service creates the owner, then the answer is lost: from our
+    // side exactly like a crash between the creation and the DB save.
+    env.sim
+        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Malformed))
+        .unwrap();
+    let first = env
+        .approver
+        .attempt(&owner(5), &fence("a", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&first, AttemptOutcome::RetryScheduled { reason, .. } if reason.class == RetryClass::Transient),
+        "{first:?}"
+    );
+    assert_eq!(request_view(&pool, 5).await.owner_number, None);
+    assert_eq!(env.sim.stats().created.owners, 1);
+
+    let state = env.store.state(5).await.unwrap().unwrap();
+    env.clock.set(state.next_retry_time.unwrap());
+    let retry = Candidate {
+        state_id: Some(state.id),
+        ..owner(5)
+    };
+    assert_eq!(
+        env.approver.attempt(&retry, &fence("a", 1)).await.unwrap(),
+        AttemptOutcome::Approved
+    );
+
+    let stats = env.sim.stats();
+    assert_eq!(stats.for_request(5).owner, 1, "the owner was created once");
+    assert_eq!(
+        stats.idempotent_replays, 1,
+        "the retry replayed the first creation"
+    );
+    assert!(request_view(&pool, 5).await.owner_number.is_some());
+}
+
+#[sqlx::test]
+async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPool) {
+    let env = Env::with_external(pool.clone(), |mut c| {
+        c.external_timeout = StdDuration::from_millis(300);
+        c
+    })
+    .await;
+    for (id, kind) in [
+        (11, FaultKind::Error),
+        (12, FaultKind::Timeout),
+        (13, FaultKind::Malformed),
+    ] {
+        NewRequest::ready_owner(id).insert(&pool).await;
+        let mut faults = Faults::fail_next(System::Owner, 1, kind);
+        faults.hang = StdDuration::from_secs(3);
+        env.sim.set_faults(faults).unwrap();
+        let outcome = env
+            .approver
+            .attempt(&owner(id), &fence("a", 1))
+            .await
+            .unwrap();
+        let AttemptOutcome::RetryScheduled { step, reason, .. } = outcome else {
+            panic!("{kind:?}: {outcome:?}")
+        };
+        assert_eq!(
+            (step, reason.class),
+            (Step::Owner, RetryClass::Transient),
+            "{kind:?}: {}",
+            reason.reason
+        );
+        assert_eq!(request_view(&pool, id).await.status, "PENDING");
+    }
+}
+
+#[sqlx::test]
+async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_owner(6)
+        .status("REJECTED")
+        .insert(&pool)
+        .await;
+    let outcome = env
+        .approver
+        .attempt(&owner(6), &fence("a", 1))
+        .await
+        .unwrap();
+    assert_eq!(outcome, AttemptOutcome::Superseded(RequestStatus::Rejected));
+    assert!(env.store.state(6).await.unwrap().is_none());
+    assert_eq!(request_view(&pool, 6).await.status, "REJECTED");
+    assert!(
+        env.sim.stats().calls.is_empty(),
+        "{:?}",
+        env.sim.stats().calls
+    );
+}
+
+#[sqlx::test]
+async fn work_already_done_is_skipped(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_owner(7).insert(&pool).await;
+    sqlx::query("UPDATE approval_request SET owner_number = 4242 WHERE id = 7")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        env.approver
+            .attempt(&owner(7), &fence("a", 1))
+            .await
+            .unwrap(),
+        AttemptOutcome::Approved
+    );
+    let stats = env.sim.stats();
+    assert_eq!((stats.created.owners, stats.created.stores), (0, 1));
+    assert_eq!(request_view(&pool, 7).await.owner_number, Some(4242));
+}

@@ -1,0 +1,185 @@
+//! Claims: exactly one winner, and fenced writes that refuse stale holders.
+
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
+use autoapproval::store::{ClaimOutcome, Completion, Store};
+use chrono::Duration;
+use sqlx::PgPool;
+
+use crate::support::{NewRequest, fence, insert_state, request_view, t0};
+
+fn new_candidate(id: i64) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id: None,
+    }
+}
+
+#[sqlx::test]
+async fn two_concurrent_claimers_of_a_new_request_one_wins(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool.clone());
+    let (fa, fb) = (fence("a", 1), fence("b", 1));
+    let c = new_candidate(1);
+    let (a, b) = tokio::join!(
+        store.claim(&c, &fa, t0(), DEFAULT_RETRY_LIMIT),
+        store.claim(&c, &fb, t0(), DEFAULT_RETRY_LIMIT)
+    );
+    let outcomes = [a.unwrap(), b.unwrap()];
+    let winners = outcomes
+        .iter()
+        .filter(|o| matches!(o, ClaimOutcome::Won(_)))
+        .count();
+    assert_eq!(winners, 1, "{outcomes:?}");
+    let state = store.state(1).await.unwrap().unwrap();
+    assert_eq!(state.status.as_str(), "IN_PROGRESS");
+}
+
+#[sqlx::test]
+async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let state_id = insert_state(
+        &pool,
+        1,
+        "RETRY_WAITING",
+        Some(t0() - Duration::seconds(1)),
+        3,
+        t0(),
+    )
+    .await;
+    let store = Store::new(pool.clone(), pool.clone());
+    let c = Candidate {
+        state_id: Some(state_id),
+        ..new_candidate(1)
+    };
+    let fences: Vec<_> = (0..8).map(|i| fence(&format!("w{i}"), 1)).collect();
+    let results = futures::future::join_all(
+        fences
+            .iter()
+            .map(|f| store.claim(&c, f, t0(), DEFAULT_RETRY_LIMIT)),
+    )
+    .await;
+    let winners: Vec<_> = results
+        .into_iter()
+        .filter_map(|r| match r.unwrap() {
+            ClaimOutcome::Won(claim) => Some(claim),
+            ClaimOutcome::Lost => None,
+        })
+        .collect();
+    assert_eq!(winners.len(), 1);
+    assert_eq!(winners[0].retry_count, 3);
+    assert_eq!(
+        store.state(1).await.unwrap().unwrap().holder,
+        winners[0].fence.holder
+    );
+}
+
+#[sqlx::test]
+async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    NewRequest::ready_owner(2).insert(&pool).await;
+    let early = insert_state(
+        &pool,
+        1,
+        "RETRY_WAITING",
+        Some(t0() + Duration::minutes(4)),
+        1,
+        t0(),
+    )
+    .await;
+    let spent = insert_state(
+        &pool,
+        2,
+        "RETRY_WAITING",
+        Some(t0() - Duration::minutes(1)),
+        300,
+        t0(),
+    )
+    .await;
+    let store = Store::new(pool.clone(), pool);
+    for (id, state_id) in [(1, early), (2, spent)] {
+        let c = Candidate {
+            state_id: Some(state_id),
+            ..new_candidate(id)
+        };
+        assert_eq!(
+            store
+                .claim(&c, &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+                .await
+                .unwrap(),
+            ClaimOutcome::Lost
+        );
+    }
+}
+
+#[sqlx::test]
+async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool.clone());
+    let ClaimOutcome::Won(old) = store
+        .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("first claim must win");
+    };
+    // The cleanser gives the claim back and another worker takes it with a newer token.
+    store
+        .cleanse(t0() + Duration::minutes(1), t0() + Duration::minutes(1))
+        .await
+        .unwrap();
+    let state = store.state(1).await.unwrap().unwrap();
+    let retry = Candidate {
+        state_id: Some(state.id),
+        ..new_candidate(1)
+    };
+    let later = t0() + Duration::minutes(2);
+    let ClaimOutcome::Won(new) = store
+        .claim(&retry, &fence("b", 2), later, DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("the recovered request must be claimable");
+    };
+
+    assert_eq!(
+        store.complete(&old, later).await.unwrap(),
+        Completion::Stale
+    );
+    assert!(!store.save_owner_number(&old, 99).await.unwrap());
+    assert!(!store.heartbeat(&old, "owner", later).await.unwrap());
+    assert!(!store.release(&old, later).await.unwrap());
+    assert_eq!(request_view(&pool, 1).await.status, "PENDING");
+    assert_eq!(request_view(&pool, 1).await.owner_number, None);
+    assert_eq!(store.state(1).await.unwrap().unwrap().holder, "b");
+
+    assert_eq!(
+        store.complete(&new, later).await.unwrap(),
+        Completion::Approved
+    );
+    assert_eq!(request_view(&pool, 1).await.status, "APPROVED");
+    assert!(store.state(1).await.unwrap().is_none());
+}
+
+#[sqlx::test]
+async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool);
+    let ClaimOutcome::Won(claim) = store
+        .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("claim must win");
+    };
+    assert!(store.release(&claim, t0()).await.unwrap());
+    let state = store.state(1).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            state.status.as_str(),
+            state.retry_count,
+            state.next_retry_time
+        ),
+        ("RETRY_WAITING", 0, Some(t0()))
+    );
+}

@@ -1,0 +1,104 @@
+//! The cleanser's three cases.
+
+use std::sync::Arc;
+
+use autoapproval::cleanser::Cleanser;
+use autoapproval::clock::ManualClock;
+use autoapproval::store::Store;
+use autoapproval::telemetry::Metrics;
+use chrono::Duration;
+use sqlx::PgPool;
+
+use crate::support::{NewRequest, insert_state, state_count, t0};
+
+#[sqlx::test]
+async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgPool) {
+    let now = t0();
+    // Stuck: IN_PROGRESS, untouched for 20 minutes.
+    NewRequest::ready_owner(1).insert(&pool).await;
+    insert_state(
+        &pool,
+        1,
+        "IN_PROGRESS",
+        None,
+        2,
+        now - Duration::minutes(20),
+    )
+    .await;
+    // Alive: IN_PROGRESS, heartbeat a minute ago.
+    NewRequest::ready_owner(2).insert(&pool).await;
+    insert_state(&pool, 2, "IN_PROGRESS", None, 0, now - Duration::minutes(1)).await;
+    // Finished by a person, and vanished altogether.
+    NewRequest::ready_owner(3)
+        .status("APPROVED")
+        .insert(&pool)
+        .await;
+    insert_state(
+        &pool,
+        3,
+        "RETRY_WAITING",
+        Some(now),
+        4,
+        now - Duration::hours(1),
+    )
+    .await;
+    NewRequest::ready_owner(4).insert(&pool).await;
+    insert_state(&pool, 4, "RETRY_WAITING", Some(now), 1, now).await;
+    sqlx::query("DELETE FROM approval_request WHERE id = 4")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // At the retry limit, still open.
+    NewRequest::ready_owner(5).insert(&pool).await;
+    insert_state(
+        &pool,
+        5,
+        "RETRY_WAITING",
+        Some(now - Duration::days(1)),
+        300,
+        now - Duration::days(1),
+    )
+    .await;
+
+    let store = Store::new(pool.clone(), pool.clone());
+    let metrics = Metrics::new();
+    let cleanser = Cleanser::new(
+        store.clone(),
+        Arc::new(ManualClock::new(now)),
+        metrics.clone(),
+        std::time::Duration::from_secs(600),
+    );
+    let report = cleanser.run_once().await.unwrap();
+
+    assert_eq!(report.recovered, [1]);
+    assert_eq!(report.deleted, 2);
+    let stuck = store.state(1).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            stuck.status.as_str(),
+            stuck.next_retry_time,
+            stuck.retry_count
+        ),
+        ("RETRY_WAITING", Some(now), 3)
+    );
+    assert_eq!(
+        store.memos(1).await.unwrap(),
+        ["auto-approval was interrupted on elsewhere; retrying"]
+    );
+    assert_eq!(
+        store.state(2).await.unwrap().unwrap().status.as_str(),
+        "IN_PROGRESS"
+    );
+    assert!(store.state(3).await.unwrap().is_none() && store.state(4).await.unwrap().is_none());
+    let exhausted = store.state(5).await.unwrap().unwrap();
+    assert_eq!(
+        (exhausted.status.as_str(), exhausted.retry_count),
+        ("RETRY_WAITING", 300)
+    );
+    assert_eq!(state_count(&pool).await, 3);
+    assert!(
+        metrics
+            .encode()
+            .contains("autoapproval_cleanser_recovered_total 1")
+    );
+}

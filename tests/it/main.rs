@@ -1,0 +1,11 @@
+//! The integration tests, one binary: a module per area.
+
+mod candidates;
+mod chain;
+mod claims;
+mod cleanser;
+mod external;
+mod malformed;
+mod migrate;
+mod retry;
+mod support;
