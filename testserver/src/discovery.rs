@@ -1,0 +1,163 @@
+//! Discovery documents: /version, /api, /apis and per group-version resource lists.
+
+use crate::resources::{Flavor, ResourceType};
+use crate::store::Store;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+/// The `/version` document.
+pub fn version() -> Value {
+    json!({
+        "major": "1",
+        "minor": "35",
+        "emulationMajor": "1",
+        "emulationMinor": "35",
+        "minCompatibilityMajor": "1",
+        "minCompatibilityMinor": "34",
+        "gitVersion": "v1.35.0-testserver",
+        "gitCommit": "0000000000000000000000000000000000000000",
+        "gitTreeState": "clean",
+        "buildDate": "2026-01-01T00:00:00Z",
+        "goVersion": "go1.25.0",
+        "compiler": "gc",
+        "platform": "linux/amd64"
+    })
+}
+
+/// The `/api` document.
+pub fn api(addr: &str) -> Value {
+    json!({
+        "kind": "APIVersions",
+        "versions": ["v1"],
+        "serverAddressByClientCIDRs": [{"clientCIDR": "0.0.0.0/0", "serverAddress": addr}]
+    })
+}
+
+/// Groups (other than core) and their versions, in a stable order (built-ins first).
+pub fn groups(st: &Store) -> BTreeMap<String, Vec<String>> {
+    let mut g: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for rt in st.types.values().filter(|t| !t.group.is_empty()) {
+        let e = g.entry(rt.group.clone()).or_default();
+        for v in &rt.versions {
+            if !e.contains(v) {
+                e.push(v.clone());
+            }
+        }
+    }
+    for vs in g.values_mut() {
+        vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+    }
+    g
+}
+
+/// Kube's version ordering: GA > beta > alpha, higher numbers first.
+fn version_priority(v: &str) -> (u8, u32, u32) {
+    let rest = v.strip_prefix('v').unwrap_or(v);
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    let major = digits.parse().unwrap_or(0);
+    let tail = &rest[digits.len()..];
+    if tail.is_empty() {
+        (3, major, 0)
+    } else if let Some(n) = tail.strip_prefix("beta") {
+        (2, major, n.parse().unwrap_or(0))
+    } else if let Some(n) = tail.strip_prefix("alpha") {
+        (1, major, n.parse().unwrap_or(0))
+    } else {
+        (0, major, 0)
+    }
+}
+
+fn group_doc(name: &str, versions: &[String]) -> Value {
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
+    json!({"name": name, "versions": vs, "preferredVersion": vs.first().cloned().unwrap_or(Value::Null)})
+}
+
+/// The `/apis` document.
+pub fn apis(st: &Store) -> Value {
+    let groups: Vec<Value> = groups(st).iter().map(|(n, vs)| group_doc(n, vs)).collect();
+    json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
+}
+
+/// The `/apis/{group}` document, if the group exists.
+pub fn group(st: &Store, name: &str) -> Option<Value> {
+    let g = groups(st);
+    let vs = g.get(name)?;
+    let mut d = group_doc(name, vs);
+    d["kind"] = json!("APIGroup");
+    d["apiVersion"] = json!("v1");
+    Some(d)
+}
+
+fn verbs(rt: &ResourceType) -> Vec<&'static str> {
+    let _ = rt;
+    vec![
+        "create",
+        "delete",
+        "deletecollection",
+        "get",
+        "list",
+        "patch",
+        "update",
+        "watch",
+    ]
+}
+
+/// The resource list for a group-version, if it exists.
+pub fn resource_list(st: &Store, group: &str, version: &str) -> Option<Value> {
+    let mut res = vec![];
+    for rt in st
+        .types
+        .values()
+        .filter(|t| t.group == group && t.versions.iter().any(|v| v == version))
+    {
+        let mut r = json!({
+            "name": rt.plural,
+            "singularName": rt.singular,
+            "namespaced": rt.namespaced,
+            "kind": rt.kind,
+            "verbs": verbs(rt),
+            "storageVersionHash": format!("{:x}", fnv(&format!("{}/{}", rt.group, rt.plural)) & 0xffff_ffff),
+        });
+        if !rt.short_names.is_empty() {
+            r["shortNames"] = json!(rt.short_names);
+        }
+        let mut cats = rt.categories.clone();
+        if rt.flavor != Flavor::Custom
+            && rt.flavor != Flavor::Crd
+            && !cats.iter().any(|c| c == "all")
+        {
+            cats.clear();
+        }
+        if !cats.is_empty() {
+            r["categories"] = json!(cats);
+        }
+        res.push(r);
+        if rt.status_subresource {
+            res.push(json!({"name": format!("{}/status", rt.plural), "singularName": "", "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}));
+        }
+    }
+    if res.is_empty() {
+        return None;
+    }
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": res}),
+    )
+}
+
+/// FNV-1a hash, used for stable hashes in discovery and OpenAPI.
+pub fn fnv(s: &str) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in s.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
+}

@@ -1,0 +1,3 @@
+//! Integration tests for kube-testserver, one module per area.
+
+mod kubectl;
