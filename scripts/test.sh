@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite on a fresh machine: starts PostgreSQL (installing it
+# when absent), installs kubectl and helm when absent, then runs every test.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+DATABASE_URL="$(scripts/postgres.sh | tail -n 1)"
+export DATABASE_URL
+PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
+export PATH KUBECTL="$(command -v kubectl)"
+echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL" >&2
+
+cargo fmt --all --check
+cargo test --workspace --locked "$@"
