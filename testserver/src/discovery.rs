@@ -45,7 +45,7 @@ pub fn groups(st: &Store) -> BTreeMap<String, Vec<String>> {
         }
     }
     for vs in g.values_mut() {
-        vs.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        vs.sort_by_key(|v| std::cmp::Reverse(version_priority(v)));
     }
     g
 }

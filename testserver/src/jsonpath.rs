@@ -83,7 +83,10 @@ pub fn eval<'a>(obj: &'a Value, path: &str) -> Vec<&'a Value> {
                     for e in v.as_array().into_iter().flatten() {
                         let ok = match e.get(k) {
                             Some(Value::String(s)) => s == want,
-                            Some(other) => other.to_string() == *want,
+                            Some(other) => {
+                                *other == Value::String(want.clone())
+                                    || other.to_string().as_str() == want.as_str()
+                            }
                             None => false,
                         };
                         if ok {

@@ -88,6 +88,7 @@ impl ResourceType {
     pub fn has_generation(&self) -> bool {
         matches!(self.flavor, Flavor::Custom | Flavor::Crd)
     }
+    #[allow(clippy::too_many_arguments)]
     fn builtin(
         group: &str,
         version: &str,

@@ -319,7 +319,7 @@ fn encode_continue(rv: u64, ns: &str, name: &str) -> String {
 
 fn decode_continue(tok: &str) -> ApiResult<(u64, String, String)> {
     let bad = || ApiError::bad_request("continue key is not valid: invalid continue token");
-    if tok.len() % 2 != 0 {
+    if !tok.len().is_multiple_of(2) {
         return Err(bad());
     }
     let bytes: Result<Vec<u8>, _> = (0..tok.len())

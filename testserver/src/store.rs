@@ -429,6 +429,7 @@ impl Store {
     }
 
     /// Replaces an object (PUT), or only its status when `status` is true.
+    #[allow(clippy::too_many_arguments)]
     pub fn update(
         &mut self,
         rt: &ResourceType,

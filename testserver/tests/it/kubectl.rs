@@ -18,7 +18,9 @@ fn kubectl_bin() -> PathBuf {
             return p;
         }
     }
-    panic!("kubectl not found: set KUBECTL or run `export PATH=\"$(scripts/install-tools.sh):$PATH\"`");
+    panic!(
+        "kubectl not found: set KUBECTL or run `export PATH=\"$(scripts/install-tools.sh):$PATH\"`"
+    );
 }
 
 struct Kubectl {
@@ -28,11 +30,19 @@ struct Kubectl {
 
 impl Kubectl {
     fn new(server: &TestServer, tag: &str) -> Self {
-        let dir = std::env::temp_dir().join(format!("kts-{}-{}-{}", tag, std::process::id(), server.addr().port()));
+        let dir = std::env::temp_dir().join(format!(
+            "kts-{}-{}-{}",
+            tag,
+            std::process::id(),
+            server.addr().port()
+        ));
         std::fs::create_dir_all(&dir).unwrap();
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
-        Kubectl { kubeconfig, cache: dir.join("cache") }
+        Kubectl {
+            kubeconfig,
+            cache: dir.join("cache"),
+        }
     }
     fn run(&self, args: &[&str]) -> (bool, String, String) {
         let out = Command::new(kubectl_bin())
@@ -43,7 +53,11 @@ impl Kubectl {
             .args(args)
             .output()
             .expect("run kubectl");
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into(),
+            String::from_utf8_lossy(&out.stderr).into(),
+        )
     }
     fn ok(&self, args: &[&str]) -> String {
         let (ok, out, err) = self.run(args);
@@ -57,7 +71,12 @@ fn fixture(name: &str) -> String {
 }
 
 fn run_async<F: std::future::Future>(f: F) -> F::Output {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap().block_on(f)
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
 }
 
 #[test]

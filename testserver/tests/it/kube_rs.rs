@@ -1,0 +1,334 @@
+//! Tests driven by kube-rs clients.
+
+use futures::StreamExt;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Client, Config};
+use kube_testserver::{Match, Options, TestServer};
+use serde_json::{Value, json};
+use std::time::Duration;
+
+fn client(server: &TestServer) -> Client {
+    let mut c = Config::new(server.url().parse().unwrap());
+    c.default_namespace = "default".into();
+    Client::try_from(c).unwrap()
+}
+
+async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn configmap_crud_conflict_and_errors() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+    let cm: ConfigMap = serde_json::from_value(
+        json!({"metadata": {"name": "c1", "labels": {"a": "1"}}, "data": {"k": "v"}}),
+    )
+    .unwrap();
+    let created = api.create(&PostParams::default(), &cm).await.unwrap();
+    assert!(created.metadata.uid.is_some() && created.metadata.creation_timestamp.is_some());
+    let err = api.create(&PostParams::default(), &cm).await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "AlreadyExists"),
+        "{err:?}"
+    );
+    let mut stale = created.clone();
+    let mut fresh = created.clone();
+    fresh.data = Some([("k".to_string(), "v2".to_string())].into());
+    let updated = api
+        .replace("c1", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
+    assert!(
+        updated
+            .metadata
+            .resource_version
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > created
+                .metadata
+                .resource_version
+                .clone()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+    );
+    stale.data = Some([("k".to_string(), "v3".to_string())].into());
+    let err = api
+        .replace("c1", &PostParams::default(), &stale)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.reason == "Conflict"),
+        "{err:?}"
+    );
+    let list = api
+        .list(&ListParams::default().labels("a in (1,2),!b"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 1);
+    let list = api
+        .list(&ListParams::default().labels("a notin (1)"))
+        .await
+        .unwrap();
+    assert_eq!(list.items.len(), 0);
+    api.patch(
+        "c1",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"x": "y"}})),
+    )
+    .await
+    .unwrap();
+    let got = api.get("c1").await.unwrap();
+    assert_eq!(got.data.unwrap().get("x").map(String::as_str), Some("y"));
+    api.delete("c1", &DeleteParams::default()).await.unwrap();
+    let err = api.get("c1").await.unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404 && s.reason == "NotFound"),
+        "{err:?}"
+    );
+    let missing: Api<ConfigMap> = Api::namespaced(client(&server), "nope");
+    let err = missing
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 404),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn lease_race_exactly_one_wins() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let a: Api<Lease> = Api::default_namespaced(client(&server));
+    let b: Api<Lease> = Api::default_namespaced(client(&server));
+    let lease: Lease = serde_json::from_value(
+        json!({"metadata": {"name": "leader"}, "spec": {"holderIdentity": "none"}}),
+    )
+    .unwrap();
+    let base = a.create(&PostParams::default(), &lease).await.unwrap();
+    let mut la = base.clone();
+    la.spec.as_mut().unwrap().holder_identity = Some("a".into());
+    let mut lb = base.clone();
+    lb.spec.as_mut().unwrap().holder_identity = Some("b".into());
+    let pp = PostParams::default();
+    let (ra, rb) = tokio::join!(a.replace("leader", &pp, &la), b.replace("leader", &pp, &lb));
+    let wins = [ra.is_ok(), rb.is_ok()].iter().filter(|x| **x).count();
+    assert_eq!(wins, 1, "exactly one should win");
+    let loser = match (ra, rb) {
+        (Err(e), _) | (_, Err(e)) => e,
+        _ => unreachable!(),
+    };
+    assert!(
+        matches!(&loser, kube::Error::Api(s) if s.code == 409),
+        "{loser:?}"
+    );
+}
+
+async fn install_crd(client: &Client) {
+    let crd: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(format!(
+            "{}/tests/fixtures/autoapproval-crd.yaml",
+            env!("CARGO_MANIFEST_DIR")
+        ))
+        .unwrap(),
+    )
+    .unwrap();
+    let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(crd).unwrap(),
+    )
+    .await
+    .unwrap();
+}
+
+fn aa_api(client: &Client) -> Api<kube::api::DynamicObject> {
+    let ar = kube::api::ApiResource {
+        group: "autoapproval.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "autoapproval.io/v1alpha1".into(),
+        kind: "AutoApproval".into(),
+        plural: "autoapprovals".into(),
+    };
+    Api::namespaced_with(client.clone(), "default", &ar)
+}
+
+fn aa(name: &str, id: i64) -> kube::api::DynamicObject {
+    serde_json::from_value(json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "metadata": {"name": name}, "spec": {"requestId": id, "requestType": "AD_CONTRACT"}})).unwrap()
+}
+
+#[tokio::test]
+async fn custom_resource_status_generation_validation() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let c = client(&server);
+    install_crd(&c).await;
+    let api = aa_api(&c);
+    let o = api
+        .create(&PostParams::default(), &aa("x", 5))
+        .await
+        .unwrap();
+    assert_eq!(o.metadata.generation, Some(1));
+    assert_eq!(o.data["spec"]["paused"], json!(false), "default applied");
+    let s = api
+        .patch_status(
+            "x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"phase": "Pending"}, "spec": {"requestId": 9}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.data["status"]["phase"], "Pending");
+    assert_eq!(
+        s.data["spec"]["requestId"], 5,
+        "status write leaves spec alone"
+    );
+    assert_eq!(s.metadata.generation, Some(1));
+    let m = api
+        .patch(
+            "x",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"requestId": 6}, "status": {"phase": "Done"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(m.metadata.generation, Some(2));
+    assert_eq!(
+        m.data["status"]["phase"], "Pending",
+        "main write leaves status alone"
+    );
+    let bad = serde_json::from_value(json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "metadata": {"name": "bad"}, "spec": {"requestType": "AD_CONTRACT"}})).unwrap();
+    let err = api.create(&PostParams::default(), &bad).await.unwrap_err();
+    match err {
+        kube::Error::Api(s) => {
+            assert_eq!(s.code, 422);
+            assert_eq!(
+                s.message,
+                "AutoApproval.autoapproval.io \"bad\" is invalid: spec.requestId: Required value"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let cfg = |id: i64| {
+        Patch::Apply(
+            json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "spec": {"requestId": id, "requestType": "AD_CONTRACT"}}),
+        )
+    };
+    let err = api
+        .patch("x", &PatchParams::apply("t"), &cfg(7))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 409 && s.message.contains(".spec.requestId")),
+        "{err:?}"
+    );
+    let err = api
+        .patch("x", &PatchParams::apply("t").force(), &cfg(0))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, kube::Error::Api(s) if s.code == 422),
+        "{err:?}"
+    );
+    let applied = api
+        .patch("x", &PatchParams::apply("t").force(), &cfg(7))
+        .await
+        .unwrap();
+    assert_eq!(applied.data["spec"]["requestId"], 7);
+}
+
+#[tokio::test]
+async fn watcher_survives_closed_stream_and_410() {
+    let server = TestServer::start(Options {
+        watch_window: 5,
+        ..Options::default()
+    })
+    .await
+    .unwrap();
+    let c = client(&server);
+    let api: Api<ConfigMap> = Api::default_namespaced(c.clone());
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let inits = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let inits2 = inits.clone();
+    let stream = watcher(api.clone(), watcher::Config::default())
+        .map(move |e| {
+            if let Ok(watcher::Event::InitDone) = &e {
+                inits2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            e
+        })
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    let mk =
+        |n: &str| serde_json::from_value::<ConfigMap>(json!({"metadata": {"name": n}})).unwrap();
+    api.create(&PostParams::default(), &mk("a")).await.unwrap();
+    wait_for("a in store", || reader.state().len() == 1).await;
+    // Dropped stream: the watcher reconnects from its last resourceVersion.
+    server.faults().close_watches();
+    api.create(&PostParams::default(), &mk("b")).await.unwrap();
+    wait_for("b in store", || reader.state().len() == 2).await;
+    // 410: block watches, push more changes than the retained window, then let it reconnect.
+    server.faults().fail_always(500, Match::any().verb("watch"));
+    server.faults().close_watches();
+    for i in 0..8 {
+        api.create(&PostParams::default(), &mk(&format!("n{i}")))
+            .await
+            .unwrap();
+    }
+    api.delete("a", &DeleteParams::default()).await.unwrap();
+    server.faults().clear();
+    wait_for("relisted store", || {
+        reader.state().len() == 9 && inits.load(std::sync::atomic::Ordering::SeqCst) >= 2
+    })
+    .await;
+    task.abort();
+}
+
+#[tokio::test]
+async fn streaming_list_watcher() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+    for n in ["s1", "s2"] {
+        api.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": n}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let (reader, writer) = reflector::store::<ConfigMap>();
+    let stream = watcher(api.clone(), watcher::Config::default().streaming_lists())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects();
+    let task = tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    wait_for("streamed initial events", || reader.state().len() == 2).await;
+    api.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "s3"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    wait_for("s3", || reader.state().len() == 3).await;
+    task.abort();
+}
