@@ -249,8 +249,9 @@ impl Approver {
     ) -> Result<AttemptOutcome, StoreError> {
         let now = self.clock.now();
         let transient = reason.class == RetryClass::Transient;
+        // The claim already read the streak: no extra round-trip.
         let streak = if transient {
-            self.store.transient_streak(claim).await? + 1
+            claim.transient_streak + 1
         } else {
             0
         };

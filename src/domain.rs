@@ -307,6 +307,8 @@ pub struct Claim {
     pub request_id: i64,
     /// Retries before this attempt.
     pub retry_count: i32,
+    /// Consecutive transient failures before this attempt (the backoff exponent).
+    pub transient_streak: i32,
     /// The fence every later write carries.
     pub fence: Fence,
 }

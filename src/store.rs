@@ -386,13 +386,13 @@ impl Store {
         now: DateTime<Utc>,
         retry_limit: i32,
     ) -> Result<ClaimOutcome, StoreError> {
-        let row: Option<(i64, i32)> = match candidate.state_id {
+        let row: Option<(i64, i32, i32)> = match candidate.state_id {
             None => sqlx::query_as(
                 "INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
                  VALUES ($1, $2, 'IN_PROGRESS', $3, $4, $5, $5)
                  ON CONFLICT (request_id) DO NOTHING
-                 RETURNING id, retry_count",
+                 RETURNING id, retry_count, transient_streak",
             )
             .bind(candidate.request_id)
             .bind(candidate.request_type.as_str())
@@ -407,7 +407,7 @@ impl Store {
                     SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5
                   WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                     AND next_retry_time <= $5 AND retry_count < $6
-                 RETURNING id, retry_count",
+                 RETURNING id, retry_count, transient_streak",
             )
             .bind(state_id)
             .bind(candidate.request_id)
@@ -420,10 +420,11 @@ impl Store {
             .map_err(db("claim due retry"))?,
         };
         Ok(match row {
-            Some((state_id, retry_count)) => ClaimOutcome::Won(Claim {
+            Some((state_id, retry_count, transient_streak)) => ClaimOutcome::Won(Claim {
                 state_id,
                 request_id: candidate.request_id,
                 retry_count,
+                transient_streak,
                 fence: fence.clone(),
             }),
             None => ClaimOutcome::Lost,
@@ -493,17 +494,6 @@ impl Store {
         .await
         .map_err(db("schedule retry"))?;
         Ok(row.map(|(n,)| n))
-    }
-
-    /// The consecutive transient failures recorded for a claimed request.
-    pub async fn transient_streak(&self, claim: &Claim) -> Result<i32, StoreError> {
-        let row: Option<(i32,)> =
-            sqlx::query_as("SELECT transient_streak FROM auto_approve_state WHERE id = $1")
-                .bind(claim.state_id)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read transient streak"))?;
-        Ok(row.map_or(0, |(n,)| n))
     }
 
     /// Approves the request and deletes the state row, in one transaction,
