@@ -53,7 +53,7 @@ impl Match {
 }
 
 /// A fault rule as accepted by `POST /_testserver/faults`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct FaultRule {
     /// Which requests.
@@ -68,6 +68,9 @@ pub struct FaultRule {
     /// How many matching requests are affected; None = until cleared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub count: Option<u32>,
+    /// Fraction (0..=1) of matching requests that fail; None = all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub probability: Option<f64>,
 }
 
 /// What the server knows about a request when checking faults.
@@ -129,6 +132,7 @@ impl Faults {
             status: Some(status),
             latency_ms: 0,
             count: Some(n),
+            probability: None,
         });
     }
     /// Fails every matching request with `status` until [`Faults::clear`].
@@ -138,6 +142,17 @@ impl Faults {
             status: Some(status),
             latency_ms: 0,
             count: None,
+            probability: None,
+        });
+    }
+    /// Fails a random `fraction` (0..=1) of matching requests with `status` until [`Faults::clear`].
+    pub fn fail_fraction(&self, fraction: f64, status: u16, matcher: Match) {
+        self.add(FaultRule {
+            matcher,
+            status: Some(status),
+            latency_ms: 0,
+            count: None,
+            probability: Some(fraction.clamp(0.0, 1.0)),
         });
     }
     /// Delays every matching request by `latency` until [`Faults::clear`].
@@ -147,6 +162,7 @@ impl Faults {
             status: None,
             latency_ms: latency.as_millis() as u64,
             count: None,
+            probability: None,
         });
     }
     /// Adds a rule.
@@ -239,6 +255,7 @@ impl Faults {
                 latency = latency.max(r.latency_ms);
                 if let Some(st) = r.status
                     && fail.is_none()
+                    && r.probability.is_none_or(|p| rand::random::<f64>() < p)
                 {
                     fail = Some(st);
                     if let Some(c) = r.count.as_mut() {

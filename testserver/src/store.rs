@@ -389,7 +389,9 @@ impl Store {
             m.insert("creationTimestamp".into(), json!(now));
             m.remove("deletionTimestamp");
             m.remove("deletionGracePeriodSeconds");
-            m.remove("managedFields");
+            if !ctx.manager.is_empty() {
+                m.remove("managedFields");
+            }
             if rt.has_generation() {
                 m.insert("generation".into(), json!(1));
             } else {
@@ -411,7 +413,9 @@ impl Store {
         {
             obj["metadata"].as_object_mut().map(|m| m.remove("labels"));
         }
-        patch::track_update(None, &mut obj, &ctx.manager, "", &now);
+        if !ctx.manager.is_empty() {
+            patch::track_update(None, &mut obj, &ctx.manager, "", &now);
+        }
         if ctx.dry_run {
             return Ok(obj);
         }
@@ -544,13 +548,15 @@ impl Store {
             new["metadata"]["generation"] = json!(g + 1);
         }
         let now = util::now();
-        patch::track_update(
-            Some(&cur),
-            &mut new,
-            &ctx.manager,
-            if status { "status" } else { "" },
-            &now,
-        );
+        if !ctx.manager.is_empty() {
+            patch::track_update(
+                Some(&cur),
+                &mut new,
+                &ctx.manager,
+                if status { "status" } else { "" },
+                &now,
+            );
+        }
         if comparable(&new) == comparable(&cur) {
             let mut out = cur;
             out["apiVersion"] = json!(rt.api_version(version));

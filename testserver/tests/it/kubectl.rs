@@ -99,9 +99,111 @@ fn apply_get_patch_delete_with_finalizer() {
             assert!(!out.is_empty(), "deletionTimestamp should be set");
             k.ok(&["patch", "aa", "req-1", "--type", "merge", "-p", r#"{"metadata":{"finalizers":null}}"#]);
             let (ok, _, err) = k.run(&["get", "aa", "req-1"]);
-            assert!(!ok && err.contains("NotFound") || err.contains("not found"), "{err}");
+            assert!(!ok && (err.contains("NotFound") || err.contains("not found")), "{err}");
         })
         .await
         .unwrap();
     });
+}
+
+#[test]
+fn invalid_create_ssa_and_watch() {
+    run_async(async {
+        let server = TestServer::start(Options::default()).await.unwrap();
+        let k = Kubectl::new(&server, "ssa");
+        tokio::task::spawn_blocking(move || {
+            k.ok(&["apply", "-f", &fixture("autoapproval-crd.yaml")]);
+            let dir = k.kubeconfig.parent().unwrap().to_path_buf();
+            let bad = dir.join("bad.yaml");
+            std::fs::write(&bad, "apiVersion: autoapproval.io/v1alpha1\nkind: AutoApproval\nmetadata:\n  name: bad\nspec:\n  requestType: AD_CONTRACT\n").unwrap();
+            let (ok, _, err) = k.run(&["create", "-f", bad.to_str().unwrap()]);
+            assert!(!ok, "invalid CR must be rejected");
+            assert!(err.contains("spec.requestId") && err.contains("Required value"), "{err}");
+            k.ok(&["apply", "--server-side", "-f", &fixture("sample-aa.yaml")]);
+            let out = k.ok(&["get", "aa", "req-1", "-o", "jsonpath={.metadata.managedFields[0].manager} {.metadata.managedFields[0].operation}"]);
+            assert_eq!(out, "kubectl Apply");
+            let mut child = Command::new(kubectl_bin())
+                .arg("--kubeconfig")
+                .arg(&k.kubeconfig)
+                .arg("--cache-dir")
+                .arg(&k.cache)
+                .args(["get", "aa", "-w", "--no-headers"])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .unwrap();
+            let stdout = child.stdout.take().unwrap();
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                use std::io::BufRead;
+                for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                    if tx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let first = rx.recv_timeout(std::time::Duration::from_secs(20)).expect("initial line");
+            assert!(first.starts_with("req-1"), "{first}");
+            k.ok(&["patch", "aa", "req-1", "--type", "merge", "-p", r#"{"spec":{"requestId":42}}"#]);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            loop {
+                let line = rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())).expect("watch update");
+                if line.contains("42") {
+                    break;
+                }
+            }
+            child.kill().unwrap();
+            let _ = child.wait();
+        })
+        .await
+        .unwrap();
+    });
+}
+
+/// The standalone binary, as a user runs it: it writes a kubeconfig that kubectl uses as is.
+#[test]
+fn standalone_binary_serves_kubectl_printer_columns() {
+    use std::io::BufRead;
+    let dir = std::env::temp_dir().join(format!("kts-bin-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_kube-testserver"))
+        .args(["--port", "0", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut url = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut url)
+        .unwrap();
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let k = Kubectl {
+        kubeconfig,
+        cache: dir.join("cache"),
+    };
+    let result = std::panic::catch_unwind(|| {
+        k.ok(&["apply", "-f", &fixture("autoapproval-crd.yaml")]);
+        k.ok(&["apply", "-f", &fixture("sample-aa.yaml")]);
+        let out = k.ok(&["get", "autoapprovals"]);
+        let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+        assert_eq!(
+            header,
+            [
+                "NAME", "REQUEST", "TYPE", "PHASE", "STEP", "RETRIES", "NEXT", "RETRY", "AGE"
+            ],
+            "{out}"
+        );
+        // Reason has priority 1: shown only with -o wide.
+        let wide = k.ok(&["get", "autoapprovals", "-o", "wide"]);
+        assert!(wide.lines().next().unwrap().contains("REASON"), "{wide}");
+        let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+        assert_eq!(&row[..3], ["req-1", "1", "OWNER_CONTRACT"], "{out}");
+    });
+    let _ = child.kill();
+    let _ = child.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(p) = result {
+        std::panic::resume_unwind(p);
+    }
 }

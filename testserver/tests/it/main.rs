@@ -1,4 +1,5 @@
 //! Integration tests for kube-testserver, one module per area.
 
+mod faults;
 mod kube_rs;
 mod kubectl;
