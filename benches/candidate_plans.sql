@@ -21,14 +21,18 @@ SELECT g,
        CASE WHEN g % 12 = 1 THEN g ELSE NULL END
   FROM generate_series(1, 1000000) g;
 
--- 100,000 state rows on open requests: mostly waiting (not due), some due, some in progress.
+-- 100,000 state rows on open requests: 85 % waiting (not due), 10 % due, 5 %
+-- in progress. Drawn with a seeded random(): ids of one type repeat with a
+-- period, so a modulus of the row number would give them all the same fate.
+SELECT setseed(0.42);
 INSERT INTO auto_approve_state (request_id, request_type, status, next_retry_time, retry_count,
                                 holder, fencing_token, modified_at)
 SELECT id, request_type,
-       CASE WHEN n % 20 = 0 THEN 'IN_PROGRESS' ELSE 'RETRY_WAITING' END,
-       CASE WHEN n % 10 = 1 THEN now() - interval '1 minute' ELSE now() + interval '5 minutes' END,
+       CASE WHEN r < 0.05 THEN 'IN_PROGRESS' ELSE 'RETRY_WAITING' END,
+       CASE WHEN r >= 0.05 AND r < 0.15 THEN now() - interval '1 minute'
+            ELSE now() + interval '5 minutes' END,
        n % 310, 'bench', 1, now()
-  FROM (SELECT id, request_type, row_number() OVER (ORDER BY id) AS n
+  FROM (SELECT id, request_type, row_number() OVER (ORDER BY id) AS n, random() AS r
           FROM approval_request WHERE status IN ('ING','PENDING','RETRY')) open
  WHERE n <= 100000;
 
@@ -39,6 +43,7 @@ VACUUM ANALYZE auto_approve_state;
 SELECT count(*) AS requests FROM approval_request;
 SELECT count(*) AS state_rows FROM auto_approve_state;
 
+-- The store's queries, verbatim from src/store.rs (a test checks they match).
 PREPARE owner_candidates(timestamptz, timestamptz, int, bigint, bigint[], bigint) AS
 SELECT r.id AS request_id, s.id AS state_id
   FROM approval_request r
@@ -66,17 +71,67 @@ SELECT r.id AS request_id, s.id AS state_id
  ORDER BY r.status, r.sort_time
  LIMIT $4;
 
--- Warm once, then the measured run.
+-- An alternative measured beside it and rejected: new requests and due
+-- retries as two branches, the second driven by an index on due state rows
+-- that exists only inside its (rolled-back) measurement.
+PREPARE owner_union(timestamptz, timestamptz, int, bigint, bigint[], bigint) AS
+SELECT request_id, state_id FROM (
+  (SELECT r.id AS request_id, NULL::bigint AS state_id, r.status, r.sort_time
+     FROM approval_request r
+    WHERE r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.request_type = 'OWNER_CONTRACT'
+      AND r.sort_time >= $1
+      AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
+    ORDER BY r.status, r.sort_time
+    LIMIT $4)
+  UNION ALL
+  (SELECT r.id, s.id, r.status, r.sort_time
+     FROM auto_approve_state s
+     JOIN approval_request r ON r.id = s.request_id
+    WHERE s.status = 'RETRY_WAITING'
+      AND s.request_type = 'OWNER_CONTRACT'
+      AND s.next_retry_time <= $2
+      AND s.retry_count < $3
+      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.request_type = 'OWNER_CONTRACT'
+      AND r.sort_time >= $1
+      AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+    ORDER BY r.status, r.sort_time
+    LIMIT $4)
+) candidates
+ORDER BY status, sort_time
+LIMIT $4;
+
+\echo '== typical: owner contracts (store)'
 EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
 EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+\echo '== typical: owner contracts (store, without the open-candidates index)'
+BEGIN;
+DROP INDEX approval_request_open_candidates;
+EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;
+\echo '== typical: owner contracts (union form, rejected)'
+BEGIN;
+CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
+ WHERE status = 'RETRY_WAITING';
+ANALYZE auto_approve_state;
+EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;
+\echo '== typical: ad contracts (store)'
 EXECUTE ad_candidates(now() - interval '30 days', now(), 300, 10, NULL, 1);
 EXPLAIN (ANALYZE, BUFFERS) EXECUTE ad_candidates(now() - interval '30 days', now(), 300, 10, NULL, 1);
 -- With a shard filter (8 of 16 shards), as a replica holding half the leases runs it.
+\echo '== typical: owner contracts, 8 of 16 shards (store)'
+EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, ARRAY[0,1,2,3,4,5,6,7]::bigint[], 16);
 EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, ARRAY[0,1,2,3,4,5,6,7]::bigint[], 16);
 
 -- Adversarial layout: the state rows sit on the OLDEST open requests, all
--- waiting and not due, so the scan must step over every one of them before
--- it finds a candidate (the seed: LIMIT bounds the worst case, not the usual one).
+-- waiting and not due, so a scan in request order must step over every one of
+-- them before it finds a candidate (the seed: LIMIT bounds the worst case, not
+-- the usual one).
 TRUNCATE auto_approve_state;
 INSERT INTO auto_approve_state (request_id, request_type, status, next_retry_time, retry_count,
                                 holder, fencing_token, modified_at)
@@ -84,5 +139,41 @@ SELECT id, request_type, 'RETRY_WAITING', now() + interval '5 minutes', 3, 'benc
   FROM (SELECT id, request_type FROM approval_request
          WHERE status IN ('ING','PENDING','RETRY') ORDER BY status, sort_time LIMIT 100000) oldest;
 VACUUM ANALYZE auto_approve_state;
+\echo '== adversarial, not due: owner contracts (store)'
 EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
 EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+\echo '== adversarial, not due: owner contracts (store, without the open-candidates index)'
+BEGIN;
+DROP INDEX approval_request_open_candidates;
+EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;
+\echo '== adversarial, not due: owner contracts (union form, rejected)'
+BEGIN;
+CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
+ WHERE status = 'RETRY_WAITING';
+ANALYZE auto_approve_state;
+EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;
+
+-- The same rows, all due (say, after an outage of an external system).
+UPDATE auto_approve_state SET next_retry_time = now() - interval '1 minute';
+VACUUM ANALYZE auto_approve_state;
+\echo '== adversarial, all due: owner contracts (store)'
+EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+\echo '== adversarial, all due: owner contracts (store, without the open-candidates index)'
+BEGIN;
+DROP INDEX approval_request_open_candidates;
+EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;
+\echo '== adversarial, all due: owner contracts (union form, rejected)'
+BEGIN;
+CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
+ WHERE status = 'RETRY_WAITING';
+ANALYZE auto_approve_state;
+EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
+ROLLBACK;

@@ -225,10 +225,13 @@ SELECT id, request_type, status, sort_time, created_at, business_name, documents
        target_store_number, owner_number, store_number, campaign_id
   FROM approval_request WHERE id = $1";
 
-// The two candidate queries. Conditions and ORDER BY follow the index
-// (status, request_type, sort_time), so the request side is one index range
-// read in order and LIMIT stops it; each row costs one unique-index probe of
-// the state table. Open statuses sort ING < PENDING < RETRY.
+// The two candidate queries. Conditions and ORDER BY follow the partial
+// index `approval_request_open_candidates` (request_type, status, sort_time)
+// INCLUDE (id, target_store_number), so the request side is one index-only
+// range read in order and LIMIT stops it; each row costs one unique-index
+// probe of the state table. Open statuses sort ING < PENDING < RETRY. A
+// union of a new-request and a due-retry branch was measured and rejected:
+// docs/BENCHMARKS.md.
 const OWNER_CANDIDATES: &str = "\
 SELECT r.id AS request_id, s.id AS state_id
   FROM approval_request r

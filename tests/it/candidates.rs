@@ -188,3 +188,68 @@ async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
     ids.sort();
     assert_eq!(ids, [1, 3, 5, 7, 9, 11]);
 }
+
+/// New requests and due retries interleaved in age order, more of each than
+/// the limit: the turn takes the oldest twenty, whichever kind they are.
+#[sqlx::test]
+async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(pool: PgPool) {
+    let now = t0();
+    for id in 1..=30 {
+        NewRequest::ready_owner(id)
+            .sorted_at(now - Duration::minutes(100 - id))
+            .insert(&pool)
+            .await;
+        if id % 2 == 0 {
+            insert_state(
+                &pool,
+                id,
+                "RETRY_WAITING",
+                Some(now - Duration::minutes(1)),
+                1,
+                now - Duration::minutes(11),
+            )
+            .await;
+        }
+    }
+    // Waiting and not due, older than all of them: skipped, not blocking.
+    for id in 40..=45 {
+        NewRequest::ready_owner(id)
+            .sorted_at(now - Duration::days(2))
+            .insert(&pool)
+            .await;
+        insert_state(
+            &pool,
+            id,
+            "RETRY_WAITING",
+            Some(now + Duration::minutes(5)),
+            1,
+            now - Duration::minutes(5),
+        )
+        .await;
+    }
+    let store = Store::new(pool.clone(), pool);
+    let found = store
+        .candidates(&query(RequestType::OwnerContract, None))
+        .await
+        .unwrap();
+    assert_eq!(
+        found.iter().map(|c| c.request_id).collect::<Vec<_>>(),
+        (1..=20).collect::<Vec<_>>()
+    );
+    for c in &found {
+        assert_eq!(c.state_id.is_some(), c.request_id % 2 == 0, "{c:?}");
+    }
+}
+
+/// The plan benchmark must measure the statements the store sends.
+#[test]
+fn benchmark_script_prepares_the_store_queries_verbatim() {
+    let script = include_str!("../../benches/candidate_plans.sql");
+    for t in [RequestType::OwnerContract, RequestType::AdContract] {
+        let sql = autoapproval::store::candidate_sql(t).unwrap();
+        assert!(
+            script.contains(sql),
+            "benches/candidate_plans.sql lacks the {t:?} query"
+        );
+    }
+}
