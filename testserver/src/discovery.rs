@@ -105,6 +105,91 @@ fn verbs(rt: &ResourceType) -> Vec<&'static str> {
     ]
 }
 
+/// Categories as discovery shows them: built-ins only keep `all`.
+fn categories(rt: &ResourceType) -> Vec<String> {
+    let mut cats = rt.categories.clone();
+    if rt.flavor != Flavor::Custom && rt.flavor != Flavor::Crd && !cats.iter().any(|c| c == "all") {
+        cats.clear();
+    }
+    cats
+}
+
+/// The media type of aggregated discovery the client asked for, if any (v2 preferred).
+pub fn aggregated_media_type(accept: &str) -> Option<&'static str> {
+    let wants = |v: &str| {
+        accept.split(',').any(|part| {
+            let params: Vec<&str> = part.split(';').map(str::trim).collect();
+            params.contains(&"g=apidiscovery.k8s.io")
+                && params.contains(&v)
+                && params.contains(&"as=APIGroupDiscoveryList")
+        })
+    };
+    if wants("v=v2") {
+        Some("application/json;g=apidiscovery.k8s.io;v=v2;as=APIGroupDiscoveryList")
+    } else if wants("v=v2beta1") {
+        Some("application/json;g=apidiscovery.k8s.io;v=v2beta1;as=APIGroupDiscoveryList")
+    } else {
+        None
+    }
+}
+
+/// Aggregated discovery (`apidiscovery.k8s.io`) for `/api` (`core`) or `/apis`.
+pub fn aggregated(st: &Store, core: bool, media_type: &str) -> Value {
+    let api_version = if media_type.contains("v=v2beta1") {
+        "apidiscovery.k8s.io/v2beta1"
+    } else {
+        "apidiscovery.k8s.io/v2"
+    };
+    let groups: Vec<(String, Vec<String>)> = if core {
+        vec![(String::new(), vec!["v1".to_string()])]
+    } else {
+        groups(st).into_iter().collect()
+    };
+    let items: Vec<Value> = groups
+        .iter()
+        .map(|(group, versions)| {
+            let versions: Vec<Value> = versions
+                .iter()
+                .map(|version| {
+                    let resources: Vec<Value> = st
+                        .types
+                        .values()
+                        .filter(|t| t.group == *group && t.versions.iter().any(|v| v == version))
+                        .map(|rt| {
+                            let kind = json!({"group": group, "version": version, "kind": rt.kind});
+                            let mut r = json!({
+                                "resource": rt.plural,
+                                "responseKind": kind,
+                                "scope": if rt.namespaced { "Namespaced" } else { "Cluster" },
+                                "singularResource": rt.singular,
+                                "verbs": verbs(rt),
+                            });
+                            if !rt.short_names.is_empty() {
+                                r["shortNames"] = json!(rt.short_names);
+                            }
+                            let cats = categories(rt);
+                            if !cats.is_empty() {
+                                r["categories"] = json!(cats);
+                            }
+                            if rt.status_subresource {
+                                r["subresources"] = json!([{
+                                    "subresource": "status",
+                                    "responseKind": kind,
+                                    "verbs": ["get", "patch", "update"],
+                                }]);
+                            }
+                            r
+                        })
+                        .collect();
+                    json!({"version": version, "resources": resources, "freshness": "Current"})
+                })
+                .collect();
+            json!({"metadata": {"name": group}, "versions": versions})
+        })
+        .collect();
+    json!({"kind": "APIGroupDiscoveryList", "apiVersion": api_version, "metadata": {}, "items": items})
+}
+
 /// The resource list for a group-version, if it exists.
 pub fn resource_list(st: &Store, group: &str, version: &str) -> Option<Value> {
     let mut res = vec![];
@@ -124,13 +209,7 @@ pub fn resource_list(st: &Store, group: &str, version: &str) -> Option<Value> {
         if !rt.short_names.is_empty() {
             r["shortNames"] = json!(rt.short_names);
         }
-        let mut cats = rt.categories.clone();
-        if rt.flavor != Flavor::Custom
-            && rt.flavor != Flavor::Crd
-            && !cats.iter().any(|c| c == "all")
-        {
-            cats.clear();
-        }
+        let cats = categories(rt);
         if !cats.is_empty() {
             r["categories"] = json!(cats);
         }

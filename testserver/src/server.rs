@@ -259,8 +259,22 @@ fn dispatch(
     let st = || app.store.lock();
     match r {
         Route::Version => Ok(json_resp(200, &discovery::version())),
-        Route::Api => Ok(json_resp(200, &discovery::api(&app.addr))),
-        Route::Apis => Ok(json_resp(200, &discovery::apis(&st()))),
+        Route::Api | Route::Apis => {
+            let core = matches!(r, Route::Api);
+            if let Some(media_type) = discovery::aggregated_media_type(&accept(headers)) {
+                let body = discovery::aggregated(&st(), core, media_type);
+                let mut resp = json_resp(200, &body);
+                if let Ok(v) = axum::http::HeaderValue::from_str(media_type) {
+                    resp.headers_mut().insert("content-type", v);
+                }
+                return Ok(resp);
+            }
+            if core {
+                Ok(json_resp(200, &discovery::api(&app.addr)))
+            } else {
+                Ok(json_resp(200, &discovery::apis(&st())))
+            }
+        }
         Route::Group(g) => discovery::group(&st(), &g)
             .map(|d| json_resp(200, &d))
             .ok_or_else(ApiError::no_route),

@@ -332,3 +332,69 @@ async fn streaming_list_watcher() {
     wait_for("s3", || reader.state().len() == 3).await;
     task.abort();
 }
+
+/// Legacy and aggregated discovery describe the same resources, and a CRD
+/// appears in both the moment it is created and leaves when it is deleted.
+#[tokio::test]
+async fn legacy_and_aggregated_discovery_agree() {
+    use kube::discovery::{Discovery, Scope};
+    use std::collections::BTreeSet;
+    fn resources(d: &Discovery) -> BTreeSet<(String, String, String, String, bool, Vec<String>)> {
+        d.groups()
+            .flat_map(|g| {
+                g.versions()
+                    .flat_map(|v| g.versioned_resources(v))
+                    .map(|(ar, caps)| {
+                        let mut subs: Vec<String> = caps
+                            .subresources
+                            .iter()
+                            .map(|(s, _)| s.plural.clone())
+                            .collect();
+                        subs.sort();
+                        (
+                            ar.group,
+                            ar.version,
+                            ar.kind,
+                            ar.plural,
+                            caps.scope == Scope::Namespaced,
+                            subs,
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let c = client(&server);
+    install_crd(&c).await;
+    let legacy = resources(&Discovery::new(c.clone()).run().await.unwrap());
+    let aggregated = resources(&Discovery::new(c.clone()).run_aggregated().await.unwrap());
+    assert_eq!(legacy, aggregated);
+    let aa = aggregated
+        .iter()
+        .find(|r| r.0 == "autoapproval.io")
+        .expect("the CRD is discovered");
+    assert_eq!(
+        (aa.1.as_str(), aa.2.as_str(), aa.3.as_str(), aa.4),
+        ("v1alpha1", "AutoApproval", "autoapprovals", true)
+    );
+    assert_eq!(aa.5, ["status"]);
+    assert!(
+        aggregated
+            .iter()
+            .any(|r| r.0 == "coordination.k8s.io" && r.3 == "leases")
+    );
+    assert!(
+        aggregated
+            .iter()
+            .any(|r| r.0.is_empty() && r.3 == "configmaps")
+    );
+
+    let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
+        Api::all(c.clone());
+    crds.delete("autoapprovals.autoapproval.io", &DeleteParams::default())
+        .await
+        .unwrap();
+    let after = resources(&Discovery::new(c).run_aggregated().await.unwrap());
+    assert!(!after.iter().any(|r| r.0 == "autoapproval.io"), "{after:?}");
+}
