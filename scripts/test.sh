@@ -11,4 +11,5 @@ export PATH KUBECTL="$(command -v kubectl)"
 echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL" >&2
 
 cargo fmt --all --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo test --workspace --locked "$@"
