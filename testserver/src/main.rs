@@ -13,7 +13,7 @@ struct Args {
     /// Port on 127.0.0.1 (0 = pick a free one).
     #[arg(long, default_value_t = 0)]
     port: u16,
-    /// Where to write a kubeconfig for this server.
+    /// Where to write a kubeconfig for this server [default: none, no file is written].
     #[arg(long)]
     kubeconfig: Option<PathBuf>,
     /// Watch events retained (older resourceVersions get 410 Expired).
