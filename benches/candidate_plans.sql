@@ -103,23 +103,8 @@ SELECT request_id, state_id FROM (
 ORDER BY status, sort_time
 LIMIT $4;
 
-\echo '== typical: owner contracts (store)'
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-\echo '== typical: owner contracts (store, without the open-candidates index)'
-BEGIN;
-DROP INDEX approval_request_open_candidates;
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
-\echo '== typical: owner contracts (union form, rejected)'
-BEGIN;
-CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
- WHERE status = 'RETRY_WAITING';
-ANALYZE auto_approve_state;
-EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
+\set layout 'typical'
+\ir candidate_plans_measure.sql
 \echo '== typical: ad contracts (store)'
 EXECUTE ad_candidates(now() - interval '30 days', now(), 300, 10, NULL, 1);
 EXPLAIN (ANALYZE, BUFFERS) EXECUTE ad_candidates(now() - interval '30 days', now(), 300, 10, NULL, 1);
@@ -139,41 +124,11 @@ SELECT id, request_type, 'RETRY_WAITING', now() + interval '5 minutes', 3, 'benc
   FROM (SELECT id, request_type FROM approval_request
          WHERE status IN ('ING','PENDING','RETRY') ORDER BY status, sort_time LIMIT 100000) oldest;
 VACUUM ANALYZE auto_approve_state;
-\echo '== adversarial, not due: owner contracts (store)'
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-\echo '== adversarial, not due: owner contracts (store, without the open-candidates index)'
-BEGIN;
-DROP INDEX approval_request_open_candidates;
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
-\echo '== adversarial, not due: owner contracts (union form, rejected)'
-BEGIN;
-CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
- WHERE status = 'RETRY_WAITING';
-ANALYZE auto_approve_state;
-EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
+\set layout 'adversarial, not due'
+\ir candidate_plans_measure.sql
 
 -- The same rows, all due (say, after an outage of an external system).
 UPDATE auto_approve_state SET next_retry_time = now() - interval '1 minute';
 VACUUM ANALYZE auto_approve_state;
-\echo '== adversarial, all due: owner contracts (store)'
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-\echo '== adversarial, all due: owner contracts (store, without the open-candidates index)'
-BEGIN;
-DROP INDEX approval_request_open_candidates;
-EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_candidates(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
-\echo '== adversarial, all due: owner contracts (union form, rejected)'
-BEGIN;
-CREATE INDEX auto_approve_state_due ON auto_approve_state (request_type, next_retry_time)
- WHERE status = 'RETRY_WAITING';
-ANALYZE auto_approve_state;
-EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-EXPLAIN (ANALYZE, BUFFERS) EXECUTE owner_union(now() - interval '30 days', now(), 300, 20, NULL, 1);
-ROLLBACK;
+\set layout 'adversarial, all due'
+\ir candidate_plans_measure.sql

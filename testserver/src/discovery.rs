@@ -105,13 +105,27 @@ fn verbs(rt: &ResourceType) -> Vec<&'static str> {
     ]
 }
 
-/// Categories as discovery shows them: built-ins only keep `all`.
-fn categories(rt: &ResourceType) -> Vec<String> {
-    let mut cats = rt.categories.clone();
-    if rt.flavor != Flavor::Custom && rt.flavor != Flavor::Crd && !cats.iter().any(|c| c == "all") {
-        cats.clear();
+/// The types served at a group-version.
+fn served<'a>(
+    st: &'a Store,
+    group: &'a str,
+    version: &'a str,
+) -> impl Iterator<Item = &'a ResourceType> + 'a {
+    st.types
+        .values()
+        .filter(move |t| t.group == group && t.versions.iter().any(|v| v == version))
+}
+
+/// Adds short names and categories (built-ins only keep `all`), as both discovery forms show them.
+fn add_names(r: &mut Value, rt: &ResourceType) {
+    if !rt.short_names.is_empty() {
+        r["shortNames"] = json!(rt.short_names);
     }
-    cats
+    let builtin = rt.flavor != Flavor::Custom && rt.flavor != Flavor::Crd;
+    let shown = !builtin || rt.categories.iter().any(|c| c == "all");
+    if shown && !rt.categories.is_empty() {
+        r["categories"] = json!(rt.categories);
+    }
 }
 
 /// The media type of aggregated discovery the client asked for, if any (v2 preferred).
@@ -151,10 +165,7 @@ pub fn aggregated(st: &Store, core: bool, media_type: &str) -> Value {
             let versions: Vec<Value> = versions
                 .iter()
                 .map(|version| {
-                    let resources: Vec<Value> = st
-                        .types
-                        .values()
-                        .filter(|t| t.group == *group && t.versions.iter().any(|v| v == version))
+                    let resources: Vec<Value> = served(st, group, version)
                         .map(|rt| {
                             let kind = json!({"group": group, "version": version, "kind": rt.kind});
                             let mut r = json!({
@@ -164,13 +175,7 @@ pub fn aggregated(st: &Store, core: bool, media_type: &str) -> Value {
                                 "singularResource": rt.singular,
                                 "verbs": verbs(rt),
                             });
-                            if !rt.short_names.is_empty() {
-                                r["shortNames"] = json!(rt.short_names);
-                            }
-                            let cats = categories(rt);
-                            if !cats.is_empty() {
-                                r["categories"] = json!(cats);
-                            }
+                            add_names(&mut r, rt);
                             if rt.status_subresource {
                                 r["subresources"] = json!([{
                                     "subresource": "status",
@@ -193,11 +198,7 @@ pub fn aggregated(st: &Store, core: bool, media_type: &str) -> Value {
 /// The resource list for a group-version, if it exists.
 pub fn resource_list(st: &Store, group: &str, version: &str) -> Option<Value> {
     let mut res = vec![];
-    for rt in st
-        .types
-        .values()
-        .filter(|t| t.group == group && t.versions.iter().any(|v| v == version))
-    {
+    for rt in served(st, group, version) {
         let mut r = json!({
             "name": rt.plural,
             "singularName": rt.singular,
@@ -206,13 +207,7 @@ pub fn resource_list(st: &Store, group: &str, version: &str) -> Option<Value> {
             "verbs": verbs(rt),
             "storageVersionHash": format!("{:x}", fnv(&format!("{}/{}", rt.group, rt.plural)) & 0xffff_ffff),
         });
-        if !rt.short_names.is_empty() {
-            r["shortNames"] = json!(rt.short_names);
-        }
-        let cats = categories(rt);
-        if !cats.is_empty() {
-            r["categories"] = json!(cats);
-        }
+        add_names(&mut r, rt);
         res.push(r);
         if rt.status_subresource {
             res.push(json!({"name": format!("{}/status", rt.plural), "singularName": "", "namespaced": rt.namespaced, "kind": rt.kind, "verbs": ["get", "patch", "update"]}));

@@ -130,9 +130,8 @@ impl Faults {
         self.add(FaultRule {
             matcher,
             status: Some(status),
-            latency_ms: 0,
             count: Some(n),
-            probability: None,
+            ..FaultRule::default()
         });
     }
     /// Fails every matching request with `status` until [`Faults::clear`].
@@ -140,9 +139,7 @@ impl Faults {
         self.add(FaultRule {
             matcher,
             status: Some(status),
-            latency_ms: 0,
-            count: None,
-            probability: None,
+            ..FaultRule::default()
         });
     }
     /// Fails a random `fraction` (0..=1) of matching requests with `status` until [`Faults::clear`].
@@ -150,19 +147,16 @@ impl Faults {
         self.add(FaultRule {
             matcher,
             status: Some(status),
-            latency_ms: 0,
-            count: None,
             probability: Some(fraction.clamp(0.0, 1.0)),
+            ..FaultRule::default()
         });
     }
     /// Delays every matching request by `latency` until [`Faults::clear`].
     pub fn add_latency(&self, latency: Duration, matcher: Match) {
         self.add(FaultRule {
             matcher,
-            status: None,
             latency_ms: latency.as_millis() as u64,
-            count: None,
-            probability: None,
+            ..FaultRule::default()
         });
     }
     /// Adds a rule.

@@ -380,6 +380,7 @@ fn resource(
     let ctx = WriteCtx {
         manager: manager(q, headers),
         dry_run: q.get("dryRun").is_some_and(|d| d == "All"),
+        fields_applied: false,
     };
     let accept = accept(headers);
     match (verb, t.name.as_deref()) {
@@ -545,23 +546,15 @@ fn resource(
                     applied["metadata"] = json!({"name": name});
                 }
                 let merged = patch::apply(cur.as_ref(), &applied, &ctx.manager, force, &now)?;
+                let applied_ctx = WriteCtx {
+                    fields_applied: true,
+                    ..ctx.clone()
+                };
                 let (code, o) = match cur {
                     None if !status_sub => {
                         let mut m = merged;
                         m["metadata"]["name"] = json!(name);
-                        (
-                            201,
-                            st.create(
-                                &rt,
-                                &version,
-                                &ns,
-                                m,
-                                &WriteCtx {
-                                    manager: String::new(),
-                                    ..ctx.clone()
-                                },
-                            )?,
-                        )
+                        (201, st.create(&rt, &version, &ns, m, &applied_ctx)?)
                     }
                     None => {
                         return Err(ApiError::not_found(
@@ -575,18 +568,7 @@ fn resource(
                     }
                     Some(_) => (
                         200,
-                        st.update(
-                            &rt,
-                            &version,
-                            &ns,
-                            name,
-                            merged,
-                            status_sub,
-                            &WriteCtx {
-                                manager: String::new(),
-                                ..ctx.clone()
-                            },
-                        )?,
+                        st.update(&rt, &version, &ns, name, merged, status_sub, &applied_ctx)?,
                     ),
                 };
                 return Ok(json_resp(code, &with_version(&rt, &version, o)));

@@ -49,6 +49,8 @@ pub struct WriteCtx {
     pub manager: String,
     /// Dry run: validate but do not persist.
     pub dry_run: bool,
+    /// Server-side apply already computed managedFields: store them as given.
+    pub fields_applied: bool,
 }
 
 fn what(rt: &ResourceType) -> What<'_> {
@@ -125,6 +127,7 @@ impl Store {
                     &WriteCtx {
                         manager: "kube-apiserver".into(),
                         dry_run: false,
+                        fields_applied: false,
                     },
                 );
             }
@@ -389,7 +392,7 @@ impl Store {
             m.insert("creationTimestamp".into(), json!(now));
             m.remove("deletionTimestamp");
             m.remove("deletionGracePeriodSeconds");
-            if !ctx.manager.is_empty() {
+            if !ctx.fields_applied {
                 m.remove("managedFields");
             }
             if rt.has_generation() {
@@ -413,7 +416,7 @@ impl Store {
         {
             obj["metadata"].as_object_mut().map(|m| m.remove("labels"));
         }
-        if !ctx.manager.is_empty() {
+        if !ctx.fields_applied {
             patch::track_update(None, &mut obj, &ctx.manager, "", &now);
         }
         if ctx.dry_run {
@@ -548,7 +551,7 @@ impl Store {
             new["metadata"]["generation"] = json!(g + 1);
         }
         let now = util::now();
-        if !ctx.manager.is_empty() {
+        if !ctx.fields_applied {
             patch::track_update(
                 Some(&cur),
                 &mut new,

@@ -166,6 +166,15 @@ fn standalone_binary_serves_kubectl_printer_columns() {
     let dir = std::env::temp_dir().join(format!("kts-bin-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
+    /// Stops the server process and removes its files, also when an assertion fails.
+    struct Running(std::process::Child, PathBuf);
+    impl Drop for Running {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
     let mut child = Command::new(env!("CARGO_BIN_EXE_kube-testserver"))
         .args(["--port", "0", "--kubeconfig"])
         .arg(&kubeconfig)
@@ -173,37 +182,29 @@ fn standalone_binary_serves_kubectl_printer_columns() {
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let _running = Running(child, dir.clone());
     let mut url = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut url)
-        .unwrap();
+    std::io::BufReader::new(stdout).read_line(&mut url).unwrap();
     assert!(url.starts_with("http://127.0.0.1:"), "{url}");
     let k = Kubectl {
         kubeconfig,
         cache: dir.join("cache"),
     };
-    let result = std::panic::catch_unwind(|| {
-        k.ok(&["apply", "-f", &fixture("autoapproval-crd.yaml")]);
-        k.ok(&["apply", "-f", &fixture("sample-aa.yaml")]);
-        let out = k.ok(&["get", "autoapprovals"]);
-        let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
-        assert_eq!(
-            header,
-            [
-                "NAME", "REQUEST", "TYPE", "PHASE", "STEP", "RETRIES", "NEXT", "RETRY", "AGE"
-            ],
-            "{out}"
-        );
-        // Reason has priority 1: shown only with -o wide.
-        let wide = k.ok(&["get", "autoapprovals", "-o", "wide"]);
-        assert!(wide.lines().next().unwrap().contains("REASON"), "{wide}");
-        let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
-        assert_eq!(&row[..3], ["req-1", "1", "OWNER_CONTRACT"], "{out}");
-    });
-    let _ = child.kill();
-    let _ = child.wait();
-    let _ = std::fs::remove_dir_all(&dir);
-    if let Err(p) = result {
-        std::panic::resume_unwind(p);
-    }
+    k.ok(&["apply", "-f", &fixture("autoapproval-crd.yaml")]);
+    k.ok(&["apply", "-f", &fixture("sample-aa.yaml")]);
+    let out = k.ok(&["get", "autoapprovals"]);
+    let header: Vec<&str> = out.lines().next().unwrap().split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "REQUEST", "TYPE", "PHASE", "STEP", "RETRIES", "NEXT", "RETRY", "AGE"
+        ],
+        "{out}"
+    );
+    // Reason has priority 1: shown only with -o wide.
+    let wide = k.ok(&["get", "autoapprovals", "-o", "wide"]);
+    assert!(wide.lines().next().unwrap().contains("REASON"), "{wide}");
+    let row: Vec<&str> = out.lines().nth(1).unwrap().split_whitespace().collect();
+    assert_eq!(&row[..3], ["req-1", "1", "OWNER_CONTRACT"], "{out}");
 }
