@@ -131,12 +131,30 @@ impl Approver {
         candidate: &Candidate,
         fence: &Fence,
     ) -> Result<AttemptOutcome, StoreError> {
+        self.attempt_since(candidate, fence, None).await
+    }
+
+    /// Like [`Approver::attempt`]; a won claim also records the pickup
+    /// latency from `eligible_at` (when the request became workable).
+    pub async fn attempt_since(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+        eligible_at: Option<DateTime<Utc>>,
+    ) -> Result<AttemptOutcome, StoreError> {
+        let now = self.clock.now();
         let claim = match self
             .store
-            .claim(candidate, fence, self.clock.now(), self.config.retry.limit)
+            .claim(candidate, fence, now, self.config.retry.limit)
             .await?
         {
-            ClaimOutcome::Won(claim) => claim,
+            ClaimOutcome::Won(claim) => {
+                if let Some(since) = eligible_at {
+                    let waited = (now - since).to_std().unwrap_or_default();
+                    self.metrics.pickup(waited.as_secs_f64());
+                }
+                claim
+            }
             ClaimOutcome::Lost => {
                 self.metrics.claim("lost");
                 debug!(request_id = candidate.request_id, "claim lost");

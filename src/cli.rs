@@ -27,6 +27,10 @@ pub struct Cli {
 pub enum Command {
     /// Apply the database migrations (idempotent).
     Migrate(MigrateArgs),
+    /// Run the controller.
+    Run(Box<crate::controller::config::RunArgs>),
+    /// Print the AutoApproval CRD as YAML (what crds/autoapproval.yaml holds).
+    Crd,
     /// Serve the simulator of the four external systems.
     Sim(crate::sim::SimArgs),
 }
@@ -48,6 +52,30 @@ pub enum CliError {
     /// The simulator failed.
     #[error(transparent)]
     Sim(#[from] crate::sim::SimError),
+    /// A setting is invalid.
+    #[error(transparent)]
+    Setting(#[from] crate::controller::config::SettingError),
+    /// An external-system setting is invalid.
+    #[error(transparent)]
+    External(#[from] crate::external::http::ConfigError),
+    /// No usable Kubernetes configuration.
+    #[error("Kubernetes configuration: {0}")]
+    Kube(String),
+    /// The controller failed.
+    #[error(transparent)]
+    Controller(#[from] crate::controller::ControllerError),
+    /// The endpoints could not be served.
+    #[error("serving {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The CRD could not be rendered.
+    #[error("rendering the CRD: {0}")]
+    Crd(#[from] serde_yaml::Error),
 }
 
 /// Runs the parsed command line.
@@ -60,6 +88,111 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             tracing::info!("migrations applied");
             Ok(())
         }
+        Command::Run(args) => run_controller(*args).await,
+        Command::Crd => {
+            print!("{}", crate::controller::crd::crd_yaml()?);
+            Ok(())
+        }
         Command::Sim(args) => Ok(crate::sim::run(args).await?),
+    }
+}
+
+/// `autoapproval run`: validate everything, then serve until SIGTERM.
+async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), CliError> {
+    use std::sync::Arc;
+
+    use crate::controller::{Parts, run_until};
+    use crate::endpoints::{Health, router};
+    use crate::telemetry::Metrics;
+
+    let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
+    let client = kube_client(args.controller.kubeconfig.as_deref()).await?;
+    let namespace = match &args.controller.namespace {
+        Some(ns) => ns.clone(),
+        None => own_namespace().unwrap_or_else(|| client.default_namespace().to_owned()),
+    };
+    let replica_name = args
+        .controller
+        .replica_name
+        .clone()
+        .or_else(|| std::env::var("POD_NAME").ok())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "autoapproval".to_owned());
+    let settings = args.controller.settings(namespace, replica_name)?;
+    let store = Store::connect(&args.database).await?;
+    let metrics = Metrics::new();
+    let health = Health::new(store.clone(), client.clone(), metrics.clone());
+    let listener = crate::endpoints::bind(settings.listen)
+        .await
+        .map_err(|source| CliError::Listen {
+            addr: settings.listen,
+            source,
+        })?;
+    tracing::info!(addr = %settings.listen, "serving /healthz, /readyz and /metrics");
+    let app = router(health.clone());
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            tracing::error!(%error, "health and metrics endpoints stopped");
+        }
+    });
+    let parts = Parts {
+        client,
+        store,
+        external,
+        clock: Arc::new(crate::clock::SystemClock),
+        metrics,
+        health: Some(health),
+    };
+    run_until(settings, parts, termination()).await?;
+    Ok(())
+}
+
+async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, CliError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kubeconfig = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| CliError::Kube(format!("--kubeconfig {}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default())
+                .await
+                .map_err(|e| CliError::Kube(format!("--kubeconfig {}: {e}", path.display())))?
+        }
+        None => kube::Config::infer()
+            .await
+            .map_err(|e| CliError::Kube(e.to_string()))?,
+    };
+    kube::Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))
+}
+
+/// The pod's namespace: `$POD_NAMESPACE`, else the service account's.
+fn own_namespace() -> Option<String> {
+    std::env::var("POD_NAMESPACE").ok().or_else(|| {
+        std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+            .ok()
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+    })
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn termination() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {}
+                    _ = term.recv() => {}
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
     }
 }

@@ -218,7 +218,12 @@ pub struct Request {
     pub store_number: Option<i64>,
     /// Campaign id, once the ad campaign processor approved it.
     pub campaign_id: Option<String>,
+    /// Who decided a closed request (`autoapproval` when it was us).
+    pub decided_by: Option<String>,
 }
+
+/// The `decided_by` the controller writes when it approves.
+pub const DECIDED_BY_US: &str = "autoapproval";
 
 /// Status of an `auto_approve_state` row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{FromRow, Postgres, Transaction};
 
 use crate::domain::{
@@ -126,6 +126,56 @@ pub struct RetryWrite<'a> {
     pub step: &'a str,
 }
 
+/// The NOTIFY channel of migration 0004: payload is the request id as text.
+pub const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
+
+/// One notification from the request-changed channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestChange {
+    /// This request was inserted, or a fact its filters read changed.
+    Changed(i64),
+    /// A payload that is not a request id; reported and ignored.
+    Malformed(String),
+    /// The connection dropped and was re-established: notifications may
+    /// have been missed, so the caller should run a full turn.
+    Reconnected,
+}
+
+/// The LISTEN connection for request changes.
+pub struct RequestChanges {
+    listener: PgListener,
+}
+
+impl RequestChanges {
+    /// Waits for the next notification.
+    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+        let received = self
+            .listener
+            .try_recv()
+            .await
+            .map_err(db("receive notification"))?;
+        Ok(received.map_or(RequestChange::Reconnected, |n| {
+            RequestChange::parse(n.payload())
+        }))
+    }
+
+    /// A notification already received, without waiting.
+    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+        self.listener
+            .next_buffered()
+            .map(|n| RequestChange::parse(n.payload()))
+    }
+}
+
+impl RequestChange {
+    fn parse(payload: &str) -> Self {
+        match payload.trim().parse() {
+            Ok(id) => RequestChange::Changed(id),
+            Err(_) => RequestChange::Malformed(payload.to_owned()),
+        }
+    }
+}
+
 /// What the cleanser did in one pass.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CleanseReport {
@@ -153,6 +203,7 @@ struct RequestRow {
     owner_number: Option<i64>,
     store_number: Option<i64>,
     campaign_id: Option<String>,
+    decided_by: Option<String>,
 }
 
 impl RequestRow {
@@ -178,6 +229,7 @@ impl RequestRow {
             owner_number: self.owner_number,
             store_number: self.store_number,
             campaign_id: self.campaign_id,
+            decided_by: self.decided_by,
         })
     }
 }
@@ -222,7 +274,7 @@ impl StateRow {
 const SELECT_REQUEST: &str = "\
 SELECT id, request_type, status, sort_time, created_at, business_name, documents_released,
        operational_hold, menu_registered, logo_registered, previous_step_approved, econtract_ref,
-       target_store_number, owner_number, store_number, campaign_id
+       target_store_number, owner_number, store_number, campaign_id, decided_by
   FROM approval_request WHERE id = $1";
 
 // The two candidate queries. Conditions and ORDER BY follow the partial
@@ -722,6 +774,85 @@ impl Store {
             recovered: recovered.into_iter().map(|(id,)| id).collect(),
             deleted: deleted.rows_affected(),
         })
+    }
+
+    /// Makes waiting requests due at `now` because a fact their filters read
+    /// changed; returns those whose wait was cut short. Retry counts stay.
+    pub async fn wake(
+        &self,
+        request_ids: &[i64],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE auto_approve_state SET next_retry_time = $2
+              WHERE request_id = ANY($1) AND status = 'RETRY_WAITING' AND next_retry_time > $2
+             RETURNING request_id",
+        )
+        .bind(request_ids)
+        .bind(now)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("wake waiting requests"))?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Deletes the waiting state row of a request that is no longer open (a
+    /// person decided); an IN_PROGRESS row is left to its holder.
+    pub async fn forget_closed(&self, request_id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM auto_approve_state s
+              WHERE s.request_id = $1 AND s.status = 'RETRY_WAITING'
+                AND NOT EXISTS (SELECT 1 FROM approval_request r
+                                 WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
+        )
+        .bind(request_id)
+        .execute(&self.primary)
+        .await
+        .map_err(db("forget closed request"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives back every claim still held under `fence` (graceful shutdown):
+    /// due again at once, no retry counted. Returns the requests released.
+    pub async fn release_all(
+        &self,
+        fence: &Fence,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = $3
+              WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = $2
+             RETURNING request_id",
+        )
+        .bind(&fence.holder)
+        .bind(fence.token)
+        .bind(now)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("release held claims"))?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// One round-trip to the primary, for the readiness probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        sqlx::query("SELECT 1")
+            .execute(&self.primary)
+            .await
+            .map_err(db("ping"))?;
+        Ok(())
+    }
+
+    /// Listens on the primary for the request-changed notifications.
+    pub async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
+        let mut listener = PgListener::connect_with(&self.primary)
+            .await
+            .map_err(db("connect listener"))?;
+        listener
+            .listen(REQUEST_CHANGED_CHANNEL)
+            .await
+            .map_err(db("listen"))?;
+        Ok(RequestChanges { listener })
     }
 
     async fn begin(

@@ -49,6 +49,20 @@ pub struct Metrics {
     cleanser_recovered: Counter,
     cleanser_deleted: Counter,
     pickup_latency: Histogram,
+    reconcile_duration: Family<ResultLabel, Histogram>,
+    turn_candidates: Histogram,
+    notify_wakeups: Counter,
+    crs_created: Counter,
+    events: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
+fn reconcile_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
 }
 
 impl Default for Metrics {
@@ -109,8 +123,45 @@ impl Metrics {
             "Time from a request becoming eligible to its claim",
             pickup_latency.clone(),
         );
+        let reconcile_duration = Family::<ResultLabel, Histogram>::new_with_constructor(
+            reconcile_buckets as fn() -> Histogram,
+        );
+        registry.register(
+            "reconcile_duration_seconds",
+            "Duration of one reconcile by result",
+            reconcile_duration.clone(),
+        );
+        let turn_candidates = Histogram::new([0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 100.0]);
+        registry.register(
+            "discovery_turn_candidates",
+            "Candidates found by one discovery turn",
+            turn_candidates.clone(),
+        );
+        let notify_wakeups = Counter::default();
+        registry.register(
+            "notify_wakeups",
+            "Discovery turns started early by a request-changed NOTIFY",
+            notify_wakeups.clone(),
+        );
+        let crs_created = Counter::default();
+        registry.register(
+            "crs_created",
+            "AutoApproval custom resources created by discovery",
+            crs_created.clone(),
+        );
+        let events = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "events",
+            "Kubernetes Events published by reason",
+            events.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            reconcile_duration,
+            turn_candidates,
+            notify_wakeups,
+            crs_created,
+            events,
             candidates,
             claims,
             outcomes,
@@ -196,6 +247,44 @@ impl Metrics {
     /// Records a pickup latency.
     pub fn pickup(&self, seconds: f64) {
         self.pickup_latency.observe(seconds);
+    }
+
+    /// Records one reconcile's duration; `result` is `ok` or `error`.
+    pub fn reconcile(&self, result: &str, seconds: f64) {
+        self.reconcile_duration
+            .get_or_create(&ResultLabel {
+                result: result.into(),
+            })
+            .observe(seconds);
+    }
+
+    /// Records the candidates of one discovery turn.
+    pub fn turn(&self, candidates: usize) {
+        self.turn_candidates.observe(candidates as f64);
+    }
+
+    /// Counts a NOTIFY wake-up of discovery.
+    pub fn notify_wakeup(&self) {
+        self.notify_wakeups.inc();
+    }
+
+    /// How many NOTIFY wake-ups there were.
+    pub fn notify_wakeups(&self) -> u64 {
+        self.notify_wakeups.get()
+    }
+
+    /// Counts a CR created by discovery.
+    pub fn cr_created(&self) {
+        self.crs_created.inc();
+    }
+
+    /// Counts a published Event.
+    pub fn event(&self, reason: &str) {
+        self.events
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
     }
 
     /// The Prometheus text exposition of every metric.

@@ -258,6 +258,7 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
             "s" | "sec" => Some(Duration::from_secs(value)),
             "m" | "min" => value.checked_mul(60).map(Duration::from_secs),
             "h" => value.checked_mul(3600).map(Duration::from_secs),
+            "d" => value.checked_mul(86_400).map(Duration::from_secs),
             "" => return Err(err("missing unit")),
             _ => return Err(err("unknown unit")),
         };
@@ -292,6 +293,10 @@ mod tests {
         assert_eq!(parse_duration("5s").unwrap(), Duration::from_secs(5));
         assert_eq!(parse_duration("2m").unwrap(), Duration::from_secs(120));
         assert_eq!(parse_duration("1h").unwrap(), Duration::from_secs(3600));
+        assert_eq!(
+            parse_duration("30d").unwrap(),
+            Duration::from_secs(30 * 86_400)
+        );
         assert_eq!(parse_duration("1m30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("1m 30s").unwrap(), Duration::from_secs(90));
         assert_eq!(parse_duration("250us").unwrap(), Duration::from_micros(250));

@@ -1,0 +1,319 @@
+//! The settings of `autoapproval run`: a flag and an environment variable
+//! for each, validated at start-up with a message naming the bad value.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::approval::{ApproverConfig, TurnConfig};
+use crate::external::http::{ExternalConfig, format_duration, parse_duration};
+use crate::retry::RetryPolicy;
+use crate::store::DatabaseConfig;
+
+use super::discovery::DiscoverySettings;
+use super::reconcile::ReconcileSettings;
+
+/// Arguments of `run`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct RunArgs {
+    /// The database.
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    /// The external systems.
+    #[command(flatten)]
+    pub external: ExternalConfig,
+    /// The controller.
+    #[command(flatten)]
+    pub controller: ControllerArgs,
+}
+
+/// The controller's own settings.
+#[derive(clap::Args, Clone, Debug)]
+pub struct ControllerArgs {
+    /// Kubeconfig to use [default: in-cluster service account, else $KUBECONFIG or ~/.kube/config].
+    #[arg(long, env = "AUTOAPPROVAL_KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Namespace of the AutoApproval CRs, Events and Leases [default: the pod's namespace ($POD_NAMESPACE or the service account's), else the kubeconfig's].
+    #[arg(long, env = "AUTOAPPROVAL_NAMESPACE")]
+    pub namespace: Option<String>,
+    /// This replica's name in claims and Events [default: $POD_NAME, else the host name].
+    #[arg(long, env = "AUTOAPPROVAL_REPLICA_NAME")]
+    pub replica_name: Option<String>,
+    /// Address of the /healthz, /readyz and /metrics endpoints.
+    #[arg(long, env = "AUTOAPPROVAL_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Delay between discovery turns (fixed delay, not a schedule).
+    #[arg(long, env = "AUTOAPPROVAL_POLL_PERIOD", default_value = "10s", value_parser = parse_duration)]
+    pub poll_period: Duration,
+    /// Delay before the next turn when a turn filled its page.
+    #[arg(long, env = "AUTOAPPROVAL_BACKLOG_DELAY", default_value = "100ms", value_parser = parse_duration)]
+    pub backlog_delay: Duration,
+    /// Wake discovery on the request table's NOTIFY (false: polling only).
+    #[arg(long, env = "AUTOAPPROVAL_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub notify: bool,
+    /// Only requests whose sort_time is within this window are candidates.
+    #[arg(long, env = "AUTOAPPROVAL_WINDOW", default_value = "30d", value_parser = parse_duration)]
+    pub window: Duration,
+    /// Owner contracts per candidate query.
+    #[arg(long, env = "AUTOAPPROVAL_OWNER_LIMIT", default_value_t = 20)]
+    pub owner_limit: i64,
+    /// Ad contracts per candidate query.
+    #[arg(long, env = "AUTOAPPROVAL_AD_LIMIT", default_value_t = 10)]
+    pub ad_limit: i64,
+    /// Reconciles (and so chains) running at once.
+    #[arg(long, env = "AUTOAPPROVAL_CONCURRENCY", default_value_t = 16)]
+    pub concurrency: u16,
+    /// Retries after which a request is Exhausted.
+    #[arg(long, env = "AUTOAPPROVAL_RETRY_LIMIT", default_value_t = crate::domain::DEFAULT_RETRY_LIMIT)]
+    pub retry_limit: i32,
+    /// Wait after an unmet condition (documents, signature, hold…).
+    #[arg(long, env = "AUTOAPPROVAL_CONDITION_RETRY_INTERVAL", default_value = "10m", value_parser = parse_duration)]
+    pub condition_retry_interval: Duration,
+    /// First backoff after a transient external failure.
+    #[arg(long, env = "AUTOAPPROVAL_TRANSIENT_RETRY_BASE", default_value = "2s", value_parser = parse_duration)]
+    pub transient_retry_base: Duration,
+    /// Longest backoff after transient external failures.
+    #[arg(long, env = "AUTOAPPROVAL_TRANSIENT_RETRY_MAX", default_value = "10m", value_parser = parse_duration)]
+    pub transient_retry_max: Duration,
+    /// How often a running chain touches its claim.
+    #[arg(long, env = "AUTOAPPROVAL_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+    /// K: requests are split into K shards by request_id mod K.
+    #[arg(long, env = "AUTOAPPROVAL_SHARDS", default_value_t = 16)]
+    pub shards: u32,
+    /// On SIGTERM, how long in-flight chains may run before their claims are released.
+    #[arg(long, env = "AUTOAPPROVAL_SHUTDOWN_GRACE", default_value = "25s", value_parser = parse_duration)]
+    pub shutdown_grace: Duration,
+    /// Delay between cleanser passes.
+    #[arg(long, env = "AUTOAPPROVAL_CLEANSE_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub cleanse_interval: Duration,
+    /// A claim untouched this long is stuck; must be well above the heartbeat interval.
+    #[arg(long, env = "AUTOAPPROVAL_STUCK_THRESHOLD", default_value = "5m", value_parser = parse_duration)]
+    pub stuck_threshold: Duration,
+    /// A chain running longer than this shows InProgress on its CR.
+    #[arg(long, env = "AUTOAPPROVAL_IN_PROGRESS_AFTER", default_value = "1s", value_parser = parse_duration)]
+    pub in_progress_after: Duration,
+}
+
+/// A setting refused at start-up.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {value}: {message}")]
+pub struct SettingError {
+    /// The flag.
+    pub flag: &'static str,
+    /// The value given.
+    pub value: String,
+    /// Why it is refused.
+    pub message: &'static str,
+}
+
+/// Validated controller settings.
+#[derive(Clone, Debug)]
+pub struct Settings {
+    /// Namespace of the CRs.
+    pub namespace: String,
+    /// Replica name.
+    pub replica_name: String,
+    /// Health and metrics address.
+    pub listen: SocketAddr,
+    /// Reconcile concurrency.
+    pub concurrency: u16,
+    /// Shutdown grace.
+    pub shutdown_grace: Duration,
+    /// Cleanser interval.
+    pub cleanse_interval: Duration,
+    /// Cleanser stuck threshold.
+    pub stuck_threshold: Duration,
+    /// Attempt settings.
+    pub approver: ApproverConfig,
+    /// Discovery settings.
+    pub discovery: DiscoverySettings,
+    /// Reconcile settings.
+    pub reconcile: ReconcileSettings,
+}
+
+impl Settings {
+    /// Defaults for a namespace and replica, as `--help` documents them
+    /// (used by tests and the demo).
+    pub fn new(namespace: impl Into<String>, replica_name: impl Into<String>) -> Self {
+        Self {
+            namespace: namespace.into(),
+            replica_name: replica_name.into(),
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            concurrency: 16,
+            shutdown_grace: Duration::from_secs(25),
+            cleanse_interval: Duration::from_secs(60),
+            stuck_threshold: Duration::from_secs(300),
+            approver: ApproverConfig::default(),
+            discovery: DiscoverySettings {
+                poll_period: Duration::from_secs(10),
+                backlog_delay: Duration::from_millis(100),
+                notify: true,
+                shard_count: 16,
+                turn: TurnConfig::default(),
+                retry_limit: crate::domain::DEFAULT_RETRY_LIMIT,
+            },
+            reconcile: ReconcileSettings::default(),
+        }
+    }
+}
+
+fn refuse(flag: &'static str, value: impl ToString, message: &'static str) -> SettingError {
+    SettingError {
+        flag,
+        value: value.to_string(),
+        message,
+    }
+}
+
+fn positive(flag: &'static str, d: Duration) -> Result<Duration, SettingError> {
+    if d.is_zero() {
+        return Err(refuse(
+            flag,
+            format_duration(d),
+            "must be greater than zero",
+        ));
+    }
+    Ok(d)
+}
+
+impl ControllerArgs {
+    /// Checks every value and builds the settings; `namespace` and
+    /// `replica_name` are the resolved defaults when the flags are absent.
+    pub fn settings(
+        &self,
+        namespace: String,
+        replica_name: String,
+    ) -> Result<Settings, SettingError> {
+        let mut s = Settings::new(namespace, replica_name);
+        for (flag, limit) in [
+            ("--owner-limit", self.owner_limit),
+            ("--ad-limit", self.ad_limit),
+        ] {
+            if !(1..=10_000).contains(&limit) {
+                return Err(refuse(flag, limit, "must be between 1 and 10000"));
+            }
+        }
+        if self.concurrency == 0 {
+            return Err(refuse("--concurrency", 0, "must be at least 1"));
+        }
+        if self.retry_limit < 1 {
+            return Err(refuse(
+                "--retry-limit",
+                self.retry_limit,
+                "must be at least 1",
+            ));
+        }
+        if !(1..=4096).contains(&self.shards) {
+            return Err(refuse(
+                "--shards",
+                self.shards,
+                "must be between 1 and 4096",
+            ));
+        }
+        let transient_base = positive("--transient-retry-base", self.transient_retry_base)?;
+        let transient_max = positive("--transient-retry-max", self.transient_retry_max)?;
+        if transient_max < transient_base {
+            return Err(refuse(
+                "--transient-retry-max",
+                format_duration(transient_max),
+                "must not be below --transient-retry-base",
+            ));
+        }
+        let heartbeat = positive("--heartbeat-interval", self.heartbeat_interval)?;
+        let stuck = positive("--stuck-threshold", self.stuck_threshold)?;
+        if stuck < heartbeat.saturating_mul(3) {
+            return Err(refuse(
+                "--stuck-threshold",
+                format_duration(stuck),
+                "must be at least 3 × --heartbeat-interval, or live claims look stuck",
+            ));
+        }
+        s.listen = self.listen;
+        s.concurrency = self.concurrency;
+        s.shutdown_grace = self.shutdown_grace;
+        s.cleanse_interval = positive("--cleanse-interval", self.cleanse_interval)?;
+        s.stuck_threshold = stuck;
+        s.approver = ApproverConfig {
+            retry: RetryPolicy {
+                condition_interval: positive(
+                    "--condition-retry-interval",
+                    self.condition_retry_interval,
+                )?,
+                transient_base,
+                transient_max,
+                limit: self.retry_limit,
+            },
+            heartbeat_interval: heartbeat,
+        };
+        s.discovery = DiscoverySettings {
+            poll_period: positive("--poll-period", self.poll_period)?,
+            backlog_delay: self.backlog_delay,
+            notify: self.notify,
+            shard_count: self.shards,
+            turn: TurnConfig {
+                owner_limit: self.owner_limit,
+                ad_limit: self.ad_limit,
+                window: positive("--window", self.window)?,
+                concurrency: usize::from(self.concurrency),
+            },
+            retry_limit: self.retry_limit,
+        };
+        s.reconcile.in_progress_after = self.in_progress_after;
+        Ok(s)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: ControllerArgs,
+    }
+
+    fn settings(args: &[&str]) -> Result<Settings, SettingError> {
+        let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
+            .expect("parses");
+        cli.args.settings("ns".into(), "r1".into())
+    }
+
+    #[test]
+    fn defaults_are_valid_and_match_settings_new() {
+        let s = settings(&[]).unwrap();
+        let d = Settings::new("ns", "r1");
+        assert_eq!(s.discovery.poll_period, d.discovery.poll_period);
+        assert_eq!(s.discovery.turn.window, Duration::from_secs(30 * 86_400));
+        assert_eq!(s.approver.retry, d.approver.retry);
+        assert_eq!(s.stuck_threshold, d.stuck_threshold);
+        assert!(s.discovery.notify);
+    }
+
+    #[test]
+    fn bad_values_are_refused_naming_the_flag() {
+        for (args, flag) in [
+            (&["--poll-period", "0"][..], "--poll-period"),
+            (&["--owner-limit", "0"], "--owner-limit"),
+            (&["--shards", "0"], "--shards"),
+            (&["--concurrency", "0"], "--concurrency"),
+            (
+                &[
+                    "--transient-retry-base",
+                    "1m",
+                    "--transient-retry-max",
+                    "10s",
+                ],
+                "--transient-retry-max",
+            ),
+            (&["--stuck-threshold", "20s"], "--stuck-threshold"),
+        ] {
+            let err = settings(args).unwrap_err();
+            assert_eq!(err.flag, flag, "{args:?}");
+            assert!(err.to_string().starts_with(flag), "{err}");
+        }
+    }
+}

@@ -1,0 +1,283 @@
+//! Discovery: the loop that turns candidate rows into AutoApproval CRs and
+//! re-triggers due retries. Fixed delay between turns (not a cron), a random
+//! first delay so replicas start spread out, and a NOTIFY wake-up so a new or
+//! changed request is seen in milliseconds; the poll stays as the
+//! level-triggered safety net.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use kube::api::{Api, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store as Cache};
+use rand::Rng;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::crd::{self, ApprovalType, AutoApproval, FIELD_MANAGER};
+use crate::approval::TurnConfig;
+use crate::clock::SharedClock;
+use crate::domain::{Candidate, RequestType};
+use crate::store::{RequestChange, Store, StoreError};
+use crate::telemetry::Metrics;
+
+/// Timings and scope of discovery.
+#[derive(Clone, Debug)]
+pub struct DiscoverySettings {
+    /// Delay between the end of one turn and the start of the next.
+    pub poll_period: Duration,
+    /// Delay after a turn that filled a page: there is a backlog.
+    pub backlog_delay: Duration,
+    /// Wake on the request table's NOTIFY.
+    pub notify: bool,
+    /// K, for the shard label.
+    pub shard_count: u32,
+    /// Limits and window of the candidate queries.
+    pub turn: TurnConfig,
+    /// Retries at or beyond this are not selected.
+    pub retry_limit: i32,
+}
+
+/// Errors that stop one discovery turn (the loop goes on).
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The discovery loop of one replica.
+pub struct Discovery {
+    /// The store.
+    pub store: Store,
+    /// The CRs' namespace.
+    pub api: Api<AutoApproval>,
+    /// The controller's CR cache.
+    pub cache: Cache<AutoApproval>,
+    /// Feeds `Controller::reconcile_on`.
+    pub trigger: mpsc::UnboundedSender<ObjectRef<AutoApproval>>,
+    /// The clock.
+    pub clock: SharedClock,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Settings.
+    pub settings: DiscoverySettings,
+}
+
+/// What one turn did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TurnSummary {
+    /// Candidate rows returned.
+    pub candidates: usize,
+    /// CRs created.
+    pub created: usize,
+    /// Reconciles triggered for CRs already there.
+    pub triggered: usize,
+    /// Whether a query filled its page (more work is waiting).
+    pub full: bool,
+}
+
+impl Discovery {
+    /// Runs until `stopping` turns true.
+    pub async fn run(self, mut stopping: watch::Receiver<bool>) {
+        let (changes_tx, mut changes) = mpsc::unbounded();
+        if self.settings.notify {
+            tokio::spawn(listen(self.store.clone(), changes_tx, stopping.clone()));
+        }
+        let period = self.settings.poll_period;
+        let first = period.mul_f64(rand::rng().random::<f64>());
+        debug!(delay = ?first, "first discovery turn after a random delay");
+        let mut delay = first;
+        let _ = self.cache.wait_until_ready().await;
+        loop {
+            let woken = tokio::select! {
+                () = tokio::time::sleep(delay) => Vec::new(),
+                change = futures::StreamExt::next(&mut changes) => match change {
+                    Some(first) => drain(first, &mut changes),
+                    None => { tokio::time::sleep(delay).await; Vec::new() }
+                },
+                () = stopped(&mut stopping) => return,
+            };
+            if *stopping.borrow() {
+                return;
+            }
+            if !woken.is_empty() {
+                self.metrics.notify_wakeup();
+                if let Err(error) = self.wake(&woken).await {
+                    warn!(%error, "could not wake changed requests");
+                }
+            }
+            delay = match self.turn().await {
+                Ok(summary) if summary.full => self.settings.backlog_delay,
+                Ok(_) => period,
+                Err(error) => {
+                    warn!(%error, "discovery turn failed");
+                    period
+                }
+            };
+        }
+    }
+
+    /// Cuts short the waits of changed requests and reconciles their CRs.
+    async fn wake(&self, changed: &[i64]) -> Result<(), DiscoveryError> {
+        let now = self.clock.now();
+        let woken = self.store.wake(changed, now).await?;
+        if !woken.is_empty() {
+            debug!(?woken, "waiting requests woken by a change");
+        }
+        for &request_id in changed {
+            let key = self.key(request_id);
+            if self.cache.get(&key).is_some() {
+                let _ = self.trigger.unbounded_send(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// One turn: the candidate query of each type; a CR for each new
+    /// candidate, a reconcile for each one whose CR exists.
+    pub async fn turn(&self) -> Result<TurnSummary, DiscoveryError> {
+        let now = self.clock.now();
+        let mut summary = TurnSummary::default();
+        for request_type in RequestType::AUTO_APPROVABLE {
+            let query =
+                self.settings
+                    .turn
+                    .query(request_type, now, self.settings.retry_limit, None);
+            let found = self.store.candidates(&query).await?;
+            self.metrics
+                .candidates(request_type.as_str(), found.len() as u64);
+            summary.full |= found.len() as i64 >= query.limit;
+            summary.candidates += found.len();
+            for candidate in &found {
+                self.ensure(candidate, &mut summary).await;
+            }
+        }
+        self.metrics.turn(summary.candidates);
+        Ok(summary)
+    }
+
+    async fn ensure(&self, candidate: &Candidate, summary: &mut TurnSummary) {
+        let key = self.key(candidate.request_id);
+        if let Some(cr) = self.cache.get(&key) {
+            // A CR without status has a reconcile pending from its watch
+            // event; one with status and still a candidate needs another.
+            if candidate.state_id.is_some() || cr.status.is_some() {
+                let _ = self.trigger.unbounded_send(key);
+                summary.triggered += 1;
+            }
+            return;
+        }
+        let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
+            return;
+        };
+        let cr = crd::for_request(
+            candidate.request_id,
+            approval_type,
+            self.settings.shard_count,
+        );
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        match self.api.create(&params, &cr).await {
+            Ok(_) => {
+                self.metrics.cr_created();
+                summary.created += 1;
+                debug!(request_id = candidate.request_id, "AutoApproval created");
+            }
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                // Created meanwhile (the cache lags the API): same result.
+                let _ = self.trigger.unbounded_send(key);
+            }
+            Err(error) => {
+                warn!(request_id = candidate.request_id, %error, "could not create AutoApproval");
+            }
+        }
+    }
+
+    fn key(&self, request_id: i64) -> ObjectRef<AutoApproval> {
+        let ns = self.api_namespace();
+        ObjectRef::new(&crd::cr_name(request_id)).within(&ns)
+    }
+
+    fn api_namespace(&self) -> String {
+        self.api.namespace().unwrap_or("default").to_owned()
+    }
+}
+
+/// Everything already waiting in the channel, deduplicated.
+fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChange>) -> Vec<i64> {
+    let mut ids = BTreeSet::new();
+    let mut add = |change: RequestChange| {
+        if let RequestChange::Changed(id) = change {
+            ids.insert(id);
+        }
+    };
+    add(first);
+    while let Ok(change) = changes.try_recv() {
+        add(change);
+    }
+    ids.into_iter().collect()
+}
+
+/// Forwards request changes from LISTEN; reconnects with backoff. A
+/// reconnection is forwarded too, so discovery runs a full turn.
+async fn listen(
+    store: Store,
+    tx: mpsc::UnboundedSender<RequestChange>,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let connected = tokio::select! {
+            changes = store.request_changes() => changes,
+            () = stopped(&mut stopping) => return,
+        };
+        let mut changes = match connected {
+            Ok(changes) => {
+                info!("listening for request changes");
+                backoff = Duration::from_millis(200);
+                changes
+            }
+            Err(error) => {
+                warn!(%error, retry_in = ?backoff, "cannot LISTEN for request changes; polling only");
+                tokio::select! {
+                    () = tokio::time::sleep(backoff) => {}
+                    () = stopped(&mut stopping) => return,
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+                continue;
+            }
+        };
+        // A turn after (re)connecting catches whatever was missed.
+        if tx.unbounded_send(RequestChange::Reconnected).is_err() {
+            return;
+        }
+        loop {
+            let change = tokio::select! {
+                change = changes.next() => change,
+                () = stopped(&mut stopping) => return,
+            };
+            match change {
+                Ok(RequestChange::Malformed(payload)) => {
+                    warn!(%payload, "request-changed notification without a request id; ignored");
+                }
+                Ok(change) => {
+                    if tx.unbounded_send(change).is_err() {
+                        return;
+                    }
+                }
+                Err(error) => {
+                    warn!(%error, "LISTEN connection failed; reconnecting");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Resolves once `stopping` is true (or its sender is gone).
+pub(crate) async fn stopped(stopping: &mut watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
+}

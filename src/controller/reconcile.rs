@@ -1,0 +1,487 @@
+//! One level-triggered reconcile of an AutoApproval: read the truth from the
+//! primary, then clean up, wait, or claim and run the chain; project the
+//! outcome onto the CR status and publish an Event.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::{Resource, ResourceExt};
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use super::crd::{AutoApproval, FIELD_MANAGER, Phase};
+use super::status::{Observed, project};
+use crate::approval::{Approver, AttemptOutcome};
+use crate::clock::SharedClock;
+use crate::domain::{Candidate, DECIDED_BY_US, Fence, Request, RequestStatus, State, StateStatus};
+use crate::store::StoreError;
+use crate::telemetry::Metrics;
+
+/// Errors of one reconcile; the error policy requeues with backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// The database failed.
+    #[error("request {request_id}: {source}")]
+    Store {
+        /// The request.
+        request_id: i64,
+        /// What failed.
+        #[source]
+        source: StoreError,
+    },
+    /// The API server refused a status write.
+    #[error("request {request_id}: writing the status: {source}")]
+    Status {
+        /// The request.
+        request_id: i64,
+        /// What failed.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+/// Timings of reconcile.
+#[derive(Clone, Debug)]
+pub struct ReconcileSettings {
+    /// A chain still running after this shows InProgress on the CR (one
+    /// status write that fast chains do without).
+    pub in_progress_after: Duration,
+    /// How soon to look again at a request claimed elsewhere.
+    pub held_recheck: Duration,
+    /// How soon to look again at a request whose row is malformed.
+    pub malformed_recheck: Duration,
+    /// First backoff after an error.
+    pub error_backoff_base: Duration,
+    /// Longest backoff after errors.
+    pub error_backoff_max: Duration,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        Self {
+            in_progress_after: Duration::from_secs(1),
+            held_recheck: Duration::from_secs(30),
+            malformed_recheck: Duration::from_secs(600),
+            error_backoff_base: Duration::from_millis(500),
+            error_backoff_max: Duration::from_secs(300),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    /// Runs attempts.
+    pub approver: Arc<Approver>,
+    /// The CRs' namespace.
+    pub api: Api<AutoApproval>,
+    /// Publishes Events.
+    pub recorder: Recorder,
+    /// This replica's fence.
+    pub fence: Fence,
+    /// The clock.
+    pub clock: SharedClock,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Timings.
+    pub settings: ReconcileSettings,
+    /// True once shutdown began: no new claims.
+    pub stopping: watch::Receiver<bool>,
+    /// Consecutive errors per CR, for the backoff.
+    pub failures: Mutex<HashMap<String, u32>>,
+}
+
+/// The reconcile function given to kube-runtime's Controller.
+pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+    let started = Instant::now();
+    let result = Reconcile { cr: &cr, ctx: &ctx }.run().await;
+    let label = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics
+        .reconcile(label, started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&cr.name_any());
+    }
+    result
+}
+
+/// The error policy: exponential backoff per CR, capped.
+pub fn error_policy(cr: Arc<AutoApproval>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+    let failures = {
+        let mut map = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let n = map.entry(cr.name_any()).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    let s = &ctx.settings;
+    let delay = s
+        .error_backoff_base
+        .saturating_mul(1u32 << failures.clamp(1, 20).saturating_sub(1))
+        .min(s.error_backoff_max);
+    warn!(request_id = cr.spec.request_id, %error, failures, retry_in = ?delay, "reconcile failed");
+    Action::requeue(delay)
+}
+
+struct Reconcile<'a> {
+    cr: &'a AutoApproval,
+    ctx: &'a Context,
+}
+
+impl Reconcile<'_> {
+    fn request_id(&self) -> i64 {
+        self.cr.spec.request_id
+    }
+
+    fn store_err(&self) -> impl FnOnce(StoreError) -> ReconcileError {
+        let request_id = self.request_id();
+        move |source| ReconcileError::Store { request_id, source }
+    }
+
+    async fn run(&self) -> Result<Action, ReconcileError> {
+        let id = self.request_id();
+        let store = self.ctx.approver.store();
+        if self.cr.spec.paused {
+            self.write(Observed::phase(
+                Phase::Paused,
+                Some("spec.paused is set".into()),
+            ))
+            .await?;
+            return Ok(Action::await_change());
+        }
+        let request = match store.request(id).await {
+            Ok(Some(request)) => request,
+            Ok(None) => {
+                let reason = format!("request {id} does not exist");
+                return self.invalid("RequestNotFound", reason).await;
+            }
+            Err(StoreError::Malformed { error, .. }) => {
+                self.ctx.metrics.malformed_row(error.column);
+                let reason = format!("malformed request row: {error}");
+                self.invalid("MalformedRow", reason).await?;
+                // It may be repaired; the DB is the truth, so look again.
+                return Ok(Action::requeue(self.ctx.settings.malformed_recheck));
+            }
+            Err(e) => return Err(self.store_err()(e)),
+        };
+        let wanted = self.cr.spec.request_type.request_type();
+        if request.request_type != wanted {
+            let reason = format!(
+                "spec.requestType is {wanted} but request {id} is {}",
+                request.request_type
+            );
+            return self.invalid("TypeMismatch", reason).await;
+        }
+        if !request.status.is_open() {
+            return self.closed(&request).await;
+        }
+        let state = store.state(id).await.map_err(self.store_err())?;
+        if *self.ctx.stopping.borrow() {
+            // Shutting down: leave it for the next holder.
+            return Ok(Action::requeue(Duration::from_secs(1)));
+        }
+        let now = self.ctx.clock.now();
+        let limit = self.ctx.approver.config().retry.limit;
+        let (candidate, eligible_at) = match &state {
+            None => (
+                Candidate {
+                    request_id: id,
+                    request_type: request.request_type,
+                    state_id: None,
+                },
+                request.created_at,
+            ),
+            Some(s) if s.status == StateStatus::InProgress => {
+                self.write(waiting_view(Phase::InProgress, s)).await?;
+                return Ok(Action::requeue(self.ctx.settings.held_recheck));
+            }
+            Some(s) if s.retry_count >= limit => return self.exhausted(s).await,
+            Some(s) => match s.next_retry_time.filter(|t| *t > now) {
+                Some(due) => {
+                    self.write(waiting_view(Phase::RetryWaiting, s)).await?;
+                    return Ok(Action::requeue(until(due, now)));
+                }
+                None => {
+                    self.recovered(s).await;
+                    (
+                        Candidate {
+                            request_id: id,
+                            request_type: request.request_type,
+                            state_id: Some(s.id),
+                        },
+                        s.next_retry_time.unwrap_or(now),
+                    )
+                }
+            },
+        };
+        let outcome = self.attempt(&candidate, eligible_at).await?;
+        self.project_outcome(outcome, state.as_ref()).await
+    }
+
+    /// Runs the attempt; a chain slower than `in_progress_after` shows
+    /// InProgress meanwhile.
+    async fn attempt(
+        &self,
+        candidate: &Candidate,
+        eligible_at: DateTime<Utc>,
+    ) -> Result<AttemptOutcome, ReconcileError> {
+        let attempt =
+            self.ctx
+                .approver
+                .attempt_since(candidate, &self.ctx.fence, Some(eligible_at));
+        tokio::pin!(attempt);
+        let outcome = tokio::select! {
+            outcome = &mut attempt => outcome,
+            () = tokio::time::sleep(self.ctx.settings.in_progress_after) => {
+                let view = Observed {
+                    holder: Some(self.ctx.fence.holder.clone()),
+                    ..Observed::phase(Phase::InProgress, None)
+                };
+                if let Err(error) = self.write(view).await {
+                    debug!(request_id = self.request_id(), %error, "could not show InProgress");
+                }
+                attempt.await
+            }
+        };
+        outcome.map_err(self.store_err())
+    }
+
+    async fn project_outcome(
+        &self,
+        outcome: AttemptOutcome,
+        before: Option<&State>,
+    ) -> Result<Action, ReconcileError> {
+        let holder = Some(self.ctx.fence.holder.clone());
+        let retries_before = before.map_or(0, |s| s.retry_count);
+        match outcome {
+            AttemptOutcome::Approved => {
+                let view = Observed {
+                    retry_count: retries_before,
+                    holder,
+                    ..Observed::phase(Phase::Approved, Some("approved by autoapproval".into()))
+                };
+                self.write(view).await?;
+                self.event(
+                    EventType::Normal,
+                    "Approved",
+                    "Approve",
+                    "approved by autoapproval".into(),
+                )
+                .await;
+                Ok(Action::await_change())
+            }
+            AttemptOutcome::RetryScheduled {
+                step,
+                reason,
+                next_retry_time,
+                retry_count,
+            } => {
+                let limit = self.ctx.approver.config().retry.limit;
+                let phase = if retry_count >= limit {
+                    Phase::Exhausted
+                } else {
+                    Phase::RetryWaiting
+                };
+                let view = Observed {
+                    phase,
+                    step: Some(step.as_str().to_owned()),
+                    retry_count,
+                    next_retry_time: (phase == Phase::RetryWaiting).then_some(next_retry_time),
+                    reason: Some(reason.reason.clone()),
+                    holder,
+                };
+                self.write(view).await?;
+                if phase == Phase::Exhausted {
+                    let note = format!("retry limit {limit} reached: {}", reason.reason);
+                    self.event(EventType::Warning, "Exhausted", "Retry", note)
+                        .await;
+                    return Ok(Action::await_change());
+                }
+                let note = format!(
+                    "{step}: {} (retry {retry_count} at {})",
+                    reason.reason,
+                    next_retry_time.to_rfc3339()
+                );
+                self.event(EventType::Normal, "RetryScheduled", "Retry", note)
+                    .await;
+                Ok(Action::requeue(until(
+                    next_retry_time,
+                    self.ctx.clock.now(),
+                )))
+            }
+            AttemptOutcome::Superseded(status) => self.superseded(status, None).await,
+            AttemptOutcome::Vanished => {
+                let reason = format!("request {} does not exist", self.request_id());
+                self.invalid("RequestNotFound", reason).await
+            }
+            // Someone else has it, the retry moved, or our claim was taken
+            // over: look at the truth again shortly.
+            AttemptOutcome::NotClaimed | AttemptOutcome::FenceLost => {
+                Ok(Action::requeue(Duration::from_secs(1)))
+            }
+        }
+    }
+
+    /// A decided request: its waiting row goes, nothing is called.
+    async fn closed(&self, request: &Request) -> Result<Action, ReconcileError> {
+        self.ctx
+            .approver
+            .store()
+            .forget_closed(request.id)
+            .await
+            .map_err(self.store_err())?;
+        if request.status == RequestStatus::Approved
+            && request.decided_by.as_deref() == Some(DECIDED_BY_US)
+        {
+            self.write(Observed::phase(
+                Phase::Approved,
+                Some("approved by autoapproval".into()),
+            ))
+            .await?;
+            return Ok(Action::await_change());
+        }
+        self.superseded(request.status, request.decided_by.as_deref())
+            .await
+    }
+
+    async fn superseded(
+        &self,
+        status: RequestStatus,
+        by: Option<&str>,
+    ) -> Result<Action, ReconcileError> {
+        let reason = format!("{status} by {}", by.unwrap_or("a person"));
+        let changed = self
+            .write(Observed::phase(Phase::Superseded, Some(reason.clone())))
+            .await?;
+        if changed {
+            info!(request_id = self.request_id(), %status, "superseded by a person's decision");
+            self.event(EventType::Normal, "Superseded", "Observe", reason)
+                .await;
+        }
+        Ok(Action::await_change())
+    }
+
+    async fn exhausted(&self, state: &State) -> Result<Action, ReconcileError> {
+        let changed = self.write(waiting_view(Phase::Exhausted, state)).await?;
+        if changed {
+            let note = format!(
+                "{} retries: {}",
+                state.retry_count,
+                state.last_reason.as_deref().unwrap_or("no reason recorded")
+            );
+            self.event(EventType::Warning, "Exhausted", "Retry", note)
+                .await;
+        }
+        Ok(Action::await_change())
+    }
+
+    async fn invalid(&self, why: &str, reason: String) -> Result<Action, ReconcileError> {
+        let changed = self
+            .write(Observed::phase(Phase::Invalid, Some(reason.clone())))
+            .await?;
+        if changed {
+            warn!(request_id = self.request_id(), why, %reason, "invalid AutoApproval");
+            self.event(EventType::Warning, "Invalid", why, reason).await;
+        }
+        Ok(Action::await_change())
+    }
+
+    /// A claim the cleanser brought back is announced once.
+    async fn recovered(&self, state: &State) {
+        let Some(reason) = state.last_reason.as_deref() else {
+            return;
+        };
+        let shown = self
+            .cr
+            .status
+            .as_ref()
+            .and_then(|s| s.last_reason.as_deref());
+        if reason.starts_with("recovered:") && shown != Some(reason) {
+            let note = format!("{reason}; last held by {}", state.holder);
+            self.event(EventType::Normal, "Recovered", "Recover", note)
+                .await;
+        }
+    }
+
+    /// Writes the status when it differs from what the CR shows; true when
+    /// it wrote. A CR deleted meanwhile is not an error: the DB has the
+    /// outcome and discovery recreates the CR if there is work left.
+    async fn write(&self, observed: Observed) -> Result<bool, ReconcileError> {
+        let previous = self.cr.status.as_ref();
+        let status = project(
+            previous,
+            &observed,
+            self.cr.metadata.generation,
+            self.ctx.clock.now(),
+        );
+        if previous == Some(&status) {
+            return Ok(false);
+        }
+        let patch = serde_json::json!({
+            "apiVersion": AutoApproval::api_version(&()),
+            "kind": AutoApproval::kind(&()),
+            "status": status,
+        });
+        let params = PatchParams::apply(FIELD_MANAGER).force();
+        match self
+            .ctx
+            .api
+            .patch_status(&self.cr.name_any(), &params, &Patch::Apply(&patch))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(kube::Error::Api(s)) if s.code == 404 => {
+                debug!(
+                    request_id = self.request_id(),
+                    "CR deleted before its status was written"
+                );
+                Ok(false)
+            }
+            Err(source) => Err(ReconcileError::Status {
+                request_id: self.request_id(),
+                source,
+            }),
+        }
+    }
+
+    /// Publishes an Event; a failure is logged, never fatal.
+    async fn event(&self, type_: EventType, reason: &str, action: &str, note: String) {
+        let event = Event {
+            type_,
+            reason: reason.to_owned(),
+            note: Some(note),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        let reference = self.cr.object_ref(&());
+        match self.ctx.recorder.publish(&event, &reference).await {
+            Ok(()) => self.ctx.metrics.event(reason),
+            Err(error) => {
+                warn!(request_id = self.request_id(), reason, %error, "could not publish Event");
+            }
+        }
+    }
+}
+
+fn waiting_view(phase: Phase, state: &State) -> Observed {
+    Observed {
+        phase,
+        step: state.step.clone(),
+        retry_count: state.retry_count,
+        next_retry_time: state
+            .next_retry_time
+            .filter(|_| phase == Phase::RetryWaiting),
+        reason: state.last_reason.clone(),
+        holder: Some(state.holder.clone()),
+    }
+}
+
+/// The requeue delay until `due`, a little late rather than early.
+fn until(due: DateTime<Utc>, now: DateTime<Utc>) -> Duration {
+    (due - now).to_std().unwrap_or_default() + Duration::from_millis(20)
+}

@@ -1,0 +1,144 @@
+//! Projecting what the database says about a request onto the CR status:
+//! pure logic, so the conditions' transition times are easy to test.
+
+use chrono::{DateTime, Utc};
+
+use super::crd::{AutoApprovalStatus, Condition, Phase};
+
+/// What reconcile observed, to be shown in the status.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Observed {
+    /// The phase.
+    pub phase: Phase,
+    /// The step last reached.
+    pub step: Option<String>,
+    /// Retries so far.
+    pub retry_count: i32,
+    /// When a waiting request is due.
+    pub next_retry_time: Option<DateTime<Utc>>,
+    /// Why it waits or ended.
+    pub reason: Option<String>,
+    /// Who holds or last held the claim.
+    pub holder: Option<String>,
+}
+
+impl Observed {
+    /// A phase with nothing else known.
+    pub fn phase(phase: Phase, reason: impl Into<Option<String>>) -> Self {
+        Self {
+            phase,
+            step: None,
+            retry_count: 0,
+            next_retry_time: None,
+            reason: reason.into(),
+            holder: None,
+        }
+    }
+}
+
+/// The status to write for `observed`, keeping each condition's
+/// lastTransitionTime while its status does not change.
+pub fn project(
+    previous: Option<&AutoApprovalStatus>,
+    observed: &Observed,
+    generation: Option<i64>,
+    now: DateTime<Utc>,
+) -> AutoApprovalStatus {
+    let message = observed.reason.clone().unwrap_or_default();
+    let approved = match observed.phase {
+        Phase::Approved => "True",
+        Phase::Superseded | Phase::Invalid | Phase::Exhausted => "False",
+        _ => "Unknown",
+    };
+    let stalled = match observed.phase {
+        Phase::Exhausted | Phase::Invalid | Phase::Paused => "True",
+        _ => "False",
+    };
+    let conditions = [("Approved", approved), ("Stalled", stalled)]
+        .into_iter()
+        .map(|(type_, status)| {
+            let last_transition_time = previous
+                .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+                .filter(|c| c.status == status)
+                .map_or(now, |c| c.last_transition_time);
+            Condition {
+                type_: type_.to_owned(),
+                status: status.to_owned(),
+                reason: observed.phase.as_str().to_owned(),
+                message: message.clone(),
+                last_transition_time,
+                observed_generation: generation,
+            }
+        })
+        .collect();
+    AutoApprovalStatus {
+        phase: Some(observed.phase),
+        step: observed.step.clone(),
+        retry_count: observed.retry_count,
+        next_retry_time: observed.next_retry_time,
+        last_reason: observed.reason.clone(),
+        holder: observed.holder.clone(),
+        observed_generation: generation,
+        conditions,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use chrono::TimeZone;
+
+    fn at(minute: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 2, 9, minute, 0)
+            .single()
+            .unwrap()
+    }
+
+    fn condition<'a>(s: &'a AutoApprovalStatus, t: &str) -> &'a Condition {
+        s.conditions.iter().find(|c| c.type_ == t).unwrap()
+    }
+
+    #[test]
+    fn transition_times_move_only_when_a_condition_changes() {
+        let waiting = Observed {
+            retry_count: 1,
+            next_retry_time: Some(at(10)),
+            ..Observed::phase(Phase::RetryWaiting, Some("documents not released".into()))
+        };
+        let first = project(None, &waiting, Some(1), at(0));
+        assert_eq!(condition(&first, "Approved").status, "Unknown");
+        assert_eq!(condition(&first, "Approved").last_transition_time, at(0));
+
+        let again = project(Some(&first), &waiting, Some(1), at(5));
+        assert_eq!(
+            again, first,
+            "same observation, same status: nothing to write"
+        );
+
+        let done = project(
+            Some(&again),
+            &Observed::phase(Phase::Approved, None),
+            Some(1),
+            at(7),
+        );
+        assert_eq!(condition(&done, "Approved").status, "True");
+        assert_eq!(condition(&done, "Approved").last_transition_time, at(7));
+        assert_eq!(condition(&done, "Stalled").last_transition_time, at(0));
+        assert_eq!(done.next_retry_time, None);
+    }
+
+    #[test]
+    fn stalled_phases_need_a_person() {
+        for (phase, stalled) in [
+            (Phase::Exhausted, "True"),
+            (Phase::Invalid, "True"),
+            (Phase::Paused, "True"),
+            (Phase::RetryWaiting, "False"),
+            (Phase::Superseded, "False"),
+        ] {
+            let s = project(None, &Observed::phase(phase, None), None, at(0));
+            assert_eq!(condition(&s, "Stalled").status, stalled, "{phase:?}");
+            assert_eq!(condition(&s, "Stalled").reason, phase.as_str());
+        }
+    }
+}

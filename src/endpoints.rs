@@ -1,0 +1,98 @@
+//! The controller's HTTP endpoints: `/healthz` (the process serves),
+//! `/readyz` (the database and the API server answer and the CR cache has
+//! synced) and `/metrics` (Prometheus text).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use crate::store::Store;
+use crate::telemetry::Metrics;
+
+/// How long a readiness check may take.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// What `/readyz` checks.
+#[derive(Clone)]
+pub struct Health {
+    store: Store,
+    client: kube::Client,
+    synced: Arc<AtomicBool>,
+    metrics: Metrics,
+}
+
+impl Health {
+    /// Checks over these components; not synced yet.
+    pub fn new(store: Store, client: kube::Client, metrics: Metrics) -> Self {
+        Self {
+            store,
+            client,
+            synced: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// Marks the CR cache as synced.
+    pub fn set_synced(&self) {
+        self.synced.store(true, Ordering::Release);
+    }
+
+    /// `Ok` when ready, else the check that failed.
+    pub async fn ready(&self) -> Result<(), String> {
+        if !self.synced.load(Ordering::Acquire) {
+            return Err("AutoApproval cache not synced yet".into());
+        }
+        match tokio::time::timeout(CHECK_TIMEOUT, self.store.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(format!("database: {e}")),
+            Err(_) => return Err("database: no answer within 2s".into()),
+        }
+        match tokio::time::timeout(CHECK_TIMEOUT, self.client.apiserver_version()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("API server: {e}")),
+            Err(_) => Err("API server: no answer within 2s".into()),
+        }
+    }
+}
+
+/// The router of the three endpoints.
+pub fn router(health: Health) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(health)
+}
+
+async fn readyz(State(health): State<Health>) -> impl IntoResponse {
+    match health.ready().await {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: {why}\n"),
+        ),
+    }
+}
+
+async fn metrics(State(health): State<Health>) -> impl IntoResponse {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        health.metrics.encode(),
+    )
+}
+
+/// Binds `addr`; the caller serves the returned listener.
+pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
