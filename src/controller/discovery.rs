@@ -88,7 +88,9 @@ impl Discovery {
         let first = period.mul_f64(rand::rng().random::<f64>());
         debug!(delay = ?first, "first discovery turn after a random delay");
         let mut delay = first;
-        let _ = self.cache.wait_until_ready().await;
+        let mut followed_up = false;
+        wait_ready(&self.cache).await;
+        debug!("CR cache ready; discovery starts");
         loop {
             let woken = tokio::select! {
                 () = tokio::time::sleep(delay) => Vec::new(),
@@ -109,12 +111,22 @@ impl Discovery {
             }
             delay = match self.turn().await {
                 Ok(summary) if summary.full => self.settings.backlog_delay,
+                // One quick look after triggering existing CRs: a trigger
+                // for a CR deleted but still cached is dropped, and the
+                // next turn then recreates it.
+                Ok(summary) if summary.triggered > 0 && !followed_up => {
+                    followed_up = true;
+                    self.settings.backlog_delay
+                }
                 Ok(_) => period,
                 Err(error) => {
                     warn!(%error, "discovery turn failed");
                     period
                 }
             };
+            if delay == period {
+                followed_up = false;
+            }
         }
     }
 
@@ -154,6 +166,7 @@ impl Discovery {
             }
         }
         self.metrics.turn(summary.candidates);
+        debug!(?summary, "discovery turn");
         Ok(summary)
     }
 
@@ -280,4 +293,15 @@ async fn listen(
 /// Resolves once `stopping` is true (or its sender is gone).
 pub(crate) async fn stopped(stopping: &mut watch::Receiver<bool>) {
     let _ = stopping.wait_for(|s| *s).await;
+}
+
+/// Waits for the cache's first sync. A fresh wait each 100 ms: with several
+/// waiters on one store, a wake-up can be missed.
+pub(crate) async fn wait_ready(cache: &Cache<AutoApproval>) {
+    loop {
+        tokio::select! {
+            _ = cache.wait_until_ready() => return,
+            () = tokio::time::sleep(Duration::from_millis(100)) => {}
+        }
+    }
 }

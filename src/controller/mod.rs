@@ -140,10 +140,9 @@ pub async fn run_until(
     if let Some(health) = health {
         let cache = cache.clone();
         tokio::spawn(async move {
-            if cache.wait_until_ready().await.is_ok() {
-                health.set_synced();
-                info!("AutoApproval cache synced");
-            }
+            discovery::wait_ready(&cache).await;
+            health.set_synced();
+            info!("AutoApproval cache synced");
         });
     }
     let discovery = Discovery {

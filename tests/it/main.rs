@@ -4,6 +4,7 @@ mod candidates;
 mod chain;
 mod claims;
 mod cleanser;
+mod controller;
 mod external;
 mod malformed;
 mod migrate;

@@ -1,0 +1,490 @@
+//! End-to-end tests of the controller: the test API server, real PostgreSQL
+//! and the simulator over HTTP, one replica running in this process.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use autoapproval::clock::SystemClock;
+use autoapproval::controller::config::Settings;
+use autoapproval::controller::crd::{self, AutoApproval, Phase};
+use autoapproval::controller::{Parts, run_until};
+use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::sim::{Faults, SimHandle, SimOptions, Simulator};
+use autoapproval::store::Store;
+use autoapproval::telemetry::Metrics;
+use chrono::Utc;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::{Client, CustomResourceExt, ResourceExt};
+use kube_testserver::{Options, TestServer};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use crate::support::{NewRequest, request_view};
+
+pub const NS: &str = "default";
+
+/// A running controller with everything it talks to.
+pub struct Cluster {
+    pub server: TestServer,
+    pub client: Client,
+    pub sim: SimHandle,
+    pub pool: PgPool,
+    pub metrics: Metrics,
+    pub api: Api<AutoApproval>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
+}
+
+/// Settings for tests: a long poll period, so anything faster than it was
+/// NOTIFY's doing.
+pub fn test_settings() -> Settings {
+    let mut s = Settings::new(NS, "replica-1");
+    s.discovery.poll_period = Duration::from_secs(60);
+    s.shutdown_grace = Duration::from_secs(5);
+    s
+}
+
+pub fn client_for(server: &TestServer) -> Client {
+    let mut config = kube::Config::new(server.url().parse().expect("url"));
+    config.default_namespace = NS.into();
+    Client::try_from(config).expect("client")
+}
+
+/// Applies the CRD to the test API server.
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &AutoApproval::crd())
+        .await
+        .expect("CRD created");
+}
+
+impl Cluster {
+    pub async fn start(pool: PgPool) -> Cluster {
+        Self::with(pool, test_settings()).await
+    }
+
+    pub async fn with(pool: PgPool, settings: Settings) -> Cluster {
+        if std::env::var_os("RUST_LOG").is_some() {
+            autoapproval::telemetry::init_tracing(false);
+        }
+        let server = TestServer::start(Options::default())
+            .await
+            .expect("test API server");
+        let client = client_for(&server);
+        install_crd(&client).await;
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+            .await
+            .expect("simulator");
+        let mut cluster = Cluster {
+            server,
+            api: Api::namespaced(client.clone(), NS),
+            client,
+            sim,
+            pool,
+            metrics: Metrics::new(),
+            stop: None,
+            task: None,
+        };
+        cluster.run(settings);
+        cluster
+    }
+
+    /// Starts the replica.
+    fn run(&mut self, settings: Settings) {
+        let external = HttpExternalSystems::build(&ExternalConfig::all_at(self.sim.base_url()))
+            .expect("external clients");
+        let parts = Parts {
+            client: self.client.clone(),
+            store: Store::new(self.pool.clone(), self.pool.clone()),
+            external,
+            clock: Arc::new(SystemClock),
+            metrics: self.metrics.clone(),
+            health: None,
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        self.stop = Some(tx);
+        self.task = Some(tokio::spawn(run_until(settings, parts, async move {
+            let _ = rx.await;
+        })));
+    }
+
+    /// Sends the shutdown signal and waits for the replica to stop.
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            task.await
+                .expect("joins")
+                .expect("controller stops cleanly");
+        }
+    }
+
+    pub async fn cr(&self, request_id: i64) -> Option<AutoApproval> {
+        self.api
+            .get_opt(&crd::cr_name(request_id))
+            .await
+            .expect("get CR")
+    }
+
+    /// Waits until the CR of `request_id` is in `phase`.
+    pub async fn wait_phase(&self, request_id: i64, phase: Phase) -> AutoApproval {
+        eventually(&format!("request {request_id} to be {phase:?}"), || async {
+            let cr = self.cr(request_id).await?;
+            let shown = cr.status.as_ref().and_then(|s| s.phase);
+            (shown == Some(phase)).then_some(cr)
+        })
+        .await
+        .expect("CR")
+    }
+
+    /// Events about the CR of `request_id`, as (reason, note).
+    pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
+        let name = crd::cr_name(request_id);
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// Polls `check` until it returns `Some`, or panics after 30 s (a hang, not
+/// a speed target: speed is measured by the benchmarks).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// An owner contract created now, every condition met.
+fn owner_now(id: i64) -> NewRequest {
+    NewRequest::ready_owner(id).sorted_at(Utc::now())
+}
+
+async fn request_status(pool: &PgPool, id: i64) -> String {
+    request_view(pool, id).await.status
+}
+
+async fn wait_request_status(pool: &PgPool, id: i64, status: &str) {
+    eventually(&format!("request {id} to be {status}"), || async {
+        (request_status(pool, id).await == status).then_some(())
+    })
+    .await;
+}
+
+async fn set(pool: &PgPool, id: i64, assignment: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE approval_request SET {assignment} WHERE id = $1"
+    )))
+    .bind(id)
+    .execute(pool)
+    .await
+    .expect("update request");
+}
+
+async fn state_exists(pool: &PgPool, id: i64) -> bool {
+    let (n,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM auto_approve_state WHERE request_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .expect("count");
+    n > 0
+}
+
+fn total_calls(sim: &SimHandle) -> u64 {
+    sim.stats().calls.values().sum()
+}
+
+#[sqlx::test]
+async fn an_owner_contract_is_approved_end_to_end(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    owner_now(101).insert(&pool).await;
+
+    let cr = cluster.wait_phase(101, Phase::Approved).await;
+    let view = request_view(&pool, 101).await;
+    assert_eq!(view.status, "APPROVED");
+    assert!(
+        view.owner_number.is_some() && view.store_number.is_some(),
+        "{view:?}"
+    );
+    assert!(
+        !state_exists(&pool, 101).await,
+        "the state row goes on success"
+    );
+
+    let labels = cr.labels();
+    assert_eq!(labels[crd::TYPE_LABEL], "OWNER_CONTRACT");
+    assert_eq!(labels[crd::SHARD_LABEL], (101 % 16).to_string());
+    let status = cr.status.expect("status");
+    let approved = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Approved")
+        .expect("Approved condition");
+    assert_eq!(approved.status, "True");
+    assert_eq!(status.observed_generation, cr.metadata.generation);
+
+    let reasons: Vec<String> = cluster.events(101).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, ["Approved"]);
+    let created = cluster.sim.stats().for_request(101);
+    assert_eq!((created.owner, created.store, created.campaign), (1, 1, 0));
+    assert!(
+        cluster
+            .metrics
+            .encode()
+            .contains("autoapproval_pickup_latency_seconds_count 1"),
+        "the claim recorded its pickup latency"
+    );
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn an_ad_contract_for_an_existing_store_is_approved(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    cluster.sim.add_store(7001, true);
+    NewRequest::ready_ad(102, 7001)
+        .sorted_at(Utc::now())
+        .insert(&pool)
+        .await;
+    cluster.wait_phase(102, Phase::Approved).await;
+    assert!(request_view(&pool, 102).await.campaign_id.is_some());
+    assert_eq!(cluster.sim.stats().for_request(102).campaign, 1);
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut waiting = owner_now(103);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+
+    let cr = cluster.wait_phase(103, Phase::RetryWaiting).await;
+    let status = cr.status.expect("status");
+    let next = status.next_retry_time.expect("next retry time shown");
+    assert!(
+        next > Utc::now() + chrono::Duration::minutes(9),
+        "the long interval: {next}"
+    );
+    assert_eq!(status.retry_count, 1);
+    assert_eq!(status.step.as_deref(), Some("owner"));
+    assert!(status.last_reason.expect("reason").contains("documents"));
+    let events = cluster.events(103).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "RetryScheduled" && n.contains("documents")),
+        "{events:?}"
+    );
+    let wakeups_before = cluster.metrics.notify_wakeups();
+
+    let flipped = std::time::Instant::now();
+    set(&pool, 103, "documents_released = true").await;
+    cluster.wait_phase(103, Phase::Approved).await;
+    eprintln!(
+        "approved {:?} after the documents flag flipped",
+        flipped.elapsed()
+    );
+    assert!(Utc::now() < next, "approved before the retry time");
+    assert_eq!(request_status(&pool, 103).await, "APPROVED");
+    assert!(
+        cluster.metrics.notify_wakeups() > wakeups_before,
+        "NOTIFY woke discovery"
+    );
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut waiting = owner_now(104);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    cluster.wait_phase(104, Phase::RetryWaiting).await;
+    let calls = total_calls(&cluster.sim);
+
+    set(&pool, 104, "status = 'APPROVED', decided_by = 'alice'").await;
+    let cr = cluster.wait_phase(104, Phase::Superseded).await;
+    assert!(
+        cr.status
+            .and_then(|s| s.last_reason)
+            .unwrap_or_default()
+            .contains("alice"),
+        "the reason names who decided"
+    );
+    assert!(!state_exists(&pool, 104).await, "the waiting row is gone");
+    assert_eq!(total_calls(&cluster.sim), calls, "no external call");
+    let reasons: Vec<String> = cluster.events(104).await.into_iter().map(|e| e.0).collect();
+    assert!(reasons.contains(&"Superseded".to_owned()), "{reasons:?}");
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut waiting = owner_now(105);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    let first = cluster.wait_phase(105, Phase::RetryWaiting).await;
+
+    cluster
+        .api
+        .delete(&first.name_any(), &DeleteParams::default())
+        .await
+        .expect("delete CR");
+    eventually("the CR to be gone", || async {
+        cluster.cr(105).await.is_none().then_some(())
+    })
+    .await;
+    set(&pool, 105, "documents_released = true").await;
+
+    let second = cluster.wait_phase(105, Phase::Approved).await;
+    assert_ne!(second.uid(), first.uid(), "a new CR");
+    assert_eq!(request_status(&pool, 105).await, "APPROVED");
+    assert_eq!(cluster.sim.stats().for_request(105).owner, 1);
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut paused = crd::for_request(106, crd::ApprovalType::OwnerContract, 16);
+    paused.spec.paused = true;
+    cluster
+        .api
+        .create(&PostParams::default(), &paused)
+        .await
+        .expect("create paused CR");
+    cluster.wait_phase(106, Phase::Paused).await;
+    owner_now(106).insert(&pool).await;
+
+    // The insert's NOTIFY runs a turn that finds the request: still untouched.
+    let turns = cluster.metrics.notify_wakeups();
+    eventually("a discovery turn after the insert", || async {
+        (cluster.metrics.notify_wakeups() > turns).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !state_exists(&pool, 106).await,
+        "never claimed while paused"
+    );
+    assert_eq!(total_calls(&cluster.sim), 0);
+    assert_eq!(request_status(&pool, 106).await, "PENDING");
+
+    cluster
+        .api
+        .patch(
+            &crd::cr_name(106),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+    cluster.wait_phase(106, Phase::Approved).await;
+    assert_eq!(request_status(&pool, 106).await, "APPROVED");
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let cr = crd::for_request(999, crd::ApprovalType::OwnerContract, 16);
+    cluster
+        .api
+        .create(&PostParams::default(), &cr)
+        .await
+        .expect("create CR");
+    let cr = cluster.wait_phase(999, Phase::Invalid).await;
+    assert!(
+        cr.status
+            .and_then(|s| s.last_reason)
+            .unwrap_or_default()
+            .contains("does not exist")
+    );
+    let events = cluster.events(999).await;
+    assert!(events.iter().any(|(r, _)| r == "Invalid"), "{events:?}");
+    assert!(!state_exists(&pool, 999).await);
+    assert_eq!(total_calls(&cluster.sim), 0);
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn shutdown_finishes_chains_in_flight_within_the_grace_period(pool: PgPool) {
+    let mut settings = test_settings();
+    settings.shutdown_grace = Duration::from_secs(10);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    cluster
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(400),
+            ..Faults::default()
+        })
+        .expect("faults");
+    owner_now(107).insert(&pool).await;
+    eventually("the claim", || async {
+        state_exists(&pool, 107).await.then_some(())
+    })
+    .await;
+
+    cluster.stop().await;
+    assert_eq!(
+        request_status(&pool, 107).await,
+        "APPROVED",
+        "the chain finished"
+    );
+    assert!(!state_exists(&pool, 107).await);
+}
+
+#[sqlx::test]
+async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgPool) {
+    let mut settings = test_settings();
+    settings.shutdown_grace = Duration::from_millis(200);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    cluster
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_secs(20),
+            ..Faults::default()
+        })
+        .expect("faults");
+    owner_now(108).insert(&pool).await;
+    eventually("the claim", || async {
+        state_exists(&pool, 108).await.then_some(())
+    })
+    .await;
+
+    cluster.stop().await;
+    let (status, due): (String, bool) = sqlx::query_as(
+        "SELECT status, next_retry_time <= now() FROM auto_approve_state WHERE request_id = 108",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("state row");
+    assert_eq!(status, "RETRY_WAITING", "released, not left IN_PROGRESS");
+    assert!(due, "due again at once for the next holder");
+    assert_eq!(request_status(&pool, 108).await, "PENDING");
+}
