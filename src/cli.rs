@@ -105,6 +105,8 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     use crate::endpoints::{Health, router};
     use crate::telemetry::Metrics;
 
+    // Every value is checked before anything is contacted.
+    args.controller.settings(String::new(), String::new())?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
     let client = kube_client(args.controller.kubeconfig.as_deref()).await?;
     let namespace = match &args.controller.namespace {

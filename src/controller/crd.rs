@@ -35,7 +35,7 @@ pub const FIELD_MANAGER: &str = "autoapproval";
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
     printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Retries","type":"integer","jsonPath":".status.retryCount"}"#,
-    printcolumn = r#"{"name":"Next Retry","type":"date","jsonPath":".status.nextRetryTime"}"#,
+    printcolumn = r#"{"name":"Next Retry","type":"string","jsonPath":".status.nextRetryTime"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.lastReason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
 )]

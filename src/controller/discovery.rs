@@ -88,7 +88,7 @@ impl Discovery {
         let first = period.mul_f64(rand::rng().random::<f64>());
         debug!(delay = ?first, "first discovery turn after a random delay");
         let mut delay = first;
-        let mut followed_up = false;
+        let mut follow_up = Duration::ZERO;
         wait_ready(&self.cache).await;
         debug!("CR cache ready; discovery starts");
         loop {
@@ -111,12 +111,12 @@ impl Discovery {
             }
             delay = match self.turn().await {
                 Ok(summary) if summary.full => self.settings.backlog_delay,
-                // One quick look after triggering existing CRs: a trigger
-                // for a CR deleted but still cached is dropped, and the
-                // next turn then recreates it.
-                Ok(summary) if summary.triggered > 0 && !followed_up => {
-                    followed_up = true;
-                    self.settings.backlog_delay
+                // Look again soon, then less and less often, while CRs get
+                // triggered: a trigger for a CR deleted but still cached is
+                // dropped, and a later turn recreates the CR.
+                Ok(summary) if summary.triggered > 0 => {
+                    follow_up = (follow_up * 2).clamp(self.settings.backlog_delay, period);
+                    follow_up
                 }
                 Ok(_) => period,
                 Err(error) => {
@@ -125,7 +125,7 @@ impl Discovery {
                 }
             };
             if delay == period {
-                followed_up = false;
+                follow_up = Duration::ZERO;
             }
         }
     }

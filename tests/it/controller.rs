@@ -158,14 +158,14 @@ impl Cluster {
     }
 }
 
-/// Polls `check` until it returns `Some`, or panics after 30 s (a hang, not
-/// a speed target: speed is measured by the benchmarks).
+/// Polls `check` until it returns `Some`, or panics after 90 s: a hang
+/// detector, not a speed target (speed is measured by the benchmarks).
 pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Option<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
     loop {
         if let Some(v) = check().await {
             return Some(v);
@@ -185,13 +185,6 @@ fn owner_now(id: i64) -> NewRequest {
 
 async fn request_status(pool: &PgPool, id: i64) -> String {
     request_view(pool, id).await.status
-}
-
-async fn wait_request_status(pool: &PgPool, id: i64, status: &str) {
-    eventually(&format!("request {id} to be {status}"), || async {
-        (request_status(pool, id).await == status).then_some(())
-    })
-    .await;
 }
 
 async fn set(pool: &PgPool, id: i64, assignment: &str) {
@@ -289,7 +282,12 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
         next > Utc::now() + chrono::Duration::minutes(9),
         "the long interval: {next}"
     );
-    assert_eq!(status.retry_count, 1);
+    // 1, or 2 when the e-sign ledger write of the first attempt woke it once.
+    assert!(
+        (1..=2).contains(&status.retry_count),
+        "{}",
+        status.retry_count
+    );
     assert_eq!(status.step.as_deref(), Some("owner"));
     assert!(status.last_reason.expect("reason").contains("documents"));
     let events = cluster.events(103).await;
@@ -487,4 +485,129 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgP
     assert_eq!(status, "RETRY_WAITING", "released, not left IN_PROGRESS");
     assert!(due, "due again at once for the next holder");
     assert_eq!(request_status(&pool, 108).await, "PENDING");
+}
+
+fn kubectl_bin() -> std::path::PathBuf {
+    if let Ok(k) = std::env::var("KUBECTL") {
+        return k.into();
+    }
+    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
+    if tools.exists() {
+        return tools;
+    }
+    "kubectl".into()
+}
+
+#[sqlx::test]
+async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    owner_now(110).insert(&pool).await;
+    let mut waiting = owner_now(111);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    cluster.wait_phase(110, Phase::Approved).await;
+    cluster.wait_phase(111, Phase::RetryWaiting).await;
+
+    let dir = std::env::temp_dir().join(format!("aa-kubectl-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    cluster
+        .server
+        .write_kubeconfig(&kubeconfig)
+        .expect("kubeconfig");
+    let output = tokio::process::Command::new(kubectl_bin())
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .arg("--cache-dir")
+        .arg(dir.join("cache"))
+        .args(["get", "aa", "-n", NS])
+        .output()
+        .await
+        .expect("kubectl runs (set KUBECTL or run scripts/install-tools.sh)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let lines: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "NAME", "REQUEST", "TYPE", "PHASE", "STEP", "RETRIES", "NEXT", "RETRY", "REASON", "AGE"
+        ],
+        "{stdout}"
+    );
+    let approved = lines
+        .iter()
+        .find(|l| l[0] == "request-110")
+        .expect("row 110");
+    assert_eq!(
+        &approved[1..4],
+        ["110", "OWNER_CONTRACT", "Approved"],
+        "{stdout}"
+    );
+    let waiting = lines
+        .iter()
+        .find(|l| l[0] == "request-111")
+        .expect("row 111");
+    assert_eq!(
+        &waiting[1..5],
+        ["111", "OWNER_CONTRACT", "RetryWaiting", "owner"],
+        "{stdout}"
+    );
+    assert!(waiting[5].parse::<i32>().is_ok_and(|n| n >= 1), "{stdout}");
+    // A date column would show a future time as <invalid>: it is a timestamp.
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(waiting[6]).is_ok(),
+        "next retry as a timestamp: {stdout}"
+    );
+    assert!(stdout.contains("documents not released"), "{stdout}");
+    cluster.stop().await;
+}
+
+#[test]
+fn the_checked_in_crd_is_what_autoapproval_crd_prints() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("crd")
+        .output()
+        .expect("autoapproval crd");
+    assert!(output.status.success());
+    let checked_in = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/autoapproval.yaml"),
+    )
+    .expect("crds/autoapproval.yaml");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        checked_in,
+        "crds/autoapproval.yaml is stale: run `cargo run -- crd > crds/autoapproval.yaml`"
+    );
+}
+
+#[test]
+fn run_refuses_a_bad_setting_naming_it() {
+    for (flag, value) in [
+        ("--poll-period", "0"),
+        ("--shards", "0"),
+        ("--poll-period", "soon"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args([
+                "run",
+                "--database-url",
+                "postgres://127.0.0.1:1/none",
+                flag,
+                value,
+            ])
+            .env("AUTOAPPROVAL_KUBECONFIG", "/nonexistent")
+            .output()
+            .expect("autoapproval run");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
 }
