@@ -284,7 +284,8 @@ impl Approver {
             step: step.as_str(),
         };
         match self.store.schedule_retry(claim, &write, now).await? {
-            Some(retry_count) => {
+            // A change notified mid-chain makes it due at once.
+            Some((retry_count, next_retry_time)) => {
                 info!(request_id = claim.request_id, %step, reason = %reason.reason, retry_count, "retry scheduled");
                 Ok(AttemptOutcome::RetryScheduled {
                     step,

@@ -459,7 +459,8 @@ impl Store {
             .map_err(db("claim new request"))?,
             Some(state_id) => sqlx::query_as(
                 "UPDATE auto_approve_state
-                    SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5
+                    SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5,
+                        woken_at = NULL
                   WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                     AND next_retry_time <= $5 AND retry_count < $6
                  RETURNING id, retry_count, transient_streak",
@@ -517,8 +518,8 @@ impl Store {
         claim: &Claim,
         retry: &RetryWrite<'_>,
         now: DateTime<Utc>,
-    ) -> Result<Option<i32>, StoreError> {
-        let row: Option<(i32,)> = sqlx::query_as(
+    ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError> {
+        let row: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
             "WITH old AS (
                  SELECT id, last_reason FROM auto_approve_state
                   WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
@@ -527,15 +528,16 @@ impl Store {
                  UPDATE auto_approve_state s
                     SET status = 'RETRY_WAITING', retry_count = s.retry_count + 1,
                         transient_streak = CASE WHEN $5 THEN s.transient_streak + 1 ELSE 0 END,
-                        next_retry_time = $4, last_reason = $6, step = $7, modified_at = $8
+                        next_retry_time = CASE WHEN s.woken_at IS NULL THEN $4 ELSE LEAST($4, $8) END,
+                        woken_at = NULL, last_reason = $6, step = $7, modified_at = $8
                    FROM old WHERE s.id = old.id
-                 RETURNING s.request_id, s.retry_count, old.last_reason AS old_reason
+                 RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
              ), memo AS (
                  INSERT INTO approval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $8, 'autoapproval', 'auto-approval waits: ' || $6
                    FROM upd WHERE old_reason IS DISTINCT FROM $6
              )
-             SELECT retry_count FROM upd",
+             SELECT retry_count, next_retry_time FROM upd",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
@@ -548,7 +550,7 @@ impl Store {
         .fetch_optional(&self.primary)
         .await
         .map_err(db("schedule retry"))?;
-        Ok(row.map(|(n,)| n))
+        Ok(row)
     }
 
     /// Approves the request and deletes the state row, in one transaction,
@@ -777,15 +779,19 @@ impl Store {
     }
 
     /// Makes waiting requests due at `now` because a fact their filters read
-    /// changed; returns those whose wait was cut short. Retry counts stay.
+    /// changed, and marks running ones so the retry they schedule is due at
+    /// once; returns the requests touched. Retry counts stay.
     pub async fn wake(
         &self,
         request_ids: &[i64],
         now: DateTime<Utc>,
     ) -> Result<Vec<i64>, StoreError> {
         let rows: Vec<(i64,)> = sqlx::query_as(
-            "UPDATE auto_approve_state SET next_retry_time = $2
-              WHERE request_id = ANY($1) AND status = 'RETRY_WAITING' AND next_retry_time > $2
+            "UPDATE auto_approve_state
+                SET next_retry_time = CASE WHEN status = 'RETRY_WAITING' THEN $2 ELSE next_retry_time END,
+                    woken_at = CASE WHEN status = 'IN_PROGRESS' THEN $2 ELSE woken_at END
+              WHERE request_id = ANY($1)
+                AND ((status = 'RETRY_WAITING' AND next_retry_time > $2) OR status = 'IN_PROGRESS')
              RETURNING request_id",
         )
         .bind(request_ids)

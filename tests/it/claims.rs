@@ -183,3 +183,46 @@ async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPo
         ("RETRY_WAITING", 0, Some(t0()))
     );
 }
+
+#[sqlx::test]
+async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool: PgPool) {
+    use autoapproval::store::RetryWrite;
+
+    let store = Store::new(pool.clone(), pool.clone());
+    NewRequest::ready_owner(31).insert(&pool).await;
+    NewRequest::ready_owner(32).insert(&pool).await;
+    let mut claims = Vec::new();
+    for id in [31, 32] {
+        let candidate = Candidate {
+            request_id: id,
+            request_type: RequestType::OwnerContract,
+            state_id: None,
+        };
+        match store
+            .claim(&candidate, &fence("w1", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Won(claim) => claims.push(claim),
+            ClaimOutcome::Lost => panic!("claim {id}"),
+        }
+    }
+    // Request 31 changes while its chain runs; 32 does not.
+    assert_eq!(store.wake(&[31], t0()).await.unwrap(), [31]);
+    let later = t0() + Duration::minutes(10);
+    let write = RetryWrite {
+        next_retry_time: later,
+        transient: false,
+        reason: "documents not released",
+        step: "owner",
+    };
+    let now = t0() + Duration::seconds(1);
+    let woken = store.schedule_retry(&claims[0], &write, now).await.unwrap();
+    let quiet = store.schedule_retry(&claims[1], &write, now).await.unwrap();
+    assert_eq!(
+        woken,
+        Some((1, now)),
+        "due at once: the chain may have read the old fact"
+    );
+    assert_eq!(quiet, Some((1, later)), "the long interval");
+}
