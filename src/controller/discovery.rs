@@ -21,6 +21,9 @@ use crate::domain::{Candidate, RequestType};
 use crate::store::{RequestChange, Store, StoreError};
 use crate::telemetry::Metrics;
 
+/// The longest gap between follow-up turns while CRs are being triggered.
+const FOLLOW_UP_MAX: Duration = Duration::from_secs(2);
+
 /// Timings and scope of discovery.
 #[derive(Clone, Debug)]
 pub struct DiscoverySettings {
@@ -115,7 +118,8 @@ impl Discovery {
                 // triggered: a trigger for a CR deleted but still cached is
                 // dropped, and a later turn recreates the CR.
                 Ok(summary) if summary.triggered > 0 => {
-                    follow_up = (follow_up * 2).clamp(self.settings.backlog_delay, period);
+                    let ceiling = period.min(FOLLOW_UP_MAX).max(self.settings.backlog_delay);
+                    follow_up = (follow_up * 2).clamp(self.settings.backlog_delay, ceiling);
                     follow_up
                 }
                 Ok(_) => period,
