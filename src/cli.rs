@@ -124,7 +124,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     let store = Store::connect(&args.database).await?;
     let metrics = Metrics::new();
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
-    let listener = crate::endpoints::bind(settings.listen)
+    let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
         .map_err(|source| CliError::Listen {
             addr: settings.listen,

@@ -2,7 +2,6 @@
 //! `/readyz` (the database and the API server answer and the CR cache has
 //! synced) and `/metrics` (Prometheus text).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -12,7 +11,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use tokio::net::TcpListener;
 
 use crate::store::Store;
 use crate::telemetry::Metrics;
@@ -90,9 +88,4 @@ async fn metrics(State(health): State<Health>) -> impl IntoResponse {
         )],
         health.metrics.encode(),
     )
-}
-
-/// Binds `addr`; the caller serves the returned listener.
-pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
 }
