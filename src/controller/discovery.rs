@@ -7,11 +7,13 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use futures::StreamExt;
 use futures::channel::mpsc;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store as Cache};
 use rand::Rng;
 use tokio::sync::watch;
+use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::crd::{self, ApprovalType, AutoApproval, FIELD_MANAGER};
@@ -20,9 +22,6 @@ use crate::clock::SharedClock;
 use crate::domain::{Candidate, RequestType};
 use crate::store::{RequestChange, Store, StoreError};
 use crate::telemetry::Metrics;
-
-/// The longest gap between follow-up turns while CRs are being triggered.
-const FOLLOW_UP_MAX: Duration = Duration::from_secs(2);
 
 /// Timings and scope of discovery.
 #[derive(Clone, Debug)]
@@ -81,56 +80,81 @@ pub struct TurnSummary {
 }
 
 impl Discovery {
-    /// Runs until `stopping` turns true.
-    pub async fn run(self, mut stopping: watch::Receiver<bool>) {
+    /// Runs until `stopping` turns true. `deleted` carries the request ids
+    /// of CRs deleted from the API server: a CR whose request is still open
+    /// is put back at once, since the DB, not the CR, says what is left.
+    pub async fn run(
+        self,
+        mut stopping: watch::Receiver<bool>,
+        mut deleted: mpsc::UnboundedReceiver<i64>,
+    ) {
         let (changes_tx, mut changes) = mpsc::unbounded();
         if self.settings.notify {
             tokio::spawn(listen(self.store.clone(), changes_tx, stopping.clone()));
+        } else {
+            drop(changes_tx);
         }
         let period = self.settings.poll_period;
         let first = period.mul_f64(rand::rng().random::<f64>());
         debug!(delay = ?first, "first discovery turn after a random delay");
-        let mut delay = first;
-        let mut follow_up = Duration::ZERO;
-        wait_ready(&self.cache).await;
-        debug!("CR cache ready; discovery starts");
+        let mut next_turn = Instant::now() + first;
+        tokio::select! {
+            () = wait_ready(&self.cache) => debug!("CR cache ready; discovery starts"),
+            () = stopped(&mut stopping) => return,
+        }
         loop {
+            // A closed channel (NOTIFY off, or the listener gone at
+            // shutdown) disables its branch; the poll and the stop remain.
             let woken = tokio::select! {
-                () = tokio::time::sleep(delay) => Vec::new(),
-                change = futures::StreamExt::next(&mut changes) => match change {
-                    Some(first) => drain(first, &mut changes),
-                    None => { tokio::time::sleep(delay).await; Vec::new() }
-                },
+                () = tokio::time::sleep_until(next_turn) => Vec::new(),
+                Some(first) = changes.next() => drain(first, &mut changes),
+                Some(first) = deleted.next() => {
+                    self.restore(&drain_ids(first, &mut deleted)).await;
+                    continue;
+                }
                 () = stopped(&mut stopping) => return,
             };
-            if *stopping.borrow() {
-                return;
-            }
             if !woken.is_empty() {
                 self.metrics.notify_wakeup();
                 if let Err(error) = self.wake(&woken).await {
                     warn!(%error, "could not wake changed requests");
                 }
             }
-            delay = match self.turn().await {
+            let delay = match self.turn().await {
                 Ok(summary) if summary.full => self.settings.backlog_delay,
-                // Look again soon, then less and less often, while CRs get
-                // triggered: a trigger for a CR deleted but still cached is
-                // dropped, and a later turn recreates the CR.
-                Ok(summary) if summary.triggered > 0 => {
-                    let ceiling = period.min(FOLLOW_UP_MAX).max(self.settings.backlog_delay);
-                    follow_up = (follow_up * 2).clamp(self.settings.backlog_delay, ceiling);
-                    follow_up
-                }
                 Ok(_) => period,
                 Err(error) => {
                     warn!(%error, "discovery turn failed");
                     period
                 }
             };
-            if delay == period {
-                follow_up = Duration::ZERO;
+            next_turn = Instant::now() + delay;
+        }
+    }
+
+    /// Puts back the CRs of deleted AutoApprovals whose request is still
+    /// open; a finished or unknown request's CR stays deleted.
+    async fn restore(&self, request_ids: &[i64]) {
+        for &request_id in request_ids {
+            if self.cache.get(&self.key(request_id)).is_some() {
+                continue;
             }
+            let request = match self.store.request(request_id).await {
+                Ok(Some(request)) if request.status.is_open() => request,
+                Ok(_) => continue,
+                Err(error) => {
+                    warn!(request_id, %error, "cannot tell whether a deleted AutoApproval is still needed");
+                    continue;
+                }
+            };
+            let Some(approval_type) = ApprovalType::from_request_type(request.request_type) else {
+                continue;
+            };
+            info!(
+                request_id,
+                "AutoApproval deleted while its request is open; recreating it"
+            );
+            self.create(request_id, approval_type).await;
         }
     }
 
@@ -188,11 +212,16 @@ impl Discovery {
         let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
             return;
         };
-        let cr = crd::for_request(
-            candidate.request_id,
-            approval_type,
-            self.settings.shard_count,
-        );
+        if self.create(candidate.request_id, approval_type).await {
+            summary.created += 1;
+        }
+    }
+
+    /// Creates the CR of a request; true when this call created it. An
+    /// AlreadyExists means the cache lags the API: the CR is there, so the
+    /// reconcile is triggered instead.
+    async fn create(&self, request_id: i64, approval_type: ApprovalType) -> bool {
+        let cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
@@ -200,15 +229,16 @@ impl Discovery {
         match self.api.create(&params, &cr).await {
             Ok(_) => {
                 self.metrics.cr_created();
-                summary.created += 1;
-                debug!(request_id = candidate.request_id, "AutoApproval created");
+                debug!(request_id, "AutoApproval created");
+                true
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                // Created meanwhile (the cache lags the API): same result.
-                let _ = self.trigger.unbounded_send(key);
+                let _ = self.trigger.unbounded_send(self.key(request_id));
+                false
             }
             Err(error) => {
-                warn!(request_id = candidate.request_id, %error, "could not create AutoApproval");
+                warn!(request_id, %error, "could not create AutoApproval");
+                false
             }
         }
     }
@@ -221,6 +251,15 @@ impl Discovery {
     fn api_namespace(&self) -> String {
         self.api.namespace().unwrap_or("default").to_owned()
     }
+}
+
+/// The deleted CRs' request ids already waiting in the channel.
+fn drain_ids(first: i64, deleted: &mut mpsc::UnboundedReceiver<i64>) -> Vec<i64> {
+    let mut ids = BTreeSet::from([first]);
+    while let Ok(id) = deleted.try_recv() {
+        ids.insert(id);
+    }
+    ids.into_iter().collect()
 }
 
 /// Everything already waiting in the channel, deduplicated.

@@ -12,8 +12,8 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::StreamExt;
 use futures::channel::mpsc;
+use futures::{StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -101,11 +101,18 @@ pub async fn run_until(
     let (stop_tx, stop_rx) = watch::channel(false);
 
     // Only spec changes (generation) trigger a reconcile from the watch: our
-    // own status writes would otherwise come straight back as work.
+    // own status writes would otherwise come straight back as work. A
+    // deletion goes to discovery, which puts back the CR of an open request.
     let (cache, writer) = reflector::store();
+    let (deleted_tx, deleted_rx) = mpsc::unbounded();
     let crs = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
         .reflect(writer)
+        .inspect_ok(move |event| {
+            if let watcher::Event::Delete(cr) = event {
+                let _ = deleted_tx.unbounded_send(cr.spec.request_id);
+            }
+        })
         .applied_objects()
         .predicate_filter(predicates::generation, Default::default());
     let (trigger_tx, trigger_rx) = mpsc::unbounded();
@@ -154,7 +161,7 @@ pub async fn run_until(
         metrics: metrics.clone(),
         settings: settings.discovery.clone(),
     };
-    let discovery = tokio::spawn(discovery.run(stop_rx.clone()));
+    let discovery = tokio::spawn(discovery.run(stop_rx.clone(), deleted_rx));
     let cleanser = Cleanser::new(
         store.clone(),
         clock.clone(),

@@ -39,11 +39,11 @@ pub struct Cluster {
     task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
 }
 
-/// Settings for tests: a long poll period, so anything faster than it was
-/// NOTIFY's doing.
+/// Settings for tests: a poll period longer than any test, so whatever
+/// happens was the doing of NOTIFY, the CR watch or a requeue.
 pub fn test_settings() -> Settings {
     let mut s = Settings::new(NS, "replica-1");
-    s.discovery.poll_period = Duration::from_secs(60);
+    s.discovery.poll_period = Duration::from_secs(3600);
     s.shutdown_grace = Duration::from_secs(5);
     s
 }
@@ -112,13 +112,17 @@ impl Cluster {
         })));
     }
 
-    /// Sends the shutdown signal and waits for the replica to stop.
+    /// Sends the shutdown signal and waits for the replica to stop; a stop
+    /// that outlasts the grace period by far is a hang (nothing may wait
+    /// out a poll period at shutdown).
     pub async fn stop(&mut self) {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
         if let Some(task) = self.task.take() {
-            task.await
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("the controller stops within 30 s")
                 .expect("joins")
                 .expect("controller stops cleanly");
         }
@@ -275,14 +279,19 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
     waiting.documents_released = false;
     waiting.insert(&pool).await;
 
-    let cr = cluster.wait_phase(103, Phase::RetryWaiting).await;
+    // Settled on the long interval (a wake-up that races the first claim
+    // makes one retry due at once, shown briefly as RetryWaiting too).
+    let cr = eventually("request 103 to wait the long interval", || async {
+        let cr = cluster.cr(103).await?;
+        let status = cr.status.as_ref()?;
+        let long = status.next_retry_time? > Utc::now() + chrono::Duration::minutes(9);
+        (status.phase == Some(Phase::RetryWaiting) && long).then_some(cr)
+    })
+    .await
+    .expect("CR");
     let status = cr.status.expect("status");
     let next = status.next_retry_time.expect("next retry time shown");
-    assert!(
-        next > Utc::now() + chrono::Duration::minutes(9),
-        "the long interval: {next}"
-    );
-    // 1, or 2 when the e-sign ledger write of the first attempt woke it once.
+    // 1, or 2 when the insert's NOTIFY arrived after the first claim.
     assert!(
         (1..=2).contains(&status.retry_count),
         "{}",
@@ -353,10 +362,23 @@ async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
         .delete(&first.name_any(), &DeleteParams::default())
         .await
         .expect("delete CR");
-    eventually("the CR to be gone", || async {
-        cluster.cr(105).await.is_none().then_some(())
+    // No poll runs during the test: the CR watch saw the deletion and
+    // discovery put the CR back.
+    let recreated = eventually("the CR to be recreated", || async {
+        let cr = cluster.cr(105).await?;
+        let phase = cr.status.as_ref().and_then(|s| s.phase);
+        (cr.uid() != first.uid() && phase == Some(Phase::RetryWaiting)).then_some(cr)
     })
-    .await;
+    .await
+    .expect("recreated CR");
+    assert!(
+        recreated
+            .status
+            .and_then(|s| s.last_reason)
+            .unwrap_or_default()
+            .contains("documents"),
+        "the recreated CR shows why the request waits"
+    );
     set(&pool, 105, "documents_released = true").await;
 
     let second = cluster.wait_phase(105, Phase::Approved).await;
