@@ -686,10 +686,19 @@ impl Store {
     /// Records what the e-sign system says about a contract.
     pub async fn sync_econtract(
         &self,
+        request_id: i64,
         contract_ref: &str,
         status: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
+        let mut tx = self.begin("sync e-contract").await?;
+        // Read by the econtract trigger (migration 0007): no wake-up for the
+        // request whose chain is making this write.
+        sqlx::query("SELECT set_config('autoapproval.syncing_request', $1, true)")
+            .bind(request_id.to_string())
+            .execute(&mut *tx)
+            .await
+            .map_err(db("sync e-contract"))?;
         sqlx::query(
             "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ($1, $2, $3)
              ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at",
@@ -697,10 +706,10 @@ impl Store {
         .bind(contract_ref)
         .bind(status)
         .bind(now)
-        .execute(&self.primary)
+        .execute(&mut *tx)
         .await
         .map_err(db("sync e-contract"))?;
-        Ok(())
+        tx.commit().await.map_err(db("sync e-contract"))
     }
 
     /// Appends a memo to a request's history.

@@ -124,7 +124,7 @@ impl Filter for EContractSigned {
             Err(e) => return Ok(Verdict::Wait(RetryReason::external(&e))),
         };
         cx.store
-            .sync_econtract(contract, status.as_str(), cx.clock.now())
+            .sync_econtract(r.id, contract, status.as_str(), cx.clock.now())
             .await?;
         Ok(match status {
             ContractStatus::Signed => Verdict::Pass,

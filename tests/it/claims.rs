@@ -226,3 +226,54 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool:
     );
     assert_eq!(quiet, Some((1, later)), "the long interval");
 }
+
+#[sqlx::test]
+async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_contract(
+    pool: PgPool,
+) {
+    use autoapproval::store::RequestChange;
+
+    let store = Store::new(pool.clone(), pool.clone());
+    for id in [41, 42, 43] {
+        let mut request = NewRequest::ready_owner(id);
+        if id != 43 {
+            request.econtract_ref = Some("EC-shared".into());
+        }
+        request.insert(&pool).await;
+    }
+    let mut changes = store.request_changes().await.unwrap();
+    let mut next = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(30), changes.next())
+            .await
+            .expect("a notification")
+            .unwrap()
+    };
+
+    // The chain of 41 syncs the ledger; request 43 then changes as a marker.
+    store
+        .sync_econtract(41, "EC-shared", "SIGNED", t0())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 43")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(next().await, RequestChange::Changed(42));
+    assert_eq!(
+        next().await,
+        RequestChange::Changed(43),
+        "no wake-up for 41, whose own chain wrote the ledger"
+    );
+
+    // A ledger write by anyone else wakes every request on the contract.
+    sqlx::query("UPDATE econtract SET status = 'CANCELED' WHERE contract_ref = 'EC-shared'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let mut woken = vec![next().await, next().await];
+    woken.sort_by_key(|c| format!("{c:?}"));
+    assert_eq!(
+        woken,
+        [RequestChange::Changed(41), RequestChange::Changed(42)]
+    );
+}
