@@ -687,3 +687,66 @@ async fn health_readiness_and_metrics_are_served(pool: PgPool) {
         assert!(body.contains(name), "{name} in:\n{body}");
     }
 }
+
+#[tokio::test]
+async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type() {
+    use kube::api::{ApiResource, DynamicObject};
+
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let client = client_for(&server);
+    install_crd(&client).await;
+    let resource = ApiResource::erase::<AutoApproval>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client, NS, &resource);
+    let cr = |name: &str, spec: serde_json::Value| -> DynamicObject {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "autoapproval.io/v1alpha1",
+            "kind": "AutoApproval",
+            "metadata": {"name": name},
+            "spec": spec,
+        }))
+        .expect("object")
+    };
+    let refused = async |name: &str, spec: serde_json::Value| match api
+        .create(&PostParams::default(), &cr(name, spec))
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 422 => s.message,
+        other => panic!("{name}: expected 422 Invalid, got {other:?}"),
+    };
+
+    let message = refused(
+        "no-id",
+        serde_json::json!({"requestType": "OWNER_CONTRACT"}),
+    )
+    .await;
+    assert!(message.contains("spec.requestId"), "{message}");
+    let message = refused(
+        "unknown-type",
+        serde_json::json!({"requestId": 5, "requestType": "STORE_CLOSURE"}),
+    )
+    .await;
+    assert!(message.contains("spec.requestType"), "{message}");
+    let message = refused(
+        "zero-id",
+        serde_json::json!({"requestId": 0, "requestType": "AD_CONTRACT"}),
+    )
+    .await;
+    assert!(message.contains("spec.requestId"), "{message}");
+
+    let accepted = api
+        .create(
+            &PostParams::default(),
+            &cr(
+                "ok",
+                serde_json::json!({"requestId": 5, "requestType": "AD_CONTRACT"}),
+            ),
+        )
+        .await
+        .expect("a valid CR is accepted");
+    assert_eq!(
+        accepted.data["spec"]["paused"], false,
+        "paused defaults to false"
+    );
+}
