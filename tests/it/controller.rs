@@ -750,3 +750,96 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
         "paused defaults to false"
     );
 }
+
+/// The URL of the test's own database, for a child process.
+fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().expect("a database name")
+    )
+}
+
+#[sqlx::test]
+async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        .await
+        .expect("simulator");
+    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--namespace", NS, "--replica-name", "bin-1"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
+        .env("AUTOAPPROVAL_ESIGN_URL", sim.base_url())
+        .env("AUTOAPPROVAL_OWNER_URL", sim.base_url())
+        .env("AUTOAPPROVAL_STORE_URL", sim.base_url())
+        .env("AUTOAPPROVAL_AD_URL", sim.base_url())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("autoapproval run starts");
+    let pid = child.id().expect("pid");
+
+    let http = reqwest::Client::new();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    eventually("/readyz to answer 200", || async {
+        let response = http.get(&ready).send().await.ok()?;
+        (response.status() == 200).then_some(())
+    })
+    .await;
+    owner_now(120).insert(&pool).await;
+    eventually("request 120 to be approved", || async {
+        (request_status(&pool, 120).await == "APPROVED").then_some(())
+    })
+    .await;
+    let metrics = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("/metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains("autoapproval_pickup_latency_seconds_count 1"),
+        "{metrics}"
+    );
+
+    // The shell's builtin kill: no extra package needed.
+    let killed = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("exits within 30 s of SIGTERM")
+        .expect("output");
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{logs}");
+    assert!(logs.contains("controller stopped"), "{logs}");
+    let api: Api<AutoApproval> = Api::namespaced(client_for(&server), NS);
+    let cr = api.get(&crd::cr_name(120)).await.expect("CR");
+    assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::Approved));
+}
