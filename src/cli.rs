@@ -130,7 +130,8 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
             addr: settings.listen,
             source,
         })?;
-    tracing::info!(addr = %settings.listen, "serving /healthz, /readyz and /metrics");
+    let addr = listener.local_addr().unwrap_or(settings.listen);
+    tracing::info!(%addr, "serving /healthz, /readyz and /metrics");
     let app = router(health.clone());
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
