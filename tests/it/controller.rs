@@ -9,6 +9,7 @@ use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::Settings;
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use autoapproval::controller::{Parts, run_until};
+use autoapproval::domain::DEFAULT_RETRY_LIMIT;
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
 use autoapproval::sim::{Faults, SimHandle, SimOptions, Simulator};
 use autoapproval::store::Store;
@@ -23,7 +24,7 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::support::{NewRequest, request_view};
+use crate::support::{NewRequest, insert_state, request_view};
 
 pub const NS: &str = "default";
 
@@ -449,6 +450,66 @@ async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPo
     assert!(events.iter().any(|(r, _)| r == "Invalid"), "{events:?}");
     assert!(!state_exists(&pool, 999).await);
     assert_eq!(total_calls(&cluster.sim), 0);
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(pool: PgPool) {
+    owner_now(130).insert(&pool).await;
+    let ten_minutes_ago = Utc::now() - chrono::Duration::minutes(10);
+    insert_state(&pool, 130, "IN_PROGRESS", None, 0, ten_minutes_ago).await;
+    let mut settings = test_settings();
+    settings.cleanse_interval = Duration::from_millis(200);
+    settings.stuck_threshold = Duration::from_secs(60);
+    // The recovered row becomes a candidate again; a poll picks it up.
+    settings.discovery.poll_period = Duration::from_secs(1);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+
+    cluster.wait_phase(130, Phase::Approved).await;
+    let reasons: Vec<String> = cluster.events(130).await.into_iter().map(|e| e.0).collect();
+    assert_eq!(reasons, ["Recovered", "Approved"]);
+    let memos: Vec<(String,)> =
+        sqlx::query_as("SELECT message FROM approval_request_memo WHERE request_id = 130")
+            .fetch_all(&pool)
+            .await
+            .expect("memos");
+    assert!(
+        memos.iter().any(|(m,)| m.contains("interrupted")),
+        "the recovery is on the request's history: {memos:?}"
+    );
+    assert_eq!(cluster.sim.stats().for_request(130).owner, 1);
+    cluster.stop().await;
+}
+
+#[sqlx::test]
+async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person(pool: PgPool) {
+    let mut waiting = owner_now(131);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    let limit = DEFAULT_RETRY_LIMIT;
+    let due = Utc::now() - chrono::Duration::seconds(1);
+    insert_state(&pool, 131, "RETRY_WAITING", Some(due), limit - 1, due).await;
+    let mut cluster = Cluster::start(pool.clone()).await;
+
+    let cr = cluster.wait_phase(131, Phase::Exhausted).await;
+    let status = cr.status.expect("status");
+    assert_eq!(status.retry_count, limit);
+    assert_eq!(status.next_retry_time, None, "nothing is scheduled");
+    let stalled = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Stalled")
+        .expect("Stalled condition");
+    assert_eq!(stalled.status, "True");
+    let events = cluster.events(131).await;
+    assert!(
+        events
+            .iter()
+            .any(|(r, n)| r == "Exhausted" && n.contains("documents")),
+        "{events:?}"
+    );
+    assert!(state_exists(&pool, 131).await, "the row stays for a person");
+    assert_eq!(request_status(&pool, 131).await, "PENDING");
     cluster.stop().await;
 }
 
