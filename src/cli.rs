@@ -9,7 +9,7 @@ use crate::store::{DatabaseConfig, Store, StoreError};
 #[derive(Parser, Debug)]
 #[command(name = "autoapproval", version, about)]
 pub struct Cli {
-    /// Log as JSON lines instead of text.
+    /// Log as JSON lines instead of text [default: off, human-readable text].
     #[arg(
         long,
         global = true,

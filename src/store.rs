@@ -18,7 +18,7 @@ use crate::domain::{
 /// Database settings.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseConfig {
-    /// PostgreSQL URL of the primary: re-reads, claims and every write.
+    /// PostgreSQL URL of the primary: re-reads, claims and every write [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL")]
     pub database_url: String,
     /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].

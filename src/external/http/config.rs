@@ -21,7 +21,7 @@ pub struct ExternalConfig {
         default_value = "http://127.0.0.1:8090"
     )]
     pub esign_url: String,
-    /// Bearer token for the e-sign service.
+    /// Bearer token for the e-sign service [default: none, no Authorization header].
     #[arg(long, env = "AUTOAPPROVAL_ESIGN_TOKEN", hide_env_values = true)]
     pub esign_token: Option<Secret>,
     /// Base URL of the owner service.
@@ -31,7 +31,7 @@ pub struct ExternalConfig {
         default_value = "http://127.0.0.1:8090"
     )]
     pub owner_url: String,
-    /// Bearer token for the owner service.
+    /// Bearer token for the owner service [default: none, no Authorization header].
     #[arg(long, env = "AUTOAPPROVAL_OWNER_TOKEN", hide_env_values = true)]
     pub owner_token: Option<Secret>,
     /// Base URL of the store service.
@@ -41,7 +41,7 @@ pub struct ExternalConfig {
         default_value = "http://127.0.0.1:8090"
     )]
     pub store_url: String,
-    /// Bearer token for the store service.
+    /// Bearer token for the store service [default: none, no Authorization header].
     #[arg(long, env = "AUTOAPPROVAL_STORE_TOKEN", hide_env_values = true)]
     pub store_token: Option<Secret>,
     /// Base URL of the ad service.
@@ -51,7 +51,7 @@ pub struct ExternalConfig {
         default_value = "http://127.0.0.1:8090"
     )]
     pub ad_url: String,
-    /// Bearer token for the ad service.
+    /// Bearer token for the ad service [default: none, no Authorization header].
     #[arg(long, env = "AUTOAPPROVAL_AD_TOKEN", hide_env_values = true)]
     pub ad_token: Option<Secret>,
     /// Timeout of one external call, connect to last body byte (e.g. 500ms, 5s, 2m).
