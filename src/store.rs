@@ -683,7 +683,8 @@ impl Store {
         Ok(row.map(|(s,)| s))
     }
 
-    /// Records what the e-sign system says about a contract.
+    /// Records what the e-sign system says about a contract, synced by the
+    /// chain of `request_id`.
     pub async fn sync_econtract(
         &self,
         request_id: i64,
