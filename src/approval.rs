@@ -162,14 +162,14 @@ impl Approver {
             }
         };
         self.metrics.claim("won");
-        match self.run_claimed(&claim).await {
+        let result = match self.run_claimed(&claim).await {
             Ok(outcome) => Ok(outcome),
             Err(ChainError::FenceLost(_)) => {
                 warn!(
                     request_id = claim.request_id,
                     "claim taken over mid-chain; stopping"
                 );
-                Ok(AttemptOutcome::FenceLost)
+                return Ok(AttemptOutcome::FenceLost);
             }
             Err(ChainError::Store(StoreError::Malformed { request_id, error })) => {
                 // Reported and parked, never lost: it waits the long interval
@@ -179,13 +179,14 @@ impl Approver {
                 let reason = RetryReason::condition(format!("malformed row: {error}"));
                 self.schedule_retry(&claim, Step::Owner, reason).await
             }
-            Err(ChainError::Store(e)) => {
-                if let Err(release) = self.store.release(&claim, self.clock.now()).await {
-                    warn!(request_id = claim.request_id, error = %release, "could not release claim after error");
-                }
-                Err(e)
-            }
+            Err(ChainError::Store(e)) => Err(e),
+        };
+        if result.is_err()
+            && let Err(release) = self.store.release(&claim, self.clock.now()).await
+        {
+            warn!(request_id = claim.request_id, error = %release, "could not release claim after error");
         }
+        result
     }
 
     async fn run_claimed(&self, claim: &Claim) -> Result<AttemptOutcome, ChainError> {
