@@ -692,25 +692,22 @@ impl Store {
         status: &str,
         now: DateTime<Utc>,
     ) -> Result<(), StoreError> {
-        let mut tx = self.begin("sync e-contract").await?;
-        // Read by the econtract trigger (migration 0007): no wake-up for the
-        // request whose chain is making this write.
-        sqlx::query("SELECT set_config('autoapproval.syncing_request', $1, true)")
-            .bind(request_id.to_string())
-            .execute(&mut *tx)
-            .await
-            .map_err(db("sync e-contract"))?;
+        // One statement, one round-trip: the transaction-local setting,
+        // read by the econtract trigger (migration 0007), lasts until the
+        // statement's implicit transaction ends, after the trigger fired.
         sqlx::query(
-            "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ($1, $2, $3)
+            "INSERT INTO econtract (contract_ref, status, synced_at)
+             SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
              ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at",
         )
         .bind(contract_ref)
         .bind(status)
         .bind(now)
-        .execute(&mut *tx)
+        .bind(request_id.to_string())
+        .execute(&self.primary)
         .await
         .map_err(db("sync e-contract"))?;
-        tx.commit().await.map_err(db("sync e-contract"))
+        Ok(())
     }
 
     /// Appends a memo to a request's history.
