@@ -66,6 +66,8 @@ pub struct ApproverConfig {
     pub retry: RetryPolicy,
     /// How often a running chain touches its claim.
     pub heartbeat_interval: Duration,
+    /// A chain running longer is stopped and retried as a transient failure.
+    pub processing_timeout: Duration,
 }
 
 impl Default for ApproverConfig {
@@ -73,6 +75,7 @@ impl Default for ApproverConfig {
         Self {
             retry: RetryPolicy::default(),
             heartbeat_interval: Duration::from_secs(10),
+            processing_timeout: Duration::from_secs(120),
         }
     }
 }
@@ -203,9 +206,22 @@ impl Approver {
         tokio::pin!(chain);
         let mut ticker = tokio::time::interval(self.config.heartbeat_interval);
         ticker.tick().await;
+        let deadline = tokio::time::sleep(self.config.processing_timeout);
+        tokio::pin!(deadline);
         let outcome = loop {
             tokio::select! {
                 outcome = &mut chain => break outcome?,
+                // Dropping the chain abandons its call in flight; the
+                // idempotency key makes the retry's call safe.
+                () = &mut deadline => {
+                    let step = *current.lock().unwrap_or_else(|e| e.into_inner());
+                    warn!(request_id = claim.request_id, %step, "chain exceeded the processing timeout");
+                    let reason = RetryReason::transient(format!(
+                        "processing timed out after {}",
+                        crate::external::http::format_duration(self.config.processing_timeout)
+                    ));
+                    break ChainOutcome::Retry { step, reason };
+                }
                 _ = ticker.tick() => {
                     let step = *current.lock().unwrap_or_else(|e| e.into_inner());
                     if !self.store.heartbeat(claim, step.as_str(), self.clock.now()).await? {

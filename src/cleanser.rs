@@ -36,6 +36,39 @@ impl Cleanser {
         }
     }
 
+    /// The store.
+    pub fn store(&self) -> &Store {
+        &self.store
+    }
+
+    /// Fences a shard just acquired at generation `token` by `holder` and
+    /// recovers the claims its previous holder left behind (a replica that
+    /// died, or lost the shard, mid-chain): they are due again at once.
+    /// `None` when the shard is already fenced at a later generation.
+    pub async fn take_over_shard(
+        &self,
+        shard_count: u32,
+        shard: u32,
+        token: i64,
+        holder: &str,
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let now = self.clock.now();
+        let recovered = self
+            .store
+            .fence_shard(shard_count, shard, token, holder, now)
+            .await?;
+        if let Some(recovered) = &recovered {
+            self.metrics.cleansed(recovered.len() as u64, 0);
+            for request_id in recovered {
+                info!(
+                    request_id,
+                    shard, "recovered a claim left by the shard's previous holder"
+                );
+            }
+        }
+        Ok(recovered)
+    }
+
     /// One pass.
     pub async fn run_once(&self) -> Result<CleanseReport, StoreError> {
         let now = self.clock.now();

@@ -300,6 +300,29 @@ pub struct Fence {
     pub holder: String,
     /// A token that grows whenever the right to the request moves on.
     pub token: i64,
+    /// Under lease coordination, K: `token` is then the generation of shard
+    /// `request_id mod K`, and a claim is taken only while it is current.
+    pub shard_count: Option<u32>,
+}
+
+impl Fence {
+    /// A fence outside shard coordination (one worker, tests, tools).
+    pub fn new(holder: impl Into<String>, token: i64) -> Self {
+        Self {
+            holder: holder.into(),
+            token,
+            shard_count: None,
+        }
+    }
+
+    /// The fence of a shard held at generation `token` among `shard_count`.
+    pub fn sharded(holder: impl Into<String>, token: i64, shard_count: u32) -> Self {
+        Self {
+            holder: holder.into(),
+            token,
+            shard_count: Some(shard_count),
+        }
+    }
 }
 
 /// A won claim: the caller owns the request until it completes, schedules a

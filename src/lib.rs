@@ -6,6 +6,7 @@ pub mod cleanser;
 pub mod cli;
 pub mod clock;
 pub mod controller;
+pub mod coordination;
 pub mod domain;
 pub mod endpoints;
 pub mod external;

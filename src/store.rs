@@ -12,7 +12,7 @@ use sqlx::postgres::{PgListener, PgPool, PgPoolOptions};
 use sqlx::{FromRow, Postgres, Transaction};
 
 use crate::domain::{
-    Candidate, Claim, Fence, Request, RequestType, State, StateStatus, UnknownValue,
+    Candidate, Claim, Fence, Request, RequestStatus, RequestType, State, StateStatus, UnknownValue,
 };
 
 /// Database settings.
@@ -174,6 +174,17 @@ impl RequestChange {
             Err(_) => RequestChange::Malformed(payload.to_owned()),
         }
     }
+}
+
+/// A request's status as the CR garbage collector needs it.
+#[derive(Debug)]
+pub struct RequestStatusRow {
+    /// The request.
+    pub request_id: i64,
+    /// Its status, or why it cannot be read.
+    pub status: Result<RequestStatus, StoreError>,
+    /// When it was decided, else last updated.
+    pub changed_at: DateTime<Utc>,
 }
 
 /// What the cleanser did in one pass.
@@ -433,7 +444,8 @@ impl Store {
     /// Claims a candidate on the primary: an INSERT for a new request (the
     /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
     /// for a due retry. Check and write are one statement, so nothing is held
-    /// while the chain runs.
+    /// while the chain runs. A sharded fence also needs its token to be the
+    /// shard's current one (migration 0008).
     pub async fn claim(
         &self,
         candidate: &Candidate,
@@ -441,11 +453,16 @@ impl Store {
         now: DateTime<Utc>,
         retry_limit: i32,
     ) -> Result<ClaimOutcome, StoreError> {
+        let shard_count = fence.shard_count.map(|k| k as i32);
         let row: Option<(i64, i32, i32)> = match candidate.state_id {
             None => sqlx::query_as(
                 "INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                 VALUES ($1, $2, 'IN_PROGRESS', $3, $4, $5, $5)
+                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, $5
+                  WHERE $6::int IS NULL OR EXISTS (
+                        SELECT 1 FROM shard_fence f
+                         WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
+                           FOR SHARE)
                  ON CONFLICT (request_id) DO NOTHING
                  RETURNING id, retry_count, transient_streak",
             )
@@ -454,6 +471,7 @@ impl Store {
             .bind(&fence.holder)
             .bind(fence.token)
             .bind(now)
+            .bind(shard_count)
             .fetch_optional(&self.primary)
             .await
             .map_err(db("claim new request"))?,
@@ -463,6 +481,10 @@ impl Store {
                         woken_at = NULL
                   WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                     AND next_retry_time <= $5 AND retry_count < $6
+                    AND ($7::int IS NULL OR EXISTS (
+                        SELECT 1 FROM shard_fence f
+                         WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
+                           FOR SHARE))
                  RETURNING id, retry_count, transient_streak",
             )
             .bind(state_id)
@@ -471,6 +493,7 @@ impl Store {
             .bind(fence.token)
             .bind(now)
             .bind(retry_limit)
+            .bind(shard_count)
             .fetch_optional(&self.primary)
             .await
             .map_err(db("claim due retry"))?,
@@ -825,26 +848,133 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives back every claim still held under `fence` (graceful shutdown):
-    /// due again at once, no retry counted. Returns the requests released.
+    /// Gives back every claim `holder` still holds under one of `tokens`
+    /// (graceful shutdown): due again at once, no retry counted. Returns the
+    /// requests released.
     pub async fn release_all(
         &self,
-        fence: &Fence,
+        holder: &str,
+        tokens: &[i64],
         now: DateTime<Utc>,
     ) -> Result<Vec<i64>, StoreError> {
         let rows: Vec<(i64,)> = sqlx::query_as(
             "UPDATE auto_approve_state
                 SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = $3
-              WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = $2
+              WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = ANY($2)
              RETURNING request_id",
         )
-        .bind(&fence.holder)
-        .bind(fence.token)
+        .bind(holder)
+        .bind(tokens)
         .bind(now)
         .fetch_all(&self.primary)
         .await
         .map_err(db("release held claims"))?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// For each of `request_ids` that exists: its status and, when decided,
+    /// when (the decision time, else the last update).
+    pub async fn request_statuses(
+        &self,
+        request_ids: &[i64],
+    ) -> Result<Vec<RequestStatusRow>, StoreError> {
+        let rows: Vec<(i64, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, status, COALESCE(decided_at, updated_at)
+               FROM approval_request WHERE id = ANY($1)",
+        )
+        .bind(request_ids)
+        .fetch_all(&self.read)
+        .await
+        .map_err(db("read request statuses"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(request_id, status, changed_at)| RequestStatusRow {
+                request_id,
+                status: status
+                    .parse()
+                    .map_err(|error| StoreError::Malformed { request_id, error }),
+                changed_at,
+            })
+            .collect())
+    }
+
+    /// The current fencing token of a shard, if it was ever fenced.
+    pub async fn shard_token(
+        &self,
+        shard_count: u32,
+        shard: u32,
+    ) -> Result<Option<i64>, StoreError> {
+        let row: Option<(i64,)> =
+            sqlx::query_as("SELECT token FROM shard_fence WHERE shard_count = $1 AND shard = $2")
+                .bind(shard_count as i32)
+                .bind(shard as i32)
+                .fetch_optional(&self.primary)
+                .await
+                .map_err(db("read shard token"))?;
+        Ok(row.map(|(t,)| t))
+    }
+
+    /// Raises a shard's fencing token to `token` for `holder`, and recovers
+    /// every claim of the shard made under an older token (back to
+    /// RETRY_WAITING, due now, retry_count + 1, with a memo), in one
+    /// transaction. `None` when the shard already has a token at or above
+    /// `token`: someone acquired it later, nothing was written.
+    pub async fn fence_shard(
+        &self,
+        shard_count: u32,
+        shard: u32,
+        token: i64,
+        holder: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let mut tx = self.begin("fence shard").await?;
+        // The row lock waits for claims that share-locked the old token;
+        // the recovery below is a new statement, so it sees their rows.
+        let raised: Option<(i64,)> = sqlx::query_as(
+            "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (shard_count, shard) DO UPDATE
+                SET token = EXCLUDED.token, holder = EXCLUDED.holder, fenced_at = EXCLUDED.fenced_at
+              WHERE shard_fence.token < EXCLUDED.token
+             RETURNING token",
+        )
+        .bind(shard_count as i32)
+        .bind(shard as i32)
+        .bind(token)
+        .bind(holder)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("fence shard: raise token"))?;
+        if raised.is_none() {
+            return Ok(None);
+        }
+        let recovered: Vec<(i64,)> = sqlx::query_as(
+            "WITH orphaned AS (
+                 UPDATE auto_approve_state
+                    SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = $5,
+                        retry_count = retry_count + 1,
+                        last_reason = 'recovered: shard ' || $2 || ' moved to ' || $4
+                  WHERE status = 'IN_PROGRESS' AND request_id % $1 = $2 AND fencing_token < $3
+                 RETURNING request_id, holder
+             ), memo AS (
+                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 SELECT request_id, $5, 'autoapproval-cleanser',
+                        'auto-approval was interrupted on ' || holder || '; retrying'
+                   FROM orphaned
+             )
+             SELECT request_id FROM orphaned ORDER BY request_id",
+        )
+        .bind(i64::from(shard_count))
+        .bind(i64::from(shard))
+        .bind(token)
+        .bind(holder)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("fence shard: recover orphaned claims"))?;
+        tx.commit().await.map_err(db("fence shard: commit"))?;
+        Ok(Some(recovered.into_iter().map(|(id,)| id).collect()))
     }
 
     /// One round-trip to the primary, for the readiness probe.

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -54,6 +55,18 @@ pub struct Metrics {
     notify_wakeups: Counter,
     crs_created: Counter,
     events: Family<ReasonLabel, Counter>,
+    shards_held: Gauge,
+    leader: Gauge,
+    shard_acquisitions: Family<KindLabel, Counter>,
+    shard_losses: Counter,
+    lease_renew_failures: Counter,
+    leadership_losses: Counter,
+    crs_collected: Family<ReasonLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -155,8 +168,57 @@ impl Metrics {
             "Kubernetes Events published by reason",
             events.clone(),
         );
+        let shards_held = Gauge::default();
+        registry.register(
+            "shards_held",
+            "Shard Leases this replica holds",
+            shards_held.clone(),
+        );
+        let leader = Gauge::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        let shard_acquisitions = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "shard_acquisitions",
+            "Shards acquired: kind=free (never held or released) or failover (taken from a holder whose Lease expired)",
+            shard_acquisitions.clone(),
+        );
+        let shard_losses = Counter::default();
+        registry.register(
+            "shard_losses",
+            "Shards lost to another replica without handing them back",
+            shard_losses.clone(),
+        );
+        let lease_renew_failures = Counter::default();
+        registry.register(
+            "lease_renew_failures",
+            "Lease calls that failed (list, renew, acquire)",
+            lease_renew_failures.clone(),
+        );
+        let leadership_losses = Counter::default();
+        registry.register(
+            "leadership_losses",
+            "Times the leader Lease was lost without handing it back",
+            leadership_losses.clone(),
+        );
+        let crs_collected = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "crs_collected",
+            "AutoApproval CRs deleted by the garbage collector, by reason",
+            crs_collected.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            shards_held,
+            leader,
+            shard_acquisitions,
+            shard_losses,
+            lease_renew_failures,
+            leadership_losses,
+            crs_collected,
             reconcile_duration,
             turn_candidates,
             notify_wakeups,
@@ -281,6 +343,51 @@ impl Metrics {
     /// Counts a published Event.
     pub fn event(&self, reason: &str) {
         self.events
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Records the coordination state: shards held and leadership.
+    pub fn coordination(&self, shards_held: usize, leader: bool) {
+        self.shards_held.set(shards_held as i64);
+        self.leader.set(i64::from(leader));
+    }
+
+    /// Counts a shard acquired; `failover` when taken from an expired holder.
+    pub fn shard_acquired(&self, failover: bool) {
+        let kind = if failover { "failover" } else { "free" };
+        self.shard_acquisitions
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .inc();
+    }
+
+    /// How many shards were acquired by `kind` (`free` or `failover`).
+    pub fn shard_acquisitions(&self, kind: &str) -> u64 {
+        self.shard_acquisitions
+            .get_or_create(&KindLabel { kind: kind.into() })
+            .get()
+    }
+
+    /// Counts a shard lost to another replica.
+    pub fn shard_lost(&self) {
+        self.shard_losses.inc();
+    }
+
+    /// Counts a failed Lease call.
+    pub fn lease_renew_failure(&self) {
+        self.lease_renew_failures.inc();
+    }
+
+    /// Counts a lost leadership.
+    pub fn leadership_lost(&self) {
+        self.leadership_losses.inc();
+    }
+
+    /// Counts a CR deleted by the garbage collector.
+    pub fn cr_collected(&self, reason: &str) {
+        self.crs_collected
             .get_or_create(&ReasonLabel {
                 reason: reason.into(),
             })

@@ -11,7 +11,9 @@ use crate::retry::RetryPolicy;
 use crate::store::DatabaseConfig;
 
 use super::discovery::DiscoverySettings;
+use super::gc::GcSettings;
 use super::reconcile::ReconcileSettings;
+use crate::coordination::CoordinationSettings;
 
 /// Arguments of `run`.
 #[derive(clap::Args, Clone, Debug)]
@@ -87,9 +89,27 @@ pub struct ControllerArgs {
     /// Delay between cleanser passes.
     #[arg(long, env = "AUTOAPPROVAL_CLEANSE_INTERVAL", default_value = "1m", value_parser = parse_duration)]
     pub cleanse_interval: Duration,
-    /// A claim untouched this long is stuck; must be well above the heartbeat interval.
+    /// A claim untouched this long is stuck; must be at least 3 × --heartbeat-interval and 2 × --processing-timeout.
     #[arg(long, env = "AUTOAPPROVAL_STUCK_THRESHOLD", default_value = "5m", value_parser = parse_duration)]
     pub stuck_threshold: Duration,
+    /// A shard or leader Lease not renewed for this long may be taken by another replica.
+    #[arg(long, env = "AUTOAPPROVAL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub lease_duration: Duration,
+    /// A replica that could not renew a Lease for this long stops claiming under it.
+    #[arg(long, env = "AUTOAPPROVAL_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub renew_deadline: Duration,
+    /// Delay between coordination turns (renew, acquire, balance).
+    #[arg(long, env = "AUTOAPPROVAL_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub retry_period: Duration,
+    /// A chain running longer than this is stopped and retried with backoff.
+    #[arg(long, env = "AUTOAPPROVAL_PROCESSING_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
+    pub processing_timeout: Duration,
+    /// Delay between passes of the leader's CR garbage collector.
+    #[arg(long, env = "AUTOAPPROVAL_GC_INTERVAL", default_value = "1m", value_parser = parse_duration)]
+    pub gc_interval: Duration,
+    /// How long the CR of a finished request stays before it is deleted.
+    #[arg(long, env = "AUTOAPPROVAL_FINISHED_TTL", default_value = "1h", value_parser = parse_duration)]
+    pub finished_ttl: Duration,
     /// A chain running longer than this shows InProgress on its CR.
     #[arg(long, env = "AUTOAPPROVAL_IN_PROGRESS_AFTER", default_value = "1s", value_parser = parse_duration)]
     pub in_progress_after: Duration,
@@ -130,6 +150,10 @@ pub struct Settings {
     pub discovery: DiscoverySettings,
     /// Reconcile settings.
     pub reconcile: ReconcileSettings,
+    /// Lease coordination.
+    pub coordination: CoordinationSettings,
+    /// The CR garbage collector.
+    pub gc: GcSettings,
 }
 
 impl Settings {
@@ -154,6 +178,8 @@ impl Settings {
                 retry_limit: crate::domain::DEFAULT_RETRY_LIMIT,
             },
             reconcile: ReconcileSettings::default(),
+            coordination: CoordinationSettings::default(),
+            gc: GcSettings::default(),
         }
     }
 }
@@ -221,12 +247,37 @@ impl ControllerArgs {
             ));
         }
         let heartbeat = positive("--heartbeat-interval", self.heartbeat_interval)?;
+        let processing_timeout = positive("--processing-timeout", self.processing_timeout)?;
         let stuck = positive("--stuck-threshold", self.stuck_threshold)?;
         if stuck < heartbeat.saturating_mul(3) {
             return Err(refuse(
                 "--stuck-threshold",
                 format_duration(stuck),
                 "must be at least 3 × --heartbeat-interval, or live claims look stuck",
+            ));
+        }
+        if stuck < processing_timeout.saturating_mul(2) {
+            return Err(refuse(
+                "--stuck-threshold",
+                format_duration(stuck),
+                "must be at least 2 × --processing-timeout, or a slow live chain looks stuck",
+            ));
+        }
+        let retry_period = positive("--retry-period", self.retry_period)?;
+        let renew_deadline = positive("--renew-deadline", self.renew_deadline)?;
+        if renew_deadline <= retry_period {
+            return Err(refuse(
+                "--renew-deadline",
+                format_duration(renew_deadline),
+                "must be above --retry-period, or a held Lease lapses between two renews",
+            ));
+        }
+        let lease_duration = positive("--lease-duration", self.lease_duration)?;
+        if lease_duration <= renew_deadline {
+            return Err(refuse(
+                "--lease-duration",
+                format_duration(lease_duration),
+                "must be above --renew-deadline, or a new holder could claim before the old one stops",
             ));
         }
         s.listen = self.listen;
@@ -245,6 +296,17 @@ impl ControllerArgs {
                 limit: self.retry_limit,
             },
             heartbeat_interval: heartbeat,
+            processing_timeout,
+        };
+        s.coordination = CoordinationSettings {
+            shard_count: self.shards,
+            lease_duration,
+            renew_deadline,
+            retry_period,
+        };
+        s.gc = GcSettings {
+            interval: positive("--gc-interval", self.gc_interval)?,
+            finished_ttl: self.finished_ttl,
         };
         s.discovery = DiscoverySettings {
             poll_period: positive("--poll-period", self.poll_period)?,
@@ -291,6 +353,11 @@ mod tests {
         assert_eq!(s.approver.retry, d.approver.retry);
         assert_eq!(s.stuck_threshold, d.stuck_threshold);
         assert!(s.discovery.notify);
+        assert_eq!(s.coordination.lease_duration, d.coordination.lease_duration);
+        assert_eq!(s.coordination.renew_deadline, d.coordination.renew_deadline);
+        assert_eq!(s.coordination.retry_period, d.coordination.retry_period);
+        assert_eq!(s.gc.finished_ttl, d.gc.finished_ttl);
+        assert_eq!(s.approver.processing_timeout, d.approver.processing_timeout);
     }
 
     #[test]
@@ -310,6 +377,11 @@ mod tests {
                 "--transient-retry-max",
             ),
             (&["--stuck-threshold", "20s"], "--stuck-threshold"),
+            (&["--processing-timeout", "3m"], "--stuck-threshold"),
+            (&["--renew-deadline", "2s"], "--renew-deadline"),
+            (&["--lease-duration", "10s"], "--lease-duration"),
+            (&["--retry-period", "0"], "--retry-period"),
+            (&["--gc-interval", "0"], "--gc-interval"),
         ] {
             let err = settings(args).unwrap_err();
             assert_eq!(err.flag, flag, "{args:?}");

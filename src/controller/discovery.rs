@@ -5,6 +5,7 @@
 //! level-triggered safety net.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -19,8 +20,9 @@ use tracing::{debug, info, warn};
 use super::crd::{self, ApprovalType, AutoApproval, FIELD_MANAGER};
 use crate::approval::TurnConfig;
 use crate::clock::SharedClock;
+use crate::coordination::Shards;
 use crate::domain::{Candidate, RequestType};
-use crate::store::{RequestChange, Store, StoreError};
+use crate::store::{RequestChange, ShardFilter, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// Timings and scope of discovery.
@@ -64,6 +66,8 @@ pub struct Discovery {
     pub metrics: Metrics,
     /// Settings.
     pub settings: DiscoverySettings,
+    /// The shards this replica holds: discovery touches no other.
+    pub shards: Arc<Shards>,
 }
 
 /// What one turn did.
@@ -83,10 +87,13 @@ impl Discovery {
     /// Runs until `stopping` turns true. `deleted` carries the request ids
     /// of CRs deleted from the API server: a CR whose request is still open
     /// is put back at once, since the DB, not the CR, says what is left.
+    /// `acquired` carries shards just acquired: their CRs are reconciled and
+    /// a turn looks for their new candidates.
     pub async fn run(
         self,
         mut stopping: watch::Receiver<bool>,
         mut deleted: mpsc::UnboundedReceiver<i64>,
+        mut acquired: mpsc::UnboundedReceiver<u32>,
     ) {
         let (changes_tx, mut changes) = mpsc::unbounded();
         if self.settings.notify {
@@ -112,6 +119,14 @@ impl Discovery {
                     self.restore(&drain_ids(first, &mut deleted)).await;
                     continue;
                 }
+                Some(first) = acquired.next() => {
+                    let mut shards = BTreeSet::from([first]);
+                    while let Ok(shard) = acquired.try_recv() {
+                        shards.insert(shard);
+                    }
+                    self.reconcile_shards(&shards);
+                    Vec::new()
+                }
                 () = stopped(&mut stopping) => return,
             };
             if !woken.is_empty() {
@@ -132,11 +147,30 @@ impl Discovery {
         }
     }
 
+    /// Reconciles every cached CR of `shards` (just acquired: the previous
+    /// holder's requeue timers are gone with it).
+    fn reconcile_shards(&self, shards: &BTreeSet<u32>) {
+        let mut n = 0;
+        for cr in self.cache.state() {
+            if shards.contains(&self.shards.shard_of(cr.spec.request_id)) {
+                let _ = self.trigger.unbounded_send(self.key(cr.spec.request_id));
+                n += 1;
+            }
+        }
+        debug!(?shards, crs = n, "reconciling the CRs of acquired shards");
+    }
+
+    fn is_ours(&self, request_id: i64) -> bool {
+        self.shards
+            .workable()
+            .contains(&self.shards.shard_of(request_id))
+    }
+
     /// Puts back the CRs of deleted AutoApprovals whose request is still
     /// open; a finished or unknown request's CR stays deleted.
     async fn restore(&self, request_ids: &[i64]) {
         for &request_id in request_ids {
-            if self.cache.get(&self.key(request_id)).is_some() {
+            if !self.is_ours(request_id) || self.cache.get(&self.key(request_id)).is_some() {
                 continue;
             }
             let request = match self.store.request(request_id).await {
@@ -160,6 +194,15 @@ impl Discovery {
 
     /// Cuts short the waits of changed requests and reconciles their CRs.
     async fn wake(&self, changed: &[i64]) -> Result<(), DiscoveryError> {
+        let changed: Vec<i64> = changed
+            .iter()
+            .copied()
+            .filter(|id| self.is_ours(*id))
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let changed = &changed[..];
         let now = self.clock.now();
         let woken = self.store.wake(changed, now).await?;
         if !woken.is_empty() {
@@ -179,11 +222,22 @@ impl Discovery {
     pub async fn turn(&self) -> Result<TurnSummary, DiscoveryError> {
         let now = self.clock.now();
         let mut summary = TurnSummary::default();
+        let held = self.shards.workable();
+        if held.is_empty() {
+            debug!("no shard held: no discovery turn");
+            return Ok(summary);
+        }
+        let filter = ShardFilter {
+            shard_count: i64::from(self.shards.shard_count()),
+            shards: held.into_iter().map(i64::from).collect(),
+        };
         for request_type in RequestType::AUTO_APPROVABLE {
-            let query =
-                self.settings
-                    .turn
-                    .query(request_type, now, self.settings.retry_limit, None);
+            let query = self.settings.turn.query(
+                request_type,
+                now,
+                self.settings.retry_limit,
+                Some(filter.clone()),
+            );
             let found = self.store.candidates(&query).await?;
             self.metrics
                 .candidates(request_type.as_str(), found.len() as u64);

@@ -4,13 +4,14 @@
 pub mod config;
 pub mod crd;
 pub mod discovery;
+pub mod gc;
 pub mod reconcile;
 pub mod status;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::{StreamExt, TryStreamExt};
@@ -19,12 +20,13 @@ use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
+use tokio::time::MissedTickBehavior;
 use tracing::{info, warn};
 
 use crate::approval::Approver;
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
-use crate::domain::Fence;
+use crate::coordination::Coordinator;
 use crate::endpoints::Health;
 use crate::external::ExternalSystems;
 use crate::store::{Store, StoreError};
@@ -33,6 +35,7 @@ use crate::telemetry::Metrics;
 use self::config::Settings;
 use self::crd::AutoApproval;
 use self::discovery::Discovery;
+use self::gc::Collector;
 use self::reconcile::Context;
 
 /// The name Events are reported under.
@@ -62,18 +65,6 @@ pub struct Parts {
     pub health: Option<Health>,
 }
 
-/// This replica's fence: its name, and a token that differs at every start
-/// so a restarted replica never passes for its former self.
-pub fn fence_for(replica_name: &str) -> Fence {
-    let token = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64);
-    Fence {
-        holder: replica_name.to_owned(),
-        token,
-    }
-}
-
 /// Runs the controller until `shutdown` resolves, then stops claiming, lets
 /// in-flight chains finish within the grace period and releases the rest.
 pub async fn run_until(
@@ -89,7 +80,6 @@ pub async fn run_until(
         metrics,
         health,
     } = parts;
-    let fence = fence_for(&settings.replica_name);
     let api: Api<AutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
     let approver = Arc::new(Approver::new(
         store.clone(),
@@ -99,6 +89,23 @@ pub async fn run_until(
         settings.approver.clone(),
     ));
     let (stop_tx, stop_rx) = watch::channel(false);
+    let cleanser = Arc::new(Cleanser::new(
+        store.clone(),
+        clock.clone(),
+        metrics.clone(),
+        settings.stuck_threshold,
+    ));
+    let (coordinator, coordination) = Coordinator::new(
+        Api::namespaced(client.clone(), &settings.namespace),
+        &settings.replica_name,
+        cleanser.clone(),
+        clock.clone(),
+        metrics.clone(),
+        settings.coordination.clone(),
+    );
+    let shards = coordination.shards.clone();
+    let (release_tx, release_rx) = watch::channel(false);
+    let coordinator = tokio::spawn(coordinator.run(release_rx));
 
     // Only spec changes (generation) trigger a reconcile from the watch: our
     // own status writes would otherwise come straight back as work. A
@@ -125,7 +132,7 @@ pub async fn run_until(
         approver: approver.clone(),
         api: api.clone(),
         recorder: Recorder::new(client.clone(), reporter),
-        fence: fence.clone(),
+        shards: shards.clone(),
         clock: clock.clone(),
         metrics: metrics.clone(),
         settings: settings.reconcile.clone(),
@@ -152,6 +159,14 @@ pub async fn run_until(
             info!("AutoApproval cache synced");
         });
     }
+    let collector = Collector {
+        api: api.clone(),
+        cache: cache.clone(),
+        store: store.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        settings: settings.gc.clone(),
+    };
     let discovery = Discovery {
         store: store.clone(),
         api,
@@ -160,19 +175,21 @@ pub async fn run_until(
         clock: clock.clone(),
         metrics: metrics.clone(),
         settings: settings.discovery.clone(),
+        shards: shards.clone(),
     };
-    let discovery = tokio::spawn(discovery.run(stop_rx.clone(), deleted_rx));
-    let cleanser = Cleanser::new(
-        store.clone(),
-        clock.clone(),
-        metrics,
-        settings.stuck_threshold,
-    );
-    let cleanser = tokio::spawn(cleanse_every(cleanser, settings.cleanse_interval, stop_rx));
+    let discovery = tokio::spawn(discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired));
+    let leading = tokio::spawn(lead(
+        cleanser,
+        collector,
+        settings.cleanse_interval,
+        coordination.leader,
+        stop_rx,
+    ));
 
     info!(
-        replica = %fence.holder,
+        replica = %settings.replica_name,
         namespace = %settings.namespace,
+        shards = settings.coordination.shard_count,
         "controller started"
     );
     let mut controller = Box::pin(controller);
@@ -180,21 +197,26 @@ pub async fn run_until(
         () = &mut controller => warn!("controller stream ended"),
         () = shutdown => {
             info!(grace = ?settings.shutdown_grace, "shutting down: no new claims");
+            shards.stop_claiming();
             let _ = stop_tx.send(true);
             if tokio::time::timeout(settings.shutdown_grace, &mut controller).await.is_err() {
                 warn!("grace period over with chains still running");
             }
         }
     }
+    shards.stop_claiming();
     let _ = stop_tx.send(true);
-    // Dropping the controller aborts whatever still runs; then its claims go back.
+    // Dropping the controller aborts whatever still runs; then its claims go
+    // back, and only then the Leases, so the next holder finds them due.
     drop(controller);
     let _ = discovery.await;
-    let _ = cleanser.await;
+    let _ = leading.await;
     let released = store
-        .release_all(&fence, clock.now())
-        .await
-        .map_err(ControllerError::Release)?;
+        .release_all(&settings.replica_name, &shards.tokens(), clock.now())
+        .await;
+    let _ = release_tx.send(true);
+    let _ = coordinator.await;
+    let released = released.map_err(ControllerError::Release)?;
     for request_id in &released {
         info!(request_id, "claim released at shutdown");
     }
@@ -202,14 +224,39 @@ pub async fn run_until(
     Ok(())
 }
 
-async fn cleanse_every(cleanser: Cleanser, every: Duration, mut stopping: watch::Receiver<bool>) {
+/// While this replica leads: the cleanser and the CR garbage collector,
+/// each on its own interval. Leadership lost stops both until regained.
+async fn lead(
+    cleanser: Arc<Cleanser>,
+    collector: Collector,
+    cleanse_every: Duration,
+    mut leader: watch::Receiver<bool>,
+    mut stopping: watch::Receiver<bool>,
+) {
     loop {
         tokio::select! {
-            () = tokio::time::sleep(every) => {}
+            led = async { leader.wait_for(|l| *l).await.map(|_| ()) } => if led.is_err() { return },
             () = discovery::stopped(&mut stopping) => return,
         }
-        if let Err(error) = cleanser.run_once().await {
-            warn!(%error, "cleanser pass failed");
+        let mut cleanse = tokio::time::interval(cleanse_every);
+        let mut collect = tokio::time::interval(collector.settings.interval);
+        cleanse.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        collect.set_missed_tick_behavior(MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = cleanse.tick() => {
+                    if let Err(error) = cleanser.run_once().await {
+                        warn!(%error, "cleanser pass failed");
+                    }
+                }
+                _ = collect.tick() => {
+                    if let Err(error) = collector.run_once().await {
+                        warn!(%error, "CR garbage collection failed");
+                    }
+                }
+                _ = async { leader.wait_for(|l| !*l).await.map(|_| ()) } => break,
+                () = discovery::stopped(&mut stopping) => return,
+            }
         }
     }
 }

@@ -18,7 +18,8 @@ use super::crd::{AutoApproval, FIELD_MANAGER, Phase};
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
-use crate::domain::{Candidate, DECIDED_BY_US, Fence, Request, RequestStatus, State, StateStatus};
+use crate::coordination::{ShardGuard, Shards};
+use crate::domain::{Candidate, DECIDED_BY_US, Request, RequestStatus, State, StateStatus};
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
@@ -81,8 +82,8 @@ pub struct Context {
     pub api: Api<AutoApproval>,
     /// Publishes Events.
     pub recorder: Recorder,
-    /// This replica's fence.
-    pub fence: Fence,
+    /// The shards this replica holds: it reconciles no other.
+    pub shards: Arc<Shards>,
     /// The clock.
     pub clock: SharedClock,
     /// Metrics.
@@ -98,7 +99,19 @@ pub struct Context {
 /// The reconcile function given to kube-runtime's Controller.
 pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
     let started = Instant::now();
-    let result = Reconcile { cr: &cr, ctx: &ctx }.run().await;
+    let shard = ctx.shards.shard_of(cr.spec.request_id);
+    // Not ours now: the holder reconciles it, and acquiring the shard
+    // triggers a reconcile of every CR in it.
+    let Some(guard) = ctx.shards.guard(shard) else {
+        return Ok(Action::await_change());
+    };
+    let result = Reconcile {
+        cr: &cr,
+        ctx: &ctx,
+        guard: &guard,
+    }
+    .run()
+    .await;
     let label = if result.is_ok() { "ok" } else { "error" };
     ctx.metrics
         .reconcile(label, started.elapsed().as_secs_f64());
@@ -131,6 +144,7 @@ pub fn error_policy(cr: Arc<AutoApproval>, error: &ReconcileError, ctx: Arc<Cont
 struct Reconcile<'a> {
     cr: &'a AutoApproval,
     ctx: &'a Context,
+    guard: &'a ShardGuard,
 }
 
 impl Reconcile<'_> {
@@ -233,13 +247,13 @@ impl Reconcile<'_> {
         let attempt =
             self.ctx
                 .approver
-                .attempt_since(candidate, &self.ctx.fence, Some(eligible_at));
+                .attempt_since(candidate, self.guard.fence(), Some(eligible_at));
         tokio::pin!(attempt);
         let outcome = tokio::select! {
             outcome = &mut attempt => outcome,
             () = tokio::time::sleep(self.ctx.settings.in_progress_after) => {
                 let view = Observed {
-                    holder: Some(self.ctx.fence.holder.clone()),
+                    holder: Some(self.ctx.shards.identity().to_owned()),
                     ..Observed::phase(Phase::InProgress, None)
                 };
                 if let Err(error) = self.write(view).await {
@@ -256,7 +270,7 @@ impl Reconcile<'_> {
         outcome: AttemptOutcome,
         before: Option<&State>,
     ) -> Result<Action, ReconcileError> {
-        let holder = Some(self.ctx.fence.holder.clone());
+        let holder = Some(self.ctx.shards.identity().to_owned());
         let retries_before = before.map_or(0, |s| s.retry_count);
         match outcome {
             AttemptOutcome::Approved => {

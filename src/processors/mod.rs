@@ -75,6 +75,14 @@ impl RetryReason {
         }
     }
 
+    /// A transient failure of our own (a timeout): backs off exponentially.
+    pub fn transient(reason: impl Into<String>) -> Self {
+        Self {
+            class: RetryClass::Transient,
+            reason: reason.into(),
+        }
+    }
+
     /// A failed external call: transient errors back off, refusals wait long.
     pub fn external(error: &ExternalError) -> Self {
         let class = match error.kind {

@@ -69,10 +69,7 @@ impl Env {
 
 /// The fence of a test worker.
 pub fn fence(holder: &str, token: i64) -> Fence {
-    Fence {
-        holder: holder.into(),
-        token,
-    }
+    Fence::new(holder, token)
 }
 
 /// A request row to insert; `ready_owner`/`ready_ad` meet every condition.

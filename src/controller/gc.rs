@@ -1,0 +1,140 @@
+//! The CR garbage collector, run by the leader: the CR of a finished
+//! request goes after a TTL, the CR of a request that no longer exists goes
+//! at the first pass after it is one interval old. Deleting loses nothing: the DB is the truth, and discovery puts
+//! back the CR of any request that is still open.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Preconditions};
+use kube::runtime::reflector::Store as Cache;
+use tracing::{info, warn};
+
+use super::crd::AutoApproval;
+use crate::clock::SharedClock;
+use crate::store::{Store, StoreError};
+use crate::telemetry::Metrics;
+
+/// Settings of the garbage collector.
+#[derive(Clone, Debug)]
+pub struct GcSettings {
+    /// Delay between passes.
+    pub interval: Duration,
+    /// How long the CR of a finished request stays.
+    pub finished_ttl: Duration,
+}
+
+impl Default for GcSettings {
+    fn default() -> Self {
+        Self {
+            interval: Duration::from_secs(60),
+            finished_ttl: Duration::from_secs(3600),
+        }
+    }
+}
+
+/// What one pass deleted.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GcReport {
+    /// CRs of requests finished longer than the TTL ago.
+    pub finished: Vec<i64>,
+    /// CRs of requests that do not exist.
+    pub vanished: Vec<i64>,
+}
+
+/// The garbage collector.
+pub struct Collector {
+    /// The CRs' namespace.
+    pub api: Api<AutoApproval>,
+    /// The controller's CR cache.
+    pub cache: Cache<AutoApproval>,
+    /// The store.
+    pub store: Store,
+    /// The clock.
+    pub clock: SharedClock,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Settings.
+    pub settings: GcSettings,
+}
+
+impl Collector {
+    /// One pass over the cached CRs.
+    pub async fn run_once(&self) -> Result<GcReport, StoreError> {
+        let crs = self.cache.state();
+        let ids: Vec<i64> = crs.iter().map(|cr| cr.spec.request_id).collect();
+        let mut report = GcReport::default();
+        if ids.is_empty() {
+            return Ok(report);
+        }
+        let rows: HashMap<i64, _> = self
+            .store
+            .request_statuses(&ids)
+            .await?
+            .into_iter()
+            .map(|row| (row.request_id, row))
+            .collect();
+        let now = self.clock.now();
+        let ttl =
+            chrono::Duration::from_std(self.settings.finished_ttl).unwrap_or(chrono::Duration::MAX);
+        for cr in &crs {
+            let id = cr.spec.request_id;
+            let reason = match rows.get(&id) {
+                // A CR created moments ago may name a request not yet
+                // visible (or a typo the holder is reporting as Invalid):
+                // it gets one interval before it counts as vanished.
+                None if self.age(cr, now) < self.settings.interval => continue,
+                None => "vanished",
+                Some(row) => match &row.status {
+                    Ok(status) if !status.is_open() && row.changed_at + ttl <= now => "finished",
+                    Ok(_) => continue,
+                    Err(error) => {
+                        warn!(request_id = id, %error, "cannot tell whether the request is finished; CR kept");
+                        continue;
+                    }
+                },
+            };
+            if self.delete(cr).await {
+                self.metrics.cr_collected(reason);
+                info!(
+                    request_id = id,
+                    reason, "AutoApproval deleted by the garbage collector"
+                );
+                match reason {
+                    "vanished" => report.vanished.push(id),
+                    _ => report.finished.push(id),
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    fn age(&self, cr: &AutoApproval, now: chrono::DateTime<chrono::Utc>) -> Duration {
+        cr.metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|t| chrono::DateTime::from_timestamp_micros(t.0.as_microsecond()))
+            .and_then(|created| (now - created).to_std().ok())
+            .unwrap_or_default()
+    }
+
+    /// Deletes exactly the CR seen (by uid), not a newer one of the same name.
+    async fn delete(&self, cr: &AutoApproval) -> bool {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: cr.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(&cr.name_any(), &params).await {
+            Ok(_) => true,
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => false,
+            Err(error) => {
+                warn!(request_id = cr.spec.request_id, %error, "could not delete AutoApproval");
+                false
+            }
+        }
+    }
+}
