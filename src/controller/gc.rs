@@ -1,7 +1,8 @@
 //! The CR garbage collector, run by the leader: the CR of a finished
 //! request goes after a TTL, the CR of a request that no longer exists goes
-//! at the first pass after it is one interval old. Deleting loses nothing: the DB is the truth, and discovery puts
-//! back the CR of any request that is still open.
+//! at the first pass after it is one interval old. Deleting loses nothing:
+//! the DB is the truth, and discovery puts back the CR of any request that
+//! is still open.
 
 use std::collections::HashMap;
 use std::time::Duration;
