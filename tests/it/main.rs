@@ -6,6 +6,7 @@ mod claims;
 mod cleanser;
 mod controller;
 mod external;
+mod fencing;
 mod malformed;
 mod migrate;
 mod retry;

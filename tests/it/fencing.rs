@@ -1,0 +1,246 @@
+//! Fencing by the shard's generation: a replica that lost its shard can
+//! neither claim nor write once the new owner has fenced the shard.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
+use autoapproval::clock::SystemClock;
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
+use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::sim::{Faults, SimOptions, SimSystem, Simulator};
+use autoapproval::store::{ClaimOutcome, Completion, Store};
+use autoapproval::telemetry::Metrics;
+use chrono::Utc;
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+
+use crate::controller::eventually;
+use crate::support::{NewRequest, request_view, t0};
+
+const K: u32 = 4;
+
+fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id,
+    }
+}
+
+#[sqlx::test]
+async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
+    // Requests 1 and 5 are both in shard 1 of 4.
+    NewRequest::ready_owner(1).insert(&pool).await;
+    NewRequest::ready_owner(5).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool.clone());
+    let a = Fence::sharded("a", 1, K);
+    let b = Fence::sharded("b", 2, K);
+
+    assert_eq!(
+        store
+            .claim(&candidate(1, None), &a, t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost,
+        "no claim before the shard is fenced at the claimer's token"
+    );
+    assert_eq!(
+        store.fence_shard(K, 1, 1, "a", t0()).await.unwrap(),
+        Some(vec![])
+    );
+    let ClaimOutcome::Won(claim_a) = store
+        .claim(&candidate(1, None), &a, t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("a holds shard 1 at token 1");
+    };
+
+    // "b" acquires the shard: a's claim comes back, due at once, with a memo.
+    let recovered = store.fence_shard(K, 1, 2, "b", t0()).await.unwrap();
+    assert_eq!(recovered, Some(vec![1]));
+    assert_eq!(
+        store.fence_shard(K, 1, 2, "a", t0()).await.unwrap(),
+        None,
+        "a token is raised only upwards"
+    );
+    assert_eq!(store.shard_token(K, 1).await.unwrap(), Some(2));
+
+    // Everything "a" tries now is refused.
+    assert!(!store.heartbeat(&claim_a, "OWNER", t0()).await.unwrap());
+    assert!(!store.save_owner_number(&claim_a, 77).await.unwrap());
+    assert!(!store.release(&claim_a, t0()).await.unwrap());
+    assert_eq!(
+        store.complete(&claim_a, t0()).await.unwrap(),
+        Completion::Stale
+    );
+    assert_eq!(
+        store
+            .claim(&candidate(5, None), &a, t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap(),
+        ClaimOutcome::Lost,
+        "no new claim in the shard under the old token"
+    );
+
+    // "b" claims the recovered request and approves it.
+    let state = store.state(1).await.unwrap().expect("state row");
+    assert_eq!(
+        state.last_reason.as_deref(),
+        Some("recovered: shard 1 moved to b")
+    );
+    let ClaimOutcome::Won(claim_b) = store
+        .claim(&candidate(1, Some(state.id)), &b, t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("b claims the recovered request");
+    };
+    assert_eq!(
+        store.complete(&claim_b, t0()).await.unwrap(),
+        Completion::Approved
+    );
+    assert_eq!(
+        request_view(&pool, 1).await.owner_number,
+        None,
+        "a's result was not saved"
+    );
+    let memos = store.memos(1).await.unwrap();
+    assert!(
+        memos.iter().any(|m| m.contains("interrupted on a")),
+        "{memos:?}"
+    );
+}
+
+/// A pool whose connections name `app` in `application_name`, so the audit
+/// trigger can tell the replicas' writes apart.
+async fn pool_named(pool: &PgPool, app: &str) -> PgPool {
+    let options = (*pool.connect_options()).clone().application_name(app);
+    PgPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options)
+        .await
+        .expect("named pool")
+}
+
+/// Records every row written to the request and state tables, by whom.
+async fn install_audit(pool: &PgPool) {
+    for sql in [
+        "CREATE TABLE write_audit (seq BIGSERIAL PRIMARY KEY, app TEXT, tbl TEXT, op TEXT, holder TEXT)",
+        "CREATE FUNCTION audit_write() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO write_audit (app, tbl, op, holder)
+             VALUES (current_setting('application_name'), TG_TABLE_NAME, TG_OP,
+                     (CASE WHEN TG_OP = 'DELETE' THEN to_jsonb(OLD) ELSE to_jsonb(NEW) END) ->> 'holder');
+             RETURN NULL;
+         END $$",
+        "CREATE TRIGGER audit_state AFTER INSERT OR UPDATE OR DELETE ON auto_approve_state
+         FOR EACH ROW EXECUTE FUNCTION audit_write()",
+        "CREATE TRIGGER audit_request AFTER UPDATE ON approval_request
+         FOR EACH ROW EXECUTE FUNCTION audit_write()",
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .expect("audit");
+    }
+}
+
+#[sqlx::test]
+async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_owner_claimed(
+    pool: PgPool,
+) {
+    install_audit(&pool).await;
+    NewRequest::ready_owner(1)
+        .sorted_at(Utc::now())
+        .insert(&pool)
+        .await;
+    // The owner service answers slowly: replica a is mid-chain when b takes over.
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        .await
+        .expect("simulator");
+    sim.set_faults(Faults {
+        latency: Duration::from_millis(1500),
+        system: Some(SimSystem::Owner),
+        ..Faults::default()
+    })
+    .expect("faults");
+    let approver = |pool: PgPool| {
+        let external = HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))
+            .expect("external clients");
+        Arc::new(Approver::new(
+            Store::new(pool.clone(), pool),
+            external,
+            Arc::new(SystemClock),
+            Metrics::new(),
+            ApproverConfig {
+                heartbeat_interval: Duration::from_millis(200),
+                ..ApproverConfig::default()
+            },
+        ))
+    };
+    let replica_a = approver(pool_named(&pool, "replica-a").await);
+    let replica_b = approver(pool_named(&pool, "replica-b").await);
+    let store = Store::new(pool.clone(), pool.clone());
+    store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
+
+    let a = tokio::spawn({
+        let replica_a = replica_a.clone();
+        async move {
+            replica_a
+                .attempt(&candidate(1, None), &Fence::sharded("a", 1, K))
+                .await
+        }
+    });
+    eventually("replica a to be calling the owner service", || async {
+        (sim.stats().in_flight.owner > 0).then_some(())
+    })
+    .await;
+
+    // b acquires the shard (the Lease expired, say) and fences it.
+    let recovered = store.fence_shard(K, 1, 2, "b", Utc::now()).await.unwrap();
+    assert_eq!(recovered, Some(vec![1]));
+    let state = store.state(1).await.unwrap().expect("recovered row");
+    sim.set_faults(Faults::default()).expect("faults");
+    let b_outcome = replica_b
+        .attempt(&candidate(1, Some(state.id)), &Fence::sharded("b", 2, K))
+        .await
+        .unwrap();
+    assert_eq!(b_outcome, AttemptOutcome::Approved);
+    let a_outcome = a.await.expect("joins").unwrap();
+    assert_eq!(a_outcome, AttemptOutcome::FenceLost);
+
+    let (b_claimed,): (i64,) = sqlx::query_as(
+        "SELECT min(seq) FROM write_audit WHERE app = 'replica-b' AND tbl = 'auto_approve_state'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let late: Vec<(i64, String, String)> =
+        sqlx::query_as("SELECT seq, tbl, op FROM write_audit WHERE app = 'replica-a' AND seq > $1")
+            .bind(b_claimed)
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert!(late.is_empty(), "replica a wrote after b claimed: {late:?}");
+    let (a_writes,): (i64,) =
+        sqlx::query_as("SELECT count(*) FROM write_audit WHERE app = 'replica-a'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(a_writes >= 1, "replica a's claim is in the audit");
+
+    let view = request_view(&pool, 1).await;
+    assert_eq!(view.status, "APPROVED");
+    let created = sim.stats().for_request(1);
+    assert_eq!((created.owner, created.store), (1, 1), "{created:?}");
+    assert!(created.campaign <= 1, "{created:?}");
+    let (approvals,): (i64,) = sqlx::query_as(
+        "SELECT count(*) FROM write_audit WHERE tbl = 'approval_request' AND app = 'replica-b'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(approvals >= 1);
+}
