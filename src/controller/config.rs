@@ -92,7 +92,7 @@ pub struct ControllerArgs {
     /// A claim untouched this long is stuck; must be at least 3 × --heartbeat-interval and 2 × --processing-timeout.
     #[arg(long, env = "AUTOAPPROVAL_STUCK_THRESHOLD", default_value = "5m", value_parser = parse_duration)]
     pub stuck_threshold: Duration,
-    /// A shard or leader Lease not renewed for this long may be taken by another replica.
+    /// A shard or leader Lease not renewed for this long may be taken by another replica (at least --renew-deadline + 2 × --retry-period).
     #[arg(long, env = "AUTOAPPROVAL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
     /// A replica that could not renew a Lease for this long stops claiming under it.
@@ -273,11 +273,11 @@ impl ControllerArgs {
             ));
         }
         let lease_duration = positive("--lease-duration", self.lease_duration)?;
-        if lease_duration <= renew_deadline {
+        if lease_duration < renew_deadline.saturating_add(retry_period.saturating_mul(2)) {
             return Err(refuse(
                 "--lease-duration",
                 format_duration(lease_duration),
-                "must be above --renew-deadline, or a new holder could claim before the old one stops",
+                "must be at least --renew-deadline + 2 × --retry-period, or a new holder could claim before the old one stops",
             ));
         }
         s.listen = self.listen;

@@ -83,6 +83,8 @@ pub struct Coordinator {
     leader: watch::Sender<bool>,
     acquired: mpsc::UnboundedSender<u32>,
     seen: HashMap<String, Seen>,
+    /// When the last successful list was sent.
+    last_list: Option<Instant>,
     /// The last version we wrote of each Lease we hold.
     mine: HashMap<String, Lease>,
     leader_renewed: Option<Instant>,
@@ -121,6 +123,7 @@ impl Coordinator {
             leader,
             acquired,
             seen: HashMap::new(),
+            last_list: None,
             mine: HashMap::new(),
             leader_renewed: None,
         };
@@ -140,11 +143,13 @@ impl Coordinator {
     /// (the caller has released its claims by then). Shutting down only
     /// stops acquiring: held shards keep being renewed while chains finish.
     pub async fn run(mut self, mut release: watch::Receiver<bool>) {
+        // Turns start every retry period, however long the last one took.
+        let mut every = tokio::time::interval(self.settings.retry_period);
+        every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            self.turn().await;
             tokio::select! {
-                () = tokio::time::sleep(self.settings.retry_period) => {}
-                _ = release.wait_for(|r| *r) => break,
+                _ = every.tick() => self.turn().await,
+                _ = async { release.wait_for(|r| *r).await.map(|_| ()) } => break,
             }
         }
         self.release_all().await;
@@ -188,8 +193,17 @@ impl Coordinator {
         self.metrics.coordination(self.shards.held().len(), leading);
     }
 
-    /// Records when each Lease last changed.
+    /// Records when each Lease last changed. A change seen now happened
+    /// after the previous list: when that list is recent (one turn ago),
+    /// its time is the change's, so a dead holder's Lease expires one retry
+    /// period sooner than with "now". The holder stops claiming at its renew
+    /// deadline, which validation keeps that period below the duration.
     fn observe(&mut self, leases: &[Lease], at: Instant) {
+        let since = self
+            .last_list
+            .filter(|last| at.duration_since(*last) <= self.settings.retry_period.mul_f64(1.5))
+            .unwrap_or(at);
+        self.last_list = Some(at);
         for lease in leases {
             let name = lease.metadata.name.clone().unwrap_or_default();
             let version = lease.metadata.resource_version.clone().unwrap_or_default();
@@ -197,7 +211,7 @@ impl Coordinator {
                 Some(seen) if seen.version == version => {}
                 Some(seen) => {
                     seen.version = version;
-                    seen.changed = at;
+                    seen.changed = since;
                 }
                 None => {
                     self.seen.insert(

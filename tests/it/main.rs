@@ -9,5 +9,6 @@ mod external;
 mod fencing;
 mod malformed;
 mod migrate;
+mod replicas;
 mod retry;
 mod support;

@@ -1,0 +1,605 @@
+//! Several replicas: real `autoapproval run` processes sharing the test API
+//! server, PostgreSQL and the simulator, coordinated by Leases.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use autoapproval::controller::crd::AutoApproval;
+use autoapproval::coordination::{SHARD_LEASE_PREFIX, member_lease_name};
+use autoapproval::sim::{Faults, SimHandle, SimOptions, Simulator};
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::Client;
+use kube::api::{Api, ListParams};
+use kube_testserver::{Match, Options, TestServer};
+use rand::Rng;
+use sqlx::PgPool;
+use tokio::process::{Child, Command};
+
+use crate::controller::{NS, client_for, eventually, install_crd};
+
+const SHARDS: u32 = 16;
+/// Lease timings of the tests: short, so failovers happen within seconds.
+const LEASE_DURATION: Duration = Duration::from_secs(4);
+const RETRY_PERIOD: Duration = Duration::from_millis(500);
+
+struct Replica {
+    name: String,
+    port: u16,
+    child: Option<Child>,
+}
+
+/// Three (or more) replicas and everything they talk to.
+struct Fleet {
+    server: TestServer,
+    client: Client,
+    sim: SimHandle,
+    pool: PgPool,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+    replicas: Vec<Replica>,
+    lease_duration: Duration,
+    http: reqwest::Client,
+}
+
+impl Fleet {
+    async fn start(pool: PgPool, n: usize, lease_duration: Duration) -> Fleet {
+        let server = TestServer::start(Options::default())
+            .await
+            .expect("test API server");
+        let client = client_for(&server);
+        install_crd(&client).await;
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+            .await
+            .expect("simulator");
+        let dir = std::env::temp_dir().join(format!(
+            "aa-fleet-{}-{}",
+            std::process::id(),
+            rand::rng().random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let mut fleet = Fleet {
+            server,
+            client,
+            sim,
+            pool,
+            dir,
+            kubeconfig,
+            replicas: Vec::new(),
+            lease_duration,
+            http: reqwest::Client::new(),
+        };
+        for i in 0..n {
+            fleet.replicas.push(Replica {
+                name: format!("r{i}"),
+                port: 0,
+                child: None,
+            });
+            fleet.spawn(i);
+        }
+        fleet
+    }
+
+    /// Starts replica `i` (again).
+    fn spawn(&mut self, i: usize) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let replica = &mut self.replicas[i];
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(format!("{}.log", replica.name)))
+            .expect("log file");
+        let renew_deadline = self.lease_duration.saturating_sub(RETRY_PERIOD * 2);
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let child = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(["run", "--namespace", NS, "--replica-name", &replica.name])
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--shards", &SHARDS.to_string()])
+            .args(["--lease-duration", &ms(self.lease_duration)])
+            .args(["--renew-deadline", &ms(renew_deadline)])
+            .args(["--retry-period", &ms(RETRY_PERIOD)])
+            .args(["--poll-period", "2s", "--heartbeat-interval", "1s"])
+            .args(["--processing-timeout", "10s", "--stuck-threshold", "30s"])
+            .args([
+                "--cleanse-interval",
+                "1s",
+                "--condition-retry-interval",
+                "2s",
+            ])
+            .args([
+                "--transient-retry-base",
+                "200ms",
+                "--transient-retry-max",
+                "2s",
+            ])
+            .args(["--shutdown-grace", "5s"])
+            .env("AUTOAPPROVAL_DATABASE_URL", database_url(&self.pool))
+            .env("AUTOAPPROVAL_ESIGN_URL", self.sim.base_url())
+            .env("AUTOAPPROVAL_OWNER_URL", self.sim.base_url())
+            .env("AUTOAPPROVAL_STORE_URL", self.sim.base_url())
+            .env("AUTOAPPROVAL_AD_URL", self.sim.base_url())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(log))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("autoapproval run starts");
+        replica.port = port;
+        replica.child = Some(child);
+    }
+
+    /// SIGKILL: nothing is released, the Leases must expire.
+    async fn kill_hard(&mut self, i: usize) {
+        let mut child = self.replicas[i].child.take().expect("running");
+        child.kill().await.expect("SIGKILL");
+    }
+
+    /// SIGTERM, then waits for a clean exit.
+    async fn stop(&mut self, i: usize) {
+        let mut child = self.replicas[i].child.take().expect("running");
+        let pid = child.id().expect("pid");
+        let sent = std::process::Command::new("sh")
+            .args(["-c", &format!("kill -TERM {pid}")])
+            .status()
+            .expect("kill");
+        assert!(sent.success());
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("exits within 30 s of SIGTERM")
+            .expect("wait");
+        assert!(
+            status.success(),
+            "{} exited with {status}: {}",
+            self.replicas[i].name,
+            self.log(i)
+        );
+    }
+
+    fn log(&self, i: usize) -> String {
+        std::fs::read_to_string(self.dir.join(format!("{}.log", self.replicas[i].name)))
+            .unwrap_or_default()
+    }
+
+    /// A counter or gauge of replica `i`, summed over the series matching `series`.
+    async fn metric(&self, i: usize, series: &str) -> f64 {
+        let url = format!("http://127.0.0.1:{}/metrics", self.replicas[i].port);
+        let Ok(response) = self.http.get(url).send().await else {
+            return 0.0;
+        };
+        let text = response.text().await.unwrap_or_default();
+        text.lines()
+            .filter(|l| l.starts_with(series))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Each shard's holder and acquire time, from the Lease objects.
+    async fn shard_holders(&self) -> BTreeMap<u32, (String, DateTime<Utc>)> {
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+        let Ok(list) = leases.list(&ListParams::default()).await else {
+            return BTreeMap::new();
+        };
+        list.items
+            .into_iter()
+            .filter_map(|l| {
+                let shard = l
+                    .metadata
+                    .name
+                    .as_deref()?
+                    .strip_prefix(SHARD_LEASE_PREFIX)?
+                    .parse()
+                    .ok()?;
+                let spec = l.spec?;
+                let holder = spec.holder_identity.filter(|h| !h.is_empty())?;
+                let acquired = spec.acquire_time?.0.as_microsecond();
+                Some((shard, (holder, DateTime::from_timestamp_micros(acquired)?)))
+            })
+            .collect()
+    }
+
+    /// Waits until the running replicas hold every shard, each within one
+    /// shard of the fair share.
+    async fn wait_balanced(&self) -> BTreeMap<u32, (String, DateTime<Utc>)> {
+        let running: Vec<String> = self
+            .replicas
+            .iter()
+            .filter(|r| r.child.is_some())
+            .map(|r| r.name.clone())
+            .collect();
+        let n = running.len();
+        eventually(
+            "the shards to be balanced over the running replicas",
+            || async {
+                let holders = self.shard_holders().await;
+                if holders.len() != SHARDS as usize {
+                    return None;
+                }
+                let mut counts: BTreeMap<&str, usize> =
+                    running.iter().map(|r| (r.as_str(), 0)).collect();
+                for (holder, _) in holders.values() {
+                    *counts.get_mut(holder.as_str())? += 1;
+                }
+                let fair = SHARDS as usize / n;
+                counts
+                    .values()
+                    .all(|c| (fair..=fair + 1).contains(c))
+                    .then_some(holders.clone())
+            },
+        )
+        .await
+        .expect("balanced")
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .fetch_one(&self.pool)
+            .await
+            .expect("count");
+        n
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().expect("a database name")
+    )
+}
+
+/// Inserts requests `from..=to` in one statement: owner contracts, or ad
+/// contracts for `store`; `ready` false leaves the documents in review.
+async fn insert_requests(pool: &PgPool, from: i64, to: i64, store: Option<i64>, ready: bool) {
+    let request_type = if store.is_some() {
+        "AD_CONTRACT"
+    } else {
+        "OWNER_CONTRACT"
+    };
+    sqlx::query(
+        "INSERT INTO approval_request
+            (id, request_type, status, sort_time, created_at, business_name, documents_released,
+             operational_hold, menu_registered, logo_registered, previous_step_approved,
+             econtract_ref, target_store_number)
+         SELECT g, $3, 'PENDING', now(), now(), 'Shop ' || g, $5, false, true, true, true,
+                'EC-' || g, $4
+           FROM generate_series($1::bigint, $2::bigint) AS g",
+    )
+    .bind(from)
+    .bind(to)
+    .bind(request_type)
+    .bind(store)
+    .bind(ready)
+    .execute(pool)
+    .await
+    .expect("insert requests");
+}
+
+/// Every creation the simulator made is at most one per request and kind.
+fn assert_nothing_doubled(sim: &SimHandle) {
+    let stats = sim.stats();
+    let doubled: Vec<_> = stats
+        .per_request
+        .iter()
+        .filter(|(_, c)| c.owner > 1 || c.store > 1 || c.campaign > 1)
+        .collect();
+    assert!(doubled.is_empty(), "created twice: {doubled:?}");
+}
+
+#[sqlx::test]
+async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPool) {
+    let mut fleet = Fleet::start(pool.clone(), 3, LEASE_DURATION).await;
+    let holders = fleet.wait_balanced().await;
+    fleet.sim.add_store(900_001, true);
+    // Slow enough that every replica has chains in flight at the kill, with
+    // transient errors and lost answers that force idempotent retries.
+    fleet
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(40),
+            jitter: Duration::from_millis(20),
+            error_rate: 0.03,
+            timeout_rate: 0.01,
+            hang: Duration::from_millis(200),
+            ..Faults::default()
+        })
+        .expect("faults");
+    insert_requests(&pool, 1, 1_700, None, true).await;
+    insert_requests(&pool, 1_701, 1_900, Some(900_001), true).await;
+    // Documents still in review: these wait, and are released later.
+    insert_requests(&pool, 1_901, 1_960, None, false).await;
+    // A person decides these meanwhile; they are not eligible.
+    insert_requests(&pool, 1_961, 2_000, None, true).await;
+    let canceled = sqlx::query(
+        "UPDATE approval_request SET status = 'CANCELED', decided_by = 'a person', decided_at = now()
+          WHERE id BETWEEN 1961 AND 2000 AND status IN ('PENDING', 'ING', 'RETRY')",
+    )
+    .execute(&pool)
+    .await
+    .expect("cancel")
+    .rows_affected();
+
+    eventually("a third of the requests to be approved", || async {
+        (fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+            .await
+            >= 650)
+            .then_some(())
+    })
+    .await;
+    // Steady state so far: every shard had one holder, so no claim failed.
+    for i in 0..3 {
+        assert_eq!(
+            fleet
+                .metric(i, "autoapproval_claims_total{result=\"lost\"}")
+                .await,
+            0.0,
+            "replica {i} had a failed claim in steady state:\n{}",
+            fleet.log(i)
+        );
+    }
+
+    let victim = rand::rng().random_range(0..3);
+    let victim_name = fleet.replicas[victim].name.clone();
+    let victim_shards: Vec<u32> = holders
+        .iter()
+        .filter(|(_, (h, _))| *h == victim_name)
+        .map(|(s, _)| *s)
+        .collect();
+    fleet.kill_hard(victim).await;
+    let killed_at = Utc::now();
+    let orphaned: Vec<(i64,)> = sqlx::query_as(
+        "SELECT request_id FROM auto_approve_state WHERE status = 'IN_PROGRESS' AND holder = $1",
+    )
+    .bind(&victim_name)
+    .fetch_all(&pool)
+    .await
+    .expect("orphaned claims");
+    assert!(
+        !orphaned.is_empty(),
+        "{victim_name} had chains in flight when killed"
+    );
+
+    // Its shards go to the survivors once its Leases expire.
+    let after = eventually("the victim's shards to be taken over", || async {
+        let holders = fleet.shard_holders().await;
+        victim_shards
+            .iter()
+            .all(|s| holders.get(s).is_some_and(|(h, _)| *h != victim_name))
+            .then_some(holders)
+    })
+    .await
+    .expect("holders");
+    let slowest = victim_shards
+        .iter()
+        .map(|s| after[s].1 - killed_at)
+        .max()
+        .expect("the victim held shards");
+    let bound = LEASE_DURATION + RETRY_PERIOD;
+    // One turn's own work (a list and a few writes) is the only slack.
+    assert!(
+        slowest.to_std().unwrap_or_default() <= bound + Duration::from_secs(1),
+        "shards taken over {slowest} after the kill; lease duration + retry period is {bound:?}"
+    );
+
+    // The documents are released: NOTIFY wakes the waiting requests.
+    sqlx::query(
+        "UPDATE approval_request SET documents_released = true WHERE id BETWEEN 1901 AND 1960",
+    )
+    .execute(&pool)
+    .await
+    .expect("release documents");
+    let eligible = 2_000 - canceled as i64;
+    eventually("every eligible request to be approved", || async {
+        (fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+            .await
+            == eligible)
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'CANCELED' AND decided_by = 'a person'")
+            .await,
+        canceled as i64,
+        "a person's decisions stand"
+    );
+    assert_nothing_doubled(&fleet.sim);
+    // The claims the victim held were recovered by the new holders' cleanser
+    // pass at takeover, and finished.
+    for (request_id,) in &orphaned {
+        let memos: Vec<(String,)> =
+            sqlx::query_as("SELECT message FROM approval_request_memo WHERE request_id = $1")
+                .bind(request_id)
+                .fetch_all(&pool)
+                .await
+                .expect("memos");
+        assert!(
+            memos
+                .iter()
+                .any(|(m,)| m.contains(&format!("interrupted on {victim_name}"))),
+            "request {request_id}: {memos:?}"
+        );
+    }
+    eventually("the state table to empty", || async {
+        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
+    })
+    .await;
+    let failovers: f64 = {
+        let mut sum = 0.0;
+        for i in (0..3).filter(|i| *i != victim) {
+            sum += fleet
+                .metric(
+                    i,
+                    "autoapproval_shard_acquisitions_total{kind=\"failover\"}",
+                )
+                .await;
+        }
+        sum
+    };
+    assert_eq!(
+        failovers,
+        victim_shards.len() as f64,
+        "each of the victim's shards failed over once"
+    );
+    for i in (0..3).filter(|i| *i != victim) {
+        fleet.stop(i).await;
+    }
+}
+
+#[sqlx::test]
+async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(pool: PgPool) {
+    // Leases that would take 30 s to expire: a handover within that time
+    // can only be a release.
+    let long = Duration::from_secs(30);
+    let mut fleet = Fleet::start(pool.clone(), 3, long).await;
+    fleet.wait_balanced().await;
+    fleet
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(20),
+            ..Faults::default()
+        })
+        .expect("faults");
+    insert_requests(&pool, 1, 600, None, true).await;
+    for i in 0..3 {
+        let name = fleet.replicas[i].name.clone();
+        let before = fleet.shard_holders().await;
+        let held: Vec<u32> = before
+            .iter()
+            .filter(|(_, (h, _))| *h == name)
+            .map(|(s, _)| *s)
+            .collect();
+        let stopped_at = Utc::now();
+        fleet.stop(i).await;
+        let logs = fleet.log(i);
+        assert!(logs.contains("Leases released"), "{logs}");
+        let after = eventually(
+            "the stopped replica's shards to have new holders",
+            || async {
+                let holders = fleet.shard_holders().await;
+                held.iter()
+                    .all(|s| holders.get(s).is_some_and(|(h, _)| *h != name))
+                    .then_some(holders)
+            },
+        )
+        .await
+        .expect("holders");
+        for s in &held {
+            let took = after[s].1 - stopped_at;
+            assert!(
+                took.to_std().unwrap_or_default() < long,
+                "shard {s} was taken {took} after the stop: it waited for expiry"
+            );
+        }
+        // The member Lease went with it, so the others count two replicas.
+        let leases: Api<Lease> = Api::namespaced(fleet.client.clone(), NS);
+        assert!(
+            leases
+                .get_opt(&member_lease_name(&name))
+                .await
+                .expect("get")
+                .is_none()
+        );
+        fleet.spawn(i);
+        fleet.wait_balanced().await;
+    }
+    eventually("every request to be approved", || async {
+        (fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+            .await
+            == 600)
+            .then_some(())
+    })
+    .await;
+    assert_nothing_doubled(&fleet.sim);
+    for i in 0..3 {
+        assert_eq!(
+            fleet
+                .metric(
+                    i,
+                    "autoapproval_shard_acquisitions_total{kind=\"failover\"}"
+                )
+                .await,
+            0.0,
+            "replica {i} took a shard over from an expired Lease:\n{}",
+            fleet.log(i)
+        );
+        fleet.stop(i).await;
+    }
+}
+
+#[sqlx::test]
+async fn api_server_failures_then_closed_watches_lose_and_double_nothing(pool: PgPool) {
+    let mut fleet = Fleet::start(pool.clone(), 3, LEASE_DURATION).await;
+    fleet.wait_balanced().await;
+    fleet
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(10),
+            ..Faults::default()
+        })
+        .expect("faults");
+    insert_requests(&pool, 1, 200, None, true).await;
+    // One request in five to the API server fails, for 60 s, while requests
+    // keep arriving.
+    fleet.server.faults().fail_fraction(0.2, 500, Match::any());
+    for wave in 0..6 {
+        let from = 201 + wave * 100;
+        insert_requests(&pool, from, from + 99, None, true).await;
+        tokio::time::sleep(Duration::from_secs(10)).await;
+    }
+    fleet.server.faults().clear();
+    fleet.server.faults().close_watches();
+    insert_requests(&pool, 801, 900, None, true).await;
+
+    eventually("every request to be approved", || async {
+        (fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+            .await
+            == 900)
+            .then_some(())
+    })
+    .await;
+    assert_nothing_doubled(&fleet.sim);
+    eventually("the state table to empty", || async {
+        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
+    })
+    .await;
+    // The CRs recover by themselves too: each shows the outcome.
+    let api: Api<AutoApproval> = Api::namespaced(fleet.client.clone(), NS);
+    eventually("every CR to show Approved", || async {
+        let crs = api.list(&ListParams::default()).await.ok()?;
+        let approved = crs
+            .items
+            .iter()
+            .filter(|cr| {
+                cr.status.as_ref().and_then(|s| s.phase)
+                    == Some(autoapproval::controller::crd::Phase::Approved)
+            })
+            .count();
+        (approved == 900).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        fleet.stop(i).await;
+    }
+}
