@@ -252,6 +252,9 @@ fn builtin_kinds_dry_run_apply_and_reapply() {
             assert_eq!(cluster, "ClusterRole/demo/;ClusterRoleBinding/demo/;");
             let (ok, _, err) = k.run(&["get", "deploy", "demo", "-n", "kube-system"]);
             assert!(!ok && err.contains("NotFound"), "namespaced: {err}");
+            // kubectl's typed `create` commands send protobuf: refused, with the way around it.
+            let (ok, _, err) = k.run(&["create", "namespace", "typed"]);
+            assert!(!ok && err.contains("UnsupportedMediaType") && err.contains("--dry-run=client -o yaml"), "{err}");
 
             // A second apply with changes goes through a strategic merge patch.
             let dir = k.kubeconfig.parent().unwrap().to_path_buf();
