@@ -239,7 +239,11 @@ fn the_chart_versions_follow_cargo_and_its_crd_is_the_generated_one() {
         serde_yaml::from_str(&std::fs::read_to_string(chart().join("Chart.yaml")).unwrap())
             .unwrap();
     assert_eq!(meta["apiVersion"], "v2");
-    assert_eq!(meta["version"], "0.1.0");
+    let version = meta["version"].as_str().expect("a chart version");
+    assert!(
+        version.split('.').all(|n| n.parse::<u32>().is_ok()) && version.split('.').count() == 3,
+        "the chart version is semver: {version}"
+    );
     assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
     let generated = std::fs::read(repo().join("crds/autoapproval.yaml")).unwrap();
     let in_chart = std::fs::read(chart().join("crds/autoapproval.yaml")).unwrap();
@@ -404,17 +408,21 @@ fn the_deployment_has_replicas_probes_resources_spread_and_the_shutdown_grace() 
             &deployment["spec"]["selector"]["matchLabels"],
             labels
         ));
-        if r.values.is_none() {
+        // Replicas spread over nodes: preferred by default, required in all-values.
+        let anti = "/affinity/podAntiAffinity";
+        let term = if r.values.is_none() {
             assert_eq!(deployment["spec"]["replicas"], 3);
-            let term = &pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
-                [0]["podAffinityTerm"];
-            assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
-            assert!(selects(&term["labelSelector"]["matchLabels"], labels));
+            let p =
+                format!("{anti}/preferredDuringSchedulingIgnoredDuringExecution/0/podAffinityTerm");
+            pod.pointer(&p)
         } else {
-            let term = &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
-                [0];
-            assert!(selects(&term["labelSelector"]["matchLabels"], labels));
-        }
+            pod.pointer(&format!(
+                "{anti}/requiredDuringSchedulingIgnoredDuringExecution/0"
+            ))
+        };
+        let term = term.unwrap_or_else(|| panic!("{}: pod anti-affinity", r.name));
+        assert_eq!(term["topologyKey"], "kubernetes.io/hostname");
+        assert!(selects(&term["labelSelector"]["matchLabels"], labels));
         assert_eq!(
             c["image"],
             match r.values {
