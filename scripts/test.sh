@@ -8,7 +8,7 @@ DATABASE_URL="$(scripts/postgres.sh | tail -n 1)"
 export DATABASE_URL
 PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
 export PATH KUBECTL="$(command -v kubectl)"
-echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL" >&2
+echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL; helm: $(command -v helm)" >&2
 
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --locked -- -D warnings

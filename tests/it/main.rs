@@ -5,6 +5,7 @@ mod chain;
 mod claims;
 mod cleanser;
 mod controller;
+mod deploy;
 mod external;
 mod fencing;
 mod malformed;

@@ -24,7 +24,9 @@ pub fn json_patch(target: &mut Value, patch: &Value) -> ApiResult<()> {
     })
 }
 
-fn merge_key(field: &str) -> Option<&'static str> {
+/// The merge key of a list field, as the built-in types declare it (`patchMergeKey`). `ports` is
+/// keyed by `containerPort` in a container and by `port` in a Service: the items tell which.
+fn merge_key(field: &str, items: &[Value]) -> Option<&'static str> {
     Some(match field {
         "conditions" => "type",
         "ownerReferences" => "uid",
@@ -35,7 +37,8 @@ fn merge_key(field: &str) -> Option<&'static str> {
         | "volumes"
         | "imagePullSecrets" => "name",
         "volumeMounts" => "mountPath",
-        "ports" => "containerPort",
+        "ports" if items.iter().any(|p| p.get("containerPort").is_some()) => "containerPort",
+        "ports" => "port",
         _ => return None,
     })
 }
@@ -103,7 +106,7 @@ fn smp_map(target: &mut Value, patch: &Value) {
         match (tm.get_mut(k), pv) {
             (Some(tv @ Value::Object(_)), Value::Object(_)) => smp_map(tv, pv),
             (Some(Value::Array(tl)), Value::Array(pl)) => {
-                if let Some(mk) = merge_key(k) {
+                if let Some(mk) = merge_key(k, pl) {
                     merge_list(tl, pl, mk);
                 } else if primitive_merge(k) {
                     for x in pl {
@@ -515,6 +518,27 @@ mod tests {
         )
         .unwrap();
         assert_eq!(t["metadata"]["finalizers"], json!(["b"]));
+    }
+
+    #[test]
+    fn service_ports_merge_by_port_and_container_ports_by_container_port() {
+        let mut svc =
+            json!({"spec": {"ports": [{"name": "http", "port": 80, "targetPort": "http"}]}});
+        strategic(
+            &mut svc,
+            &json!({"spec": {"ports": [{"port": 80, "targetPort": 8080}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            svc["spec"]["ports"],
+            json!([{"name": "http", "port": 80, "targetPort": 8080}])
+        );
+        let mut pod = json!({"containers": [{"name": "c", "ports": [{"name": "http", "containerPort": 8080}]}]});
+        strategic(&mut pod, &json!({"containers": [{"name": "c", "ports": [{"containerPort": 8080, "protocol": "TCP"}]}]})).unwrap();
+        assert_eq!(
+            pod["containers"][0]["ports"],
+            json!([{"name": "http", "containerPort": 8080, "protocol": "TCP"}])
+        );
     }
 
     #[test]

@@ -88,102 +88,63 @@ impl ResourceType {
     pub fn has_generation(&self) -> bool {
         matches!(self.flavor, Flavor::Custom | Flavor::Crd)
     }
-    #[allow(clippy::too_many_arguments)]
-    fn builtin(
-        group: &str,
-        version: &str,
-        kind: &str,
-        plural: &str,
-        short: &[&str],
-        namespaced: bool,
-        status: bool,
-        flavor: Flavor,
-    ) -> Self {
-        ResourceType {
-            group: group.into(),
-            versions: vec![version.into()],
-            kind: kind.into(),
-            list_kind: format!("{kind}List"),
-            plural: plural.into(),
-            singular: kind.to_lowercase(),
-            short_names: short.iter().map(|s| s.to_string()).collect(),
-            categories: vec![],
-            namespaced,
-            status_subresource: status,
-            flavor,
-            schemas: BTreeMap::new(),
-            columns: BTreeMap::new(),
-        }
-    }
 }
+
+/// One row of the built-in table: what discovery says about a kind we serve from start.
+struct Builtin {
+    group: &'static str,
+    kind: &'static str,
+    plural: &'static str,
+    short_names: &'static [&'static str],
+    namespaced: bool,
+    status: bool,
+    /// In the `all` category, so `kubectl get all` lists it (as kube-apiserver does).
+    all: bool,
+    flavor: Flavor,
+}
+
+/// The built-in kinds, all at version v1: what the controller uses, plus what its Helm chart renders.
+#[rustfmt::skip]
+const BUILTINS: &[Builtin] = &[
+    Builtin { group: "", kind: "Namespace", plural: "namespaces", short_names: &["ns"], namespaced: false, status: true, all: false, flavor: Flavor::Namespace },
+    Builtin { group: "", kind: "Event", plural: "events", short_names: &["ev"], namespaced: true, status: false, all: false, flavor: Flavor::Event },
+    Builtin { group: "", kind: "ConfigMap", plural: "configmaps", short_names: &["cm"], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "", kind: "Secret", plural: "secrets", short_names: &[], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "", kind: "ServiceAccount", plural: "serviceaccounts", short_names: &["sa"], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "", kind: "Service", plural: "services", short_names: &["svc"], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
+    Builtin { group: "apps", kind: "Deployment", plural: "deployments", short_names: &["deploy"], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
+    Builtin { group: "batch", kind: "Job", plural: "jobs", short_names: &[], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
+    Builtin { group: "policy", kind: "PodDisruptionBudget", plural: "poddisruptionbudgets", short_names: &["pdb"], namespaced: true, status: true, all: false, flavor: Flavor::Plain },
+    Builtin { group: "networking.k8s.io", kind: "NetworkPolicy", plural: "networkpolicies", short_names: &["netpol"], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "rbac.authorization.k8s.io", kind: "Role", plural: "roles", short_names: &[], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "rbac.authorization.k8s.io", kind: "RoleBinding", plural: "rolebindings", short_names: &[], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "rbac.authorization.k8s.io", kind: "ClusterRole", plural: "clusterroles", short_names: &[], namespaced: false, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "rbac.authorization.k8s.io", kind: "ClusterRoleBinding", plural: "clusterrolebindings", short_names: &[], namespaced: false, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "events.k8s.io", kind: "Event", plural: "events", short_names: &["ev"], namespaced: true, status: false, all: false, flavor: Flavor::Event },
+    Builtin { group: "coordination.k8s.io", kind: "Lease", plural: "leases", short_names: &[], namespaced: true, status: false, all: false, flavor: Flavor::Lease },
+    Builtin { group: "apiextensions.k8s.io", kind: "CustomResourceDefinition", plural: "customresourcedefinitions", short_names: &["crd", "crds"], namespaced: false, status: true, all: false, flavor: Flavor::Crd },
+];
 
 /// The built-in resource types served from start.
 pub fn builtins() -> Vec<ResourceType> {
-    use Flavor::*;
-    vec![
-        ResourceType::builtin(
-            "",
-            "v1",
-            "Namespace",
-            "namespaces",
-            &["ns"],
-            false,
-            true,
-            Namespace,
-        ),
-        ResourceType::builtin("", "v1", "Event", "events", &["ev"], true, false, Event),
-        ResourceType::builtin(
-            "",
-            "v1",
-            "ConfigMap",
-            "configmaps",
-            &["cm"],
-            true,
-            false,
-            Plain,
-        ),
-        ResourceType::builtin("", "v1", "Secret", "secrets", &[], true, false, Plain),
-        ResourceType::builtin(
-            "",
-            "v1",
-            "ServiceAccount",
-            "serviceaccounts",
-            &["sa"],
-            true,
-            false,
-            Plain,
-        ),
-        ResourceType::builtin(
-            "events.k8s.io",
-            "v1",
-            "Event",
-            "events",
-            &["ev"],
-            true,
-            false,
-            Event,
-        ),
-        ResourceType::builtin(
-            "coordination.k8s.io",
-            "v1",
-            "Lease",
-            "leases",
-            &[],
-            true,
-            false,
-            Lease,
-        ),
-        ResourceType::builtin(
-            "apiextensions.k8s.io",
-            "v1",
-            "CustomResourceDefinition",
-            "customresourcedefinitions",
-            &["crd", "crds"],
-            false,
-            true,
-            Crd,
-        ),
-    ]
+    BUILTINS
+        .iter()
+        .map(|b| ResourceType {
+            group: b.group.into(),
+            versions: vec!["v1".into()],
+            kind: b.kind.into(),
+            list_kind: format!("{}List", b.kind),
+            plural: b.plural.into(),
+            singular: b.kind.to_lowercase(),
+            short_names: b.short_names.iter().map(|s| s.to_string()).collect(),
+            categories: if b.all { vec!["all".into()] } else { vec![] },
+            namespaced: b.namespaced,
+            status_subresource: b.status,
+            flavor: b.flavor,
+            schemas: BTreeMap::new(),
+            columns: BTreeMap::new(),
+        })
+        .collect()
 }
 
 fn str_of(v: &Value, ptr: &str) -> String {

@@ -383,6 +383,19 @@ fn resource(
         fields_applied: false,
     };
     let accept = accept(headers);
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
+        // kubectl's typed commands (`create namespace`, `create secret`) send protobuf, which we
+        // cannot decode without the built-in Go types: say so instead of failing on the bytes.
+        return Err(ApiError::new(
+            415,
+            "UnsupportedMediaType",
+            "protobuf bodies are not served by kube-testserver, only JSON and YAML: pipe `kubectl create ... --dry-run=client -o yaml` into `kubectl apply -f -`",
+        ));
+    }
     match (verb, t.name.as_deref()) {
         ("watch", name) => {
             let mut fields =

@@ -389,6 +389,54 @@ async fn legacy_and_aggregated_discovery_agree() {
             .iter()
             .any(|r| r.0.is_empty() && r.3 == "configmaps")
     );
+    // The built-in kinds a Helm chart renders, each in its scope.
+    for (group, kind, plural, namespaced) in [
+        ("", "Service", "services", true),
+        ("", "Secret", "secrets", true),
+        ("", "ServiceAccount", "serviceaccounts", true),
+        ("apps", "Deployment", "deployments", true),
+        ("batch", "Job", "jobs", true),
+        (
+            "policy",
+            "PodDisruptionBudget",
+            "poddisruptionbudgets",
+            true,
+        ),
+        (
+            "networking.k8s.io",
+            "NetworkPolicy",
+            "networkpolicies",
+            true,
+        ),
+        ("rbac.authorization.k8s.io", "Role", "roles", true),
+        (
+            "rbac.authorization.k8s.io",
+            "RoleBinding",
+            "rolebindings",
+            true,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "ClusterRole",
+            "clusterroles",
+            false,
+        ),
+        (
+            "rbac.authorization.k8s.io",
+            "ClusterRoleBinding",
+            "clusterrolebindings",
+            false,
+        ),
+    ] {
+        assert!(
+            aggregated.iter().any(|r| r.0 == group
+                && r.1 == "v1"
+                && r.2 == kind
+                && r.3 == plural
+                && r.4 == namespaced),
+            "{group}/v1 {kind} ({plural}, namespaced {namespaced}) is not discovered"
+        );
+    }
 
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(c.clone());

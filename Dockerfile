@@ -1,0 +1,28 @@
+# syntax=docker/dockerfile:1
+# The controller's image. Build it from the repository root:
+#   docker build -t autoapproval:0.1.0 .
+# The binary links rustls (no OpenSSL), so the runtime stage needs only glibc and CA roots:
+# distroless cc, no shell, no package manager, running as a numeric non-root user.
+
+FROM rust:1-bookworm AS builder
+WORKDIR /src
+# The workspace (the controller and the test API server crate, which cargo needs to resolve the
+# lockfile) and the migrations that `sqlx::migrate!` embeds into the binary.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY src ./src
+COPY migrations ./migrations
+COPY testserver ./testserver
+# The cache mounts keep the registry and the build between builds; the binary is copied out of
+# the cached target directory in the same step.
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target \
+    cargo build --release --locked -p autoapproval --bin autoapproval \
+    && install -D -m 0755 target/release/autoapproval /out/autoapproval
+
+FROM gcr.io/distroless/cc-debian12:nonroot
+COPY --from=builder /out/autoapproval /autoapproval
+# distroless's nonroot user, by number so the kubelet can check runAsNonRoot.
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["/autoapproval"]
+CMD ["run"]

@@ -1,0 +1,114 @@
+{{/* The chart's name, or nameOverride. */}}
+{{- define "autoapproval.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The prefix of every object name: fullnameOverride, else the release name (plus the chart name unless it already contains it). */}}
+{{- define "autoapproval.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "autoapproval.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "autoapproval.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* Labels that select the controller pods. */}}
+{{- define "autoapproval.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "autoapproval.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: controller
+{{- end }}
+
+{{/* The controller's ServiceAccount. */}}
+{{- define "autoapproval.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "autoapproval.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name must name an existing ServiceAccount when serviceAccount.create is false" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The existing Secret holding the database URLs and tokens. */}}
+{{- define "autoapproval.secretName" -}}
+{{- default (include "autoapproval.fullname" .) .Values.secret.name }}
+{{- end }}
+
+{{/* The image reference; the tag defaults to the chart's appVersion. */}}
+{{- define "autoapproval.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+
+{{/* The port of config.listen (host:port or [v6]:port): the container port. */}}
+{{- define "autoapproval.port" -}}
+{{- $port := .Values.config.listen | toString | splitList ":" | last }}
+{{- if not (regexMatch "^[0-9]+$" $port) }}
+{{- fail (printf "config.listen %q must end with :<port>" (toString .Values.config.listen)) }}
+{{- end }}
+{{- $port }}
+{{- end }}
+
+{{/*
+Whole seconds (rounded up) of a duration as `autoapproval run` reads it: 0, 25s, 1m30s, 500ms, 2h, 1d.
+It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two cannot drift apart.
+*/}}
+{{- define "autoapproval.seconds" -}}
+{{- $text := toString . | trim }}
+{{- if eq $text "0" }}
+{{- 0 }}
+{{- else }}
+{{- if not (regexMatch "^([0-9]+(ns|us|µs|ms|sec|s|min|m|h|d) *)+$" $text) }}
+{{- fail (printf "%q is not a duration such as 25s, 1m or 1m30s" $text) }}
+{{- end }}
+{{- $nanos := dict "ns" 1 "us" 1000 "µs" 1000 "ms" 1000000 "s" 1000000000 "sec" 1000000000 "m" 60000000000 "min" 60000000000 "h" 3600000000000 "d" 86400000000000 }}
+{{- $total := 0 }}
+{{- range regexFindAll "[0-9]+[^0-9 ]+" $text -1 }}
+{{- $unit := regexReplaceAll "^[0-9]+" . "" }}
+{{- $total = add $total (mul (regexFind "^[0-9]+" . | int64) (get $nanos $unit)) }}
+{{- end }}
+{{- div (add $total 999999999) 1000000000 }}
+{{- end }}
+{{- end }}
+
+{{/*
+The env entries read from the existing Secret: the database URL must be there, the read replica
+and the tokens may be absent (their variables are then unset). An empty key name drops the entry.
+*/}}
+{{- define "autoapproval.secretEnv" -}}
+{{- $secret := include "autoapproval.secretName" . }}
+{{- $keys := .Values.secret.keys -}}
+- name: AUTOAPPROVAL_DATABASE_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ required "secret.keys.databaseUrl names the Secret key of the database URL" $keys.databaseUrl }}
+{{- $optional := dict
+  "AUTOAPPROVAL_READ_DATABASE_URL" $keys.readDatabaseUrl
+  "AUTOAPPROVAL_ESIGN_TOKEN" $keys.esignToken
+  "AUTOAPPROVAL_OWNER_TOKEN" $keys.ownerToken
+  "AUTOAPPROVAL_STORE_TOKEN" $keys.storeToken
+  "AUTOAPPROVAL_AD_TOKEN" $keys.adToken
+}}
+{{- range $name, $key := $optional }}
+{{- if $key }}
+- name: {{ $name }}
+  valueFrom:
+    secretKeyRef:
+      name: {{ $secret }}
+      key: {{ $key }}
+      optional: true
+{{- end }}
+{{- end }}
+{{- end }}
