@@ -917,7 +917,8 @@ impl Store {
     /// Raises a shard's fencing token to `token` for `holder`, and recovers
     /// every claim of the shard made under an older token (back to
     /// RETRY_WAITING, due now, retry_count + 1, with a memo), in one
-    /// transaction. `None` when the shard already has a token at or above
+    /// transaction. Token 0 marks a claim outside coordination (a manual
+    /// path): only the stuck-age cleanser recovers those. `None` when the shard already has a token at or above
     /// `token`: someone acquired it later, nothing was written.
     pub async fn fence_shard(
         &self,
@@ -955,7 +956,8 @@ impl Store {
                     SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = $5,
                         retry_count = retry_count + 1,
                         last_reason = 'recovered: shard ' || $2 || ' moved to ' || $4
-                  WHERE status = 'IN_PROGRESS' AND request_id % $1 = $2 AND fencing_token < $3
+                  WHERE status = 'IN_PROGRESS' AND request_id % $1 = $2
+                    AND fencing_token > 0 AND fencing_token < $3
                  RETURNING request_id, holder
              ), memo AS (
                  INSERT INTO approval_request_memo (request_id, created_at, author, message)

@@ -30,9 +30,10 @@ fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
 
 #[sqlx::test]
 async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
-    // Requests 1 and 5 are both in shard 1 of 4.
+    // Requests 1, 5 and 9 are all in shard 1 of 4.
     NewRequest::ready_owner(1).insert(&pool).await;
     NewRequest::ready_owner(5).insert(&pool).await;
+    NewRequest::ready_owner(9).insert(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
     let a = Fence::sharded("a", 1, K);
     let b = Fence::sharded("b", 2, K);
@@ -57,9 +58,21 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
         panic!("a holds shard 1 at token 1");
     };
 
-    // "b" acquires the shard: a's claim comes back, due at once, with a memo.
+    // A person's manual path holds request 9 outside coordination (token 0).
+    let manual = Fence::new("manual:ann", 0);
+    let ClaimOutcome::Won(claim_manual) = store
+        .claim(&candidate(9, None), &manual, t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("the manual path claims");
+    };
+
+    // "b" acquires the shard: a's claim comes back, due at once, with a
+    // memo; the manual claim is left alone.
     let recovered = store.fence_shard(K, 1, 2, "b", t0()).await.unwrap();
     assert_eq!(recovered, Some(vec![1]));
+    assert!(store.heartbeat(&claim_manual, "OWNER", t0()).await.unwrap());
     assert_eq!(
         store.fence_shard(K, 1, 2, "a", t0()).await.unwrap(),
         None,
