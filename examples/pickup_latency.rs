@@ -10,19 +10,16 @@ use std::time::Duration;
 
 use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::Settings;
-use autoapproval::controller::crd::AutoApproval;
 use autoapproval::controller::{Parts, run_until};
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
 use autoapproval::sim::{SimOptions, Simulator};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
-use kube::api::{Api, PostParams};
 use kube_testserver::{Options, TestServer};
-use sqlx::postgres::PgPoolOptions;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+mod common;
+
+use common::Error;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -47,26 +44,8 @@ async fn main() -> Result<(), Error> {
 }
 
 async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64, f64, f64), Error> {
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(base)
-        .await?;
     let db = format!("aa_bench_pickup_{}", std::process::id());
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db}")))
-        .execute(&admin)
-        .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-        .execute(&admin)
-        .await?;
-    let url = match base.rsplit_once('/') {
-        Some((prefix, _)) => format!("{prefix}/{db}"),
-        None => return Err("DATABASE_URL has no database part".into()),
-    };
-    let pool = PgPoolOptions::new()
-        .max_connections(20)
-        .connect(&url)
-        .await?;
-    Store::migrate(&pool).await?;
+    let (admin, pool) = common::fresh_database(base, &db, 20).await?;
     // The claim time, in the database's clock, as the INSERT's created_at is.
     sqlx::raw_sql(
         "CREATE TABLE bench_claim (request_id BIGINT PRIMARY KEY, claimed_at TIMESTAMPTZ NOT NULL);
@@ -80,12 +59,8 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     .await?;
 
     let server = TestServer::start(Options::default()).await?;
-    let mut config = kube::Config::new(server.url().parse()?);
-    config.default_namespace = "default".into();
-    let client = kube::Client::try_from(config)?;
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &AutoApproval::crd())
-        .await?;
+    let client = common::client(&server)?;
+    common::install_crd(&client).await?;
     let sim = Simulator::start("127.0.0.1:0".parse()?, SimOptions::default()).await?;
     let external = HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))?;
     let mut settings = Settings::new("default", "bench-1");
@@ -141,11 +116,6 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     let _ = controller.await;
     sim.shutdown().await?;
     server.shutdown().await;
-    pool.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await?;
+    common::drop_database(&admin, pool, &db).await?;
     Ok((p50, p99, max))
 }

@@ -16,7 +16,6 @@ use std::time::Duration;
 
 use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::Settings;
-use autoapproval::controller::crd::AutoApproval;
 use autoapproval::controller::{Parts, run_until};
 use autoapproval::coordination::SHARD_LEASE_PREFIX;
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
@@ -24,14 +23,13 @@ use autoapproval::sim::{Faults, SimOptions, Simulator};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams};
 use kube_testserver::{Options, TestServer};
-use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+mod common;
+
+use common::Error;
 
 const LATENCY: Duration = Duration::from_millis(100);
 
@@ -76,12 +74,11 @@ fn median(v: &mut [f64]) -> f64 {
 /// One run with `replicas` replicas: approvals per second between the 10th
 /// and 90th percentile of the approval times.
 async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Error> {
-    let (admin, pool, db) = fresh_database(base).await?;
+    let db = format!("aa_bench_replicas_{}", std::process::id());
+    let (admin, pool) = common::fresh_database(base, &db, 4).await?;
     let server = TestServer::start(Options::default()).await?;
-    let client = client(&server)?;
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &AutoApproval::crd())
-        .await?;
+    let client = common::client(&server)?;
+    common::install_crd(&client).await?;
     let sim = Simulator::start("127.0.0.1:0".parse()?, SimOptions::default()).await?;
     sim.set_faults(Faults {
         latency: LATENCY,
@@ -95,7 +92,7 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
             .connect_with((*pool.connect_options()).clone())
             .await?;
         let parts = Parts {
-            client: self::client(&server)?,
+            client: common::client(&server)?,
             store: Store::new(replica_pool.clone(), replica_pool),
             external: HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))?,
             clock: Arc::new(SystemClock),
@@ -148,45 +145,8 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
     }
     sim.shutdown().await?;
     server.shutdown().await;
-    pool.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await?;
+    common::drop_database(&admin, pool, &db).await?;
     Ok(rate)
-}
-
-fn client(server: &TestServer) -> Result<kube::Client, Error> {
-    let mut config = kube::Config::new(server.url().parse()?);
-    config.default_namespace = "default".into();
-    Ok(kube::Client::try_from(config)?)
-}
-
-async fn fresh_database(base: &str) -> Result<(PgPool, PgPool, String), Error> {
-    let admin = PgPoolOptions::new()
-        .max_connections(1)
-        .connect(base)
-        .await?;
-    let db = format!("aa_bench_replicas_{}", std::process::id());
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
-    )))
-    .execute(&admin)
-    .await?;
-    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {db}")))
-        .execute(&admin)
-        .await?;
-    let url = match base.rsplit_once('/') {
-        Some((prefix, _)) => format!("{prefix}/{db}"),
-        None => return Err("DATABASE_URL has no database part".into()),
-    };
-    let pool = PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&url)
-        .await?;
-    Store::migrate(&pool).await?;
-    Ok((admin, pool, db))
 }
 
 /// Waits until the replicas hold all 16 shards, each within one of the fair share.

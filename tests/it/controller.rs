@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::support::{NewRequest, insert_state, request_view};
+use crate::support::{NewRequest, database_url, insert_state, request_view};
 
 pub const NS: &str = "default";
 
@@ -810,18 +810,6 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
         accepted.data["spec"]["paused"], false,
         "paused defaults to false"
     );
-}
-
-/// The URL of the test's own database, for a child process.
-fn database_url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().expect("a database name")
-    )
 }
 
 #[sqlx::test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
-use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
+use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
 use autoapproval::sim::{Faults, SimOptions, SimSystem, Simulator};
 use autoapproval::store::{ClaimOutcome, Completion, Store};
@@ -16,17 +16,9 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::controller::eventually;
-use crate::support::{NewRequest, request_view, t0};
+use crate::support::{NewRequest, candidate, request_view, t0};
 
 const K: u32 = 4;
-
-fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
-    Candidate {
-        request_id: id,
-        request_type: RequestType::OwnerContract,
-        state_id,
-    }
-}
 
 #[sqlx::test]
 async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {

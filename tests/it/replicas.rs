@@ -19,6 +19,7 @@ use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 use crate::controller::{NS, client_for, eventually, install_crd};
+use crate::support::database_url;
 
 const SHARDS: u32 = 16;
 /// Lease timings of the tests: short, so failovers happen within seconds.
@@ -252,17 +253,6 @@ impl Drop for Fleet {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn database_url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().expect("a database name")
-    )
 }
 
 /// Inserts requests `from..=to` in one statement: owner contracts, or ad

@@ -2,22 +2,14 @@
 
 use autoapproval::approval::{AttemptOutcome, TurnConfig, run_turn};
 use autoapproval::clock::Clock;
-use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
+use autoapproval::domain::DEFAULT_RETRY_LIMIT;
 use autoapproval::external::System;
 use autoapproval::retry::RetryClass;
 use autoapproval::sim::{FaultKind, Faults};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, fence, insert_state, t0};
-
-fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
-    Candidate {
-        request_id: id,
-        request_type: RequestType::OwnerContract,
-        state_id,
-    }
-}
+use crate::support::{Env, NewRequest, candidate, fence, insert_state, t0};
 
 #[sqlx::test]
 async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(pool: PgPool) {

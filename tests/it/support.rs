@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use autoapproval::approval::{Approver, ApproverConfig};
 use autoapproval::clock::{ManualClock, SharedClock};
-use autoapproval::domain::Fence;
+use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
 use autoapproval::sim::{SimHandle, SimOptions, Simulator};
 use autoapproval::store::Store;
@@ -65,6 +65,27 @@ impl Env {
             approver,
         }
     }
+}
+
+/// An owner contract as the candidate query returns it.
+pub fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id,
+    }
+}
+
+/// The URL of the test's own database, for a child process.
+pub fn database_url(pool: &PgPool) -> String {
+    let options = pool.connect_options();
+    format!(
+        "postgres://{}@{}:{}/{}",
+        options.get_username(),
+        options.get_host(),
+        options.get_port(),
+        options.get_database().expect("a database name")
+    )
 }
 
 /// The fence of a test worker.
