@@ -383,6 +383,7 @@ async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPoo
         .max()
         .expect("the victim held shards");
     let bound = LEASE_DURATION + RETRY_PERIOD;
+    eprintln!("{victim_name}'s shards {victim_shards:?} taken over {slowest} after the kill");
     // One turn's own work (a list and a few writes) is the only slack.
     assert!(
         slowest.to_std().unwrap_or_default() <= bound + Duration::from_secs(1),
@@ -493,6 +494,9 @@ async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(po
         )
         .await
         .expect("holders");
+        if let Some(slowest) = held.iter().map(|s| after[s].1 - stopped_at).max() {
+            eprintln!("{name}'s shards {held:?} handed over at most {slowest} after SIGTERM");
+        }
         for s in &held {
             let took = after[s].1 - stopped_at;
             assert!(
