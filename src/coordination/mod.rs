@@ -344,13 +344,20 @@ impl Coordinator {
         }
     }
 
-    async fn release_shard(&mut self, shard: u32, now: DateTime<Utc>) {
+    /// Hands a shard back; false when the Lease could not be written (it
+    /// then expires).
+    async fn release_shard(&mut self, shard: u32, now: DateTime<Utc>) -> bool {
         let name = shard_lease_name(shard);
         self.shards.remove(shard);
-        if let Err(error) = self.release(&name, now).await {
-            warn!(shard, %error, "could not release the shard's Lease; it will expire");
-        } else {
-            info!(shard, "shard released");
+        match self.release(&name, now).await {
+            Ok(()) => {
+                info!(shard, "shard released");
+                true
+            }
+            Err(error) => {
+                warn!(shard, %error, "could not release the shard's Lease; it will expire");
+                false
+            }
         }
     }
 
@@ -638,11 +645,13 @@ impl Coordinator {
     /// Hands every Lease back at shutdown.
     async fn release_all(&mut self) {
         let now = self.clock.now();
+        let mut kept = 0;
         for shard in self.shards.held() {
-            self.release_shard(shard, now).await;
+            kept += usize::from(!self.release_shard(shard, now).await);
         }
         if self.mine.contains_key(LEADER_LEASE) {
             if let Err(error) = self.release(LEADER_LEASE, now).await {
+                kept += 1;
                 warn!(%error, "could not release the leader Lease; it will expire");
             }
             self.leader_renewed = None;
@@ -652,10 +661,18 @@ impl Coordinator {
         if self.mine.remove(&member).is_some()
             && let Err(error) = self.api.delete(&member, &DeleteParams::default()).await
         {
+            kept += 1;
             warn!(%error, "could not delete the member Lease; it will expire");
         }
         self.metrics.coordination(0, false);
-        info!("Leases released");
+        if kept == 0 {
+            info!("Leases released");
+        } else {
+            warn!(
+                kept,
+                "some Leases could not be released; they expire after the lease duration"
+            );
+        }
     }
 }
 
