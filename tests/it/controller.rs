@@ -147,6 +147,29 @@ impl Cluster {
         .expect("CR")
     }
 
+    /// Waits until discovery hears NOTIFY: its LISTEN connection comes up
+    /// concurrently with start-up. A canceled probe request is touched
+    /// until one of its notifications wakes discovery.
+    pub async fn wait_listening(&self) {
+        const PROBE: i64 = 9_999_999;
+        NewRequest::ready_owner(PROBE)
+            .status("CANCELED")
+            .insert(&self.pool)
+            .await;
+        let before = self.metrics.notify_wakeups();
+        eventually("discovery to hear NOTIFY", || async {
+            set(
+                &self.pool,
+                PROBE,
+                "documents_released = NOT documents_released",
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            (self.metrics.notify_wakeups() > before).then_some(())
+        })
+        .await;
+    }
+
     /// Events about the CR of `request_id`, as (reason, note).
     pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
@@ -400,10 +423,13 @@ async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
         .await
         .expect("create paused CR");
     cluster.wait_phase(106, Phase::Paused).await;
+    cluster.wait_listening().await;
+    // Counted before the insert: its wake-up may be handled before the
+    // next line runs.
+    let turns = cluster.metrics.notify_wakeups();
     owner_now(106).insert(&pool).await;
 
     // The insert's NOTIFY runs a turn that finds the request: still untouched.
-    let turns = cluster.metrics.notify_wakeups();
     eventually("a discovery turn after the insert", || async {
         (cluster.metrics.notify_wakeups() > turns).then_some(())
     })
