@@ -160,17 +160,19 @@ impl Discovery {
         debug!(?shards, crs = n, "reconciling the CRs of acquired shards");
     }
 
-    fn is_ours(&self, request_id: i64) -> bool {
-        self.shards
-            .workable()
-            .contains(&self.shards.shard_of(request_id))
+    /// Whether a request is in a shard this replica can work now (one
+    /// look at the held shards, for a whole batch).
+    fn ours(&self) -> impl Fn(i64) -> bool + '_ {
+        let held = self.shards.workable();
+        move |request_id| held.contains(&self.shards.shard_of(request_id))
     }
 
     /// Puts back the CRs of deleted AutoApprovals whose request is still
     /// open; a finished or unknown request's CR stays deleted.
     async fn restore(&self, request_ids: &[i64]) {
+        let ours = self.ours();
         for &request_id in request_ids {
-            if !self.is_ours(request_id) || self.cache.get(&self.key(request_id)).is_some() {
+            if !ours(request_id) || self.cache.get(&self.key(request_id)).is_some() {
                 continue;
             }
             let request = match self.store.request(request_id).await {
@@ -194,11 +196,8 @@ impl Discovery {
 
     /// Cuts short the waits of changed requests and reconciles their CRs.
     async fn wake(&self, changed: &[i64]) -> Result<(), DiscoveryError> {
-        let changed: Vec<i64> = changed
-            .iter()
-            .copied()
-            .filter(|id| self.is_ours(*id))
-            .collect();
+        let ours = self.ours();
+        let changed: Vec<i64> = changed.iter().copied().filter(|id| ours(*id)).collect();
         if changed.is_empty() {
             return Ok(());
         }

@@ -245,11 +245,12 @@ impl Coordinator {
 
     /// Shards whose Lease now names another holder are lost at once.
     fn notice_losses(&mut self, leases: &[Lease]) {
+        let held = self.shards.held();
         for lease in leases {
             let Some(shard) = shard_of_lease(lease, self.settings.shard_count) else {
                 continue;
             };
-            if !self.shards.held().contains(&shard) {
+            if !held.contains(&shard) {
                 continue;
             }
             let holder = lease

@@ -55,6 +55,20 @@ pub fn client_for(server: &TestServer) -> Client {
     Client::try_from(config).expect("client")
 }
 
+/// The test API server with the CRD installed, a client of it, and the
+/// simulator.
+pub async fn backends() -> (TestServer, Client, SimHandle) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let client = client_for(&server);
+    install_crd(&client).await;
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        .await
+        .expect("simulator");
+    (server, client, sim)
+}
+
 /// Applies the CRD to the test API server.
 pub async fn install_crd(client: &Client) {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
@@ -72,14 +86,7 @@ impl Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             autoapproval::telemetry::init_tracing(false);
         }
-        let server = TestServer::start(Options::default())
-            .await
-            .expect("test API server");
-        let client = client_for(&server);
-        install_crd(&client).await;
-        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
-            .await
-            .expect("simulator");
+        let (server, client, sim) = backends().await;
         let mut cluster = Cluster {
             server,
             api: Api::namespaced(client.clone(), NS),

@@ -8,17 +8,17 @@ use std::time::Duration;
 
 use autoapproval::controller::crd::AutoApproval;
 use autoapproval::coordination::{SHARD_LEASE_PREFIX, member_lease_name};
-use autoapproval::sim::{Faults, SimHandle, SimOptions, Simulator};
+use autoapproval::sim::{Faults, SimHandle};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube_testserver::{Match, Options, TestServer};
+use kube_testserver::{Match, TestServer};
 use rand::Rng;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
-use crate::controller::{NS, client_for, eventually, install_crd};
+use crate::controller::{NS, backends, eventually};
 use crate::support::database_url;
 
 const SHARDS: u32 = 16;
@@ -47,14 +47,7 @@ struct Fleet {
 
 impl Fleet {
     async fn start(pool: PgPool, n: usize, lease_duration: Duration) -> Fleet {
-        let server = TestServer::start(Options::default())
-            .await
-            .expect("test API server");
-        let client = client_for(&server);
-        install_crd(&client).await;
-        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
-            .await
-            .expect("simulator");
+        let (server, client, sim) = backends().await;
         let dir = std::env::temp_dir().join(format!(
             "aa-fleet-{}-{}",
             std::process::id(),
