@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use crate::support::{NewRequest, database_url, insert_state, request_view};
+use crate::support::{NewRequest, database_url, insert_state, request_view, sigterm};
 
 pub const NS: &str = "default";
 
@@ -906,12 +906,7 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
         "{metrics}"
     );
 
-    // The shell's builtin kill: no extra package needed.
-    let killed = std::process::Command::new("sh")
-        .args(["-c", &format!("kill -TERM {pid}")])
-        .status()
-        .expect("kill");
-    assert!(killed.success());
+    sigterm(pid);
     let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
         .await
         .expect("exits within 30 s of SIGTERM")

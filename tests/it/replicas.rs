@@ -19,7 +19,7 @@ use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
 use crate::controller::{NS, backends, eventually};
-use crate::support::database_url;
+use crate::support::{database_url, sigterm};
 
 const SHARDS: u32 = 16;
 /// Lease timings of the tests: short, so failovers happen within seconds.
@@ -141,11 +141,7 @@ impl Fleet {
     async fn stop(&mut self, i: usize) {
         let mut child = self.replicas[i].child.take().expect("running");
         let pid = child.id().expect("pid");
-        let sent = std::process::Command::new("sh")
-            .args(["-c", &format!("kill -TERM {pid}")])
-            .status()
-            .expect("kill");
-        assert!(sent.success());
+        sigterm(pid);
         let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
             .await
             .expect("exits within 30 s of SIGTERM")

@@ -88,6 +88,15 @@ pub fn database_url(pool: &PgPool) -> String {
     )
 }
 
+/// Sends SIGTERM with the shell's builtin kill: no extra package needed.
+pub fn sigterm(pid: u32) {
+    let sent = std::process::Command::new("sh")
+        .args(["-c", &format!("kill -TERM {pid}")])
+        .status()
+        .expect("kill");
+    assert!(sent.success(), "kill -TERM {pid}");
+}
+
 /// The fence of a test worker.
 pub fn fence(holder: &str, token: i64) -> Fence {
     Fence::new(holder, token)
