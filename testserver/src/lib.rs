@@ -77,6 +77,7 @@ impl TestServer {
             faults: faults.clone(),
             bookmark_interval: opts.bookmark_interval,
             addr: addr.to_string(),
+            requests: Default::default(),
         });
         let router = axum::Router::new()
             .fallback(server::handle)
@@ -119,6 +120,27 @@ impl TestServer {
     /// Changes how many events the watch log retains (older resourceVersions get 410).
     pub fn set_watch_window(&self, events: usize) {
         self.app.store.lock().set_window(events);
+    }
+
+    /// Requests received so far (faulted ones included), keyed by verb and
+    /// resource plural, e.g. `"create autoapprovals"`; discovery is `"get "`.
+    pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.app.requests.lock().clone()
+    }
+
+    /// Write requests (create, update, patch, delete, deletecollection) received so far.
+    pub fn write_count(&self) -> u64 {
+        self.request_counts()
+            .iter()
+            .filter(|(key, _)| {
+                let verb = key.split(' ').next().unwrap_or_default();
+                matches!(
+                    verb,
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+            })
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// The current cluster-wide resourceVersion.

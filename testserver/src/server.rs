@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +31,8 @@ pub struct App {
     pub bookmark_interval: Duration,
     /// host:port the server listens on.
     pub addr: String,
+    /// Requests served so far, by verb and resource ("create autoapprovals").
+    pub requests: Mutex<BTreeMap<String, u64>>,
 }
 
 fn json_resp(code: u16, v: &Value) -> Response {
@@ -169,6 +171,10 @@ pub async fn handle(
             path: path.clone(),
         },
     };
+    *app.requests
+        .lock()
+        .entry(format!("{} {}", info.verb, info.resource))
+        .or_default() += 1;
     if let Some(err) = app.faults.check(&info).await {
         return err.into_response();
     }
