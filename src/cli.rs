@@ -33,6 +33,13 @@ pub enum Command {
     Crd,
     /// Serve the simulator of the four external systems.
     Sim(crate::sim::SimArgs),
+    /// Show the controller at work: a throwaway PostgreSQL, API server, simulator and 3 replicas on a mixed workload.
+    Demo(Box<crate::demo::DemoArgs>),
+    /// Measure ours (and, with --compare, the seed's two designs) on the demo's stack; JSON report and SVG plot.
+    Bench(Box<crate::bench::BenchArgs>),
+    /// Run one of the seed's designs as a replica (started by `bench`).
+    #[command(hide = true)]
+    SeedDesign(Box<crate::bench::seed_designs::SeedDesignArgs>),
 }
 
 /// Arguments of `migrate`.
@@ -73,6 +80,15 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// The demo failed.
+    #[error(transparent)]
+    Demo(#[from] crate::demo::DemoError),
+    /// The benchmark failed.
+    #[error(transparent)]
+    Bench(#[from] crate::bench::BenchError),
+    /// A seed design replica failed.
+    #[error(transparent)]
+    SeedDesign(#[from] crate::bench::seed_designs::SeedDesignError),
     /// The CRD could not be rendered.
     #[error("rendering the CRD: {0}")]
     Crd(#[from] serde_yaml::Error),
@@ -80,7 +96,10 @@ pub enum CliError {
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
-    crate::telemetry::init_tracing(cli.log_json);
+    // The demo and the benchmark print their own progress; their log is
+    // for warnings unless RUST_LOG asks for more.
+    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
+    crate::telemetry::init_tracing(cli.log_json, if quiet { "warn" } else { "info" });
     match cli.command {
         Command::Migrate(args) => {
             let store = Store::connect(&args.database).await?;
@@ -94,6 +113,9 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Sim(args) => Ok(crate::sim::run(args).await?),
+        Command::Demo(args) => Ok(crate::demo::run(*args).await?),
+        Command::Bench(args) => Ok(crate::bench::run(*args).await?),
+        Command::SeedDesign(args) => Ok(crate::bench::seed_designs::run(*args).await?),
     }
 }
 
@@ -177,7 +199,7 @@ fn own_namespace() -> Option<String> {
 }
 
 /// Resolves on SIGTERM or Ctrl-C.
-async fn termination() {
+pub(crate) async fn termination() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {

@@ -15,6 +15,8 @@ use crate::domain::{
     Candidate, Claim, Fence, Request, RequestStatus, RequestType, State, StateStatus, UnknownValue,
 };
 
+pub mod harness;
+
 /// Database settings.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseConfig {

@@ -405,9 +405,10 @@ impl Metrics {
 
 /// Installs the tracing subscriber: `RUST_LOG` filter (default `info`),
 /// JSON lines when `json` is set.
-pub fn init_tracing(json: bool) {
+pub fn init_tracing(json: bool, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -5,6 +5,7 @@ mod chain;
 mod claims;
 mod cleanser;
 mod controller;
+mod demo;
 mod deploy;
 mod external;
 mod fencing;

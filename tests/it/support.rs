@@ -88,13 +88,18 @@ pub fn database_url(pool: &PgPool) -> String {
     )
 }
 
-/// Sends SIGTERM with the shell's builtin kill: no extra package needed.
+/// Sends SIGTERM.
 pub fn sigterm(pid: u32) {
-    let sent = std::process::Command::new("sh")
-        .args(["-c", &format!("kill -TERM {pid}")])
+    signal(pid, "TERM");
+}
+
+/// Sends `SIG<name>` to `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .args([format!("-{name}"), pid.to_string()])
         .status()
         .expect("kill");
-    assert!(sent.success(), "kill -TERM {pid}");
+    assert!(sent.success(), "kill -{name} {pid}");
 }
 
 /// The fence of a test worker.
