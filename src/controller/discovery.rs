@@ -134,6 +134,12 @@ impl Discovery {
                 if let Err(error) = self.wake(&woken).await {
                     warn!(%error, "could not wake changed requests");
                 }
+                // Changes in other replicas' shards are theirs to work: no
+                // turn here, and the poll keeps its time.
+                let ours = self.ours();
+                if !woken.iter().any(|id| ours(*id)) {
+                    continue;
+                }
             }
             let delay = match self.turn().await {
                 Ok(summary) if summary.full => self.settings.backlog_delay,
@@ -194,20 +200,23 @@ impl Discovery {
         }
     }
 
-    /// Cuts short the waits of changed requests and reconciles their CRs.
+    /// Cuts short the waits of changed requests and reconciles the CRs of
+    /// those in our shards.
+    ///
+    /// The database wake covers every changed request, in our shards or not:
+    /// a change notified while its shard changes hands would otherwise be
+    /// lost (the draining holder no longer works it and the next one never
+    /// heard it) and wait out its condition interval. The next holder's
+    /// acquisition turn then finds it due. The update touches only rows still
+    /// waiting, so the other replicas' copies of it change nothing.
     async fn wake(&self, changed: &[i64]) -> Result<(), DiscoveryError> {
-        let ours = self.ours();
-        let changed: Vec<i64> = changed.iter().copied().filter(|id| ours(*id)).collect();
-        if changed.is_empty() {
-            return Ok(());
-        }
-        let changed = &changed[..];
         let now = self.clock.now();
         let woken = self.store.wake(changed, now).await?;
         if !woken.is_empty() {
             debug!(?woken, "waiting requests woken by a change");
         }
-        for &request_id in changed {
+        let ours = self.ours();
+        for request_id in changed.iter().copied().filter(|id| ours(*id)) {
             let key = self.key(request_id);
             if self.cache.get(&key).is_some() {
                 let _ = self.trigger.unbounded_send(key);

@@ -84,7 +84,7 @@ impl Cluster {
 
     pub async fn with(pool: PgPool, settings: Settings) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
-            autoapproval::telemetry::init_tracing(false);
+            autoapproval::telemetry::init_tracing(false, "info");
         }
         let (server, client, sim) = backends().await;
         let mut cluster = Cluster {
@@ -919,4 +919,87 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
     let api: Api<AutoApproval> = Api::namespaced(client_for(&server), NS);
     let cr = api.get(&crd::cr_name(120)).await.expect("CR");
     assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::Approved));
+}
+
+/// A change notified while its shard is held by no replica that works it
+/// (here: taken by another holder) is not lost: the database wake is
+/// recorded anyway, and the replica that gets the shard next approves the
+/// request at once instead of after its 10-minute condition interval.
+#[sqlx::test]
+async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPool) {
+    use autoapproval::stack::replicas::metric_sum;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let held = |m: &Metrics| metric_sum(&m.encode(), "autoapproval_shards_held", &[]);
+    eventually("the replica to hold all 16 shards", || async {
+        (held(&cluster.metrics) == 16.0).then_some(())
+    })
+    .await
+    .expect("all shards held");
+    cluster.wait_listening().await;
+    // Request 105 is in shard 105 mod 16 = 9.
+    let mut waiting = owner_now(105);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    eventually("request 105 to wait the long interval", || async {
+        let status = cluster.cr(105).await?.status?;
+        let long = status.next_retry_time? > Utc::now() + chrono::Duration::minutes(9);
+        (status.phase == Some(Phase::RetryWaiting) && long).then_some(())
+    })
+    .await
+    .expect("waiting");
+
+    // Another holder takes shard 9 (its Lease fresh, so not expired).
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    eventually("the Lease of shard 9 to be taken by a ghost", || async {
+        let mut lease = leases.get("autoapproval-shard-9").await.ok()?;
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        spec.holder_identity = Some("ghost".into());
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        spec.lease_duration_seconds = Some(3600);
+        leases
+            .replace("autoapproval-shard-9", &PostParams::default(), &lease)
+            .await
+            .ok()
+            .map(|_| ())
+    })
+    .await
+    .expect("lease taken");
+    eventually("the replica to notice it lost shard 9", || async {
+        (held(&cluster.metrics) == 15.0).then_some(())
+    })
+    .await
+    .expect("shard 9 lost");
+
+    set(&pool, 105, "documents_released = true").await;
+    eventually(
+        "the wake to be recorded although no replica works shard 9",
+        || async {
+            let (due,): (bool,) = sqlx::query_as(
+                "SELECT next_retry_time <= now() FROM auto_approve_state WHERE request_id = 105",
+            )
+            .fetch_one(&pool)
+            .await
+            .ok()?;
+            due.then_some(())
+        },
+    )
+    .await
+    .expect("the change woke the waiting request");
+    assert_eq!(
+        request_status(&pool, 105).await,
+        "PENDING",
+        "nobody works shard 9 yet"
+    );
+
+    // The ghost goes; the replica takes shard 9 back and finds it due.
+    leases
+        .delete("autoapproval-shard-9", &DeleteParams::default())
+        .await
+        .expect("ghost lease deleted");
+    cluster.wait_phase(105, Phase::Approved).await;
+    assert_eq!(request_status(&pool, 105).await, "APPROVED");
+    cluster.stop().await;
 }
