@@ -34,6 +34,9 @@ pub struct DemoArgs {
     /// Give up, and exit 1, when the requests have not all ended by then.
     #[arg(long, env = "AUTOAPPROVAL_DEMO_TIMEOUT", default_value = "2m", value_parser = parse_duration)]
     pub timeout: Duration,
+    /// How the printed watch command calls kubectl.
+    #[arg(long, env = "AUTOAPPROVAL_DEMO_KUBECTL", default_value = "kubectl")]
+    pub kubectl: String,
     /// After the summary, stay up (for kubectl) until Ctrl-C.
     #[arg(long, env = "AUTOAPPROVAL_DEMO_KEEP_RUNNING", default_value_t = false)]
     pub keep_running: bool,
@@ -565,7 +568,8 @@ async fn summary(
     out.line(&format!("  failed claims across replicas: {lost}"));
     out.line("");
     out.line(&format!(
-        "Watch it: kubectl --kubeconfig {} get autoapprovals",
+        "Watch it: {} --kubeconfig {} get autoapprovals",
+        args.kubectl,
         stack.kubeconfig().display()
     ));
     if !args.keep_running {

@@ -382,15 +382,15 @@ async fn measure(
         .zip(&cpu_before)
         .map(|(r, before)| r.cpu_seconds().unwrap_or(*before) - before)
         .sum();
-    let statements = if counting {
-        Some(
-            harness
-                .statements_by(WORKER_ROLE)
-                .await
-                .map_err(StackError::from)?,
+    let (statements, top) = if counting {
+        let n = harness.statements_by(WORKER_ROLE).await;
+        let top = harness.top_statements(WORKER_ROLE, 12).await;
+        (
+            Some(n.map_err(StackError::from)?),
+            top.map_err(StackError::from)?,
         )
     } else {
-        None
+        (None, Vec::new())
     };
     let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
     let calls = sim_calls(stack) - calls_before;
@@ -428,6 +428,7 @@ async fn measure(
         },
         cpu_seconds_per_1000: per(cpu) * 1000.0,
         db_statements_per_approval: statements.map(|s| per(s as f64)),
+        db_statements_top: top,
         kube_writes_per_approval: per(writes as f64),
         external_calls_per_approval: per(calls as f64),
         duplicate_creations: stack.sim().map_or(0, |s| duplicate_creations(&s.stats())),

@@ -184,6 +184,7 @@ mod tests {
             throughput_per_s: 0.0,
             cpu_seconds_per_1000: 0.0,
             db_statements_per_approval: None,
+            db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
             external_calls_per_approval: 0.0,
             duplicate_creations: 0,

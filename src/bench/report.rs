@@ -71,6 +71,8 @@ pub struct DesignReport {
     /// Statements the replicas sent, per approval (`pg_stat_statements`);
     /// `None` when the extension is not available.
     pub db_statements_per_approval: Option<f64>,
+    /// The statements sent most, with their counts (where the statements go).
+    pub db_statements_top: Vec<crate::store::harness::StatementCount>,
     /// Writes to the Kubernetes API per approval.
     pub kube_writes_per_approval: f64,
     /// Calls to the external systems per approval.
@@ -247,6 +249,7 @@ mod tests {
             throughput_per_s: 1.0,
             cpu_seconds_per_1000: 1.0,
             db_statements_per_approval: None,
+            db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
             external_calls_per_approval: 3.0,
             duplicate_creations: 0,

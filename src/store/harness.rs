@@ -280,6 +280,35 @@ impl Harness {
         .map_err(db("read pg_stat_statements"))?;
         Ok(n.unwrap_or(0))
     }
+
+    /// The `limit` statements `role` executed most since the last reset.
+    pub async fn top_statements(
+        &self,
+        role: &str,
+        limit: i64,
+    ) -> Result<Vec<StatementCount>, StoreError> {
+        sqlx::query_as(
+            "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 160) AS query, s.calls
+               FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
+              WHERE r.rolname = $1
+              ORDER BY s.calls DESC
+              LIMIT $2",
+        )
+        .bind(role)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db("read pg_stat_statements"))
+    }
+}
+
+/// One statement's count, for the report's breakdown.
+#[derive(Clone, Debug, PartialEq, serde::Serialize, sqlx::FromRow)]
+pub struct StatementCount {
+    /// The normalised statement text, shortened.
+    pub query: String,
+    /// Executions.
+    pub calls: i64,
 }
 
 /// The seed's old design: a queue table one scheduler fills and another

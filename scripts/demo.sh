@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The project's main job in one command: `autoapproval demo` runs three
+# controller replicas against a throwaway PostgreSQL, the in-memory test API
+# server and the external-system simulator, works a mixed workload to its
+# end, prints a summary and exits 0 only when every request ended where it
+# should. This script first makes sure what it needs exists on a fresh
+# machine: PostgreSQL's binaries (Debian's package; the demo runs its own
+# server from them), kubectl (to watch the CRs) and the build.
+# Extra arguments go to `autoapproval demo` (see `--help`), e.g. --keep-running.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb >/dev/null; then
+  echo "installing Debian's postgresql package (the demo starts its own server from its binaries)..." >&2
+  sudo=()
+  [[ "$(id -u)" == 0 ]] || sudo=(sudo)
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq >&2
+  "${sudo[@]}" apt-get install -y -qq postgresql >&2
+fi
+tools="$(scripts/install-tools.sh | tail -n 1)"
+cargo build --quiet --bin autoapproval
+exec target/debug/autoapproval demo --kubectl "$tools/kubectl" "$@"
