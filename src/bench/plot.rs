@@ -142,13 +142,13 @@ pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
     svg
 }
 
-/// `0.1 ms`, `10 ms`, `1 s`, `2.5 min`.
+/// `0.1 ms`, `10 ms`, `1 s`, `100 s`, `20 min`.
 fn duration_label(ms: f64) -> String {
     if ms < 1.0 {
         format!("{ms} ms")
     } else if ms < 1000.0 {
         format!("{} ms", round(ms))
-    } else if ms < 60_000.0 {
+    } else if ms < 1_000_000.0 {
         format!("{} s", round(ms / 1000.0))
     } else {
         format!("{} min", round(ms / 60_000.0))
@@ -156,7 +156,7 @@ fn duration_label(ms: f64) -> String {
 }
 
 fn round(v: f64) -> String {
-    if v >= 10.0 {
+    if v >= 10.0 || v.fract() == 0.0 {
         format!("{v:.0}")
     } else {
         format!("{v:.1}")
@@ -205,7 +205,7 @@ mod tests {
         assert_eq!(svg.matches("<polyline").count(), 2);
         // Decades from 1 ms to 100 s.
         assert!(svg.contains(">1 ms<") && svg.contains(">100 s<"), "{svg}");
-        assert!(svg.contains("ours — p99 5.0 ms"), "{svg}");
+        assert!(svg.contains("ours — p99 5 ms"), "{svg}");
         assert!(svg.contains("a &amp; b"), "{svg}");
         // The last step of a design reaches 100 % (y = TOP).
         assert!(svg.contains(&format!(",{TOP:.1}\"")), "{svg}");
