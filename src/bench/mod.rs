@@ -223,13 +223,18 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     println!("report: {}", args.report.display());
     if args.compare {
         let subtitle = format!(
-            "{} owner contracts at {}/s, {} replicas each, {} ms per external call, periods divided by {} ({})",
+            "{} owner contracts at {}/s, {} replicas each, {} ms per external call, periods divided by {}\n{}, {} build: autoapproval bench --compare",
             args.requests,
             args.rate,
             args.replicas,
             args.latency.as_millis(),
             args.time_scale,
-            report.machine
+            report.machine,
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
         );
         write(&args.svg, &plot::cdf_svg(&report.designs, &subtitle))?;
         println!("plot: {}", args.svg.display());

@@ -6,14 +6,16 @@ use std::fmt::Write;
 use super::report::DesignReport;
 
 const WIDTH: f64 = 760.0;
-const HEIGHT: f64 = 420.0;
+const HEIGHT: f64 = 460.0;
 const LEFT: f64 = 70.0;
-const RIGHT: f64 = 20.0;
-const TOP: f64 = 50.0;
-const BOTTOM: f64 = 60.0;
+const RIGHT: f64 = 30.0;
+const TOP: f64 = 70.0;
+/// Tick labels, the axis title and the legend sit below the plot.
+const BOTTOM: f64 = 90.0;
 const COLORS: [&str; 4] = ["#1b7837", "#d6604d", "#4393c3", "#762a83"];
 
-/// The SVG of every design's pickup-latency CDF; `subtitle` says how it was measured.
+/// The SVG of every design's pickup-latency CDF; `subtitle` (lines split
+/// at `\n`) says how it was measured.
 pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
     let samples = designs
         .iter()
@@ -44,11 +46,14 @@ pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
         svg,
         r#"<text x="{LEFT}" y="22" font-size="15" font-weight="bold">Pickup latency (eligible → claimed), cumulative share of requests</text>"#
     );
-    let _ = writeln!(
-        svg,
-        r##"<text x="{LEFT}" y="38" fill="#555">{}</text>"##,
-        escape(subtitle)
-    );
+    for (i, line) in subtitle.lines().take(2).enumerate() {
+        let _ = writeln!(
+            svg,
+            r##"<text x="{LEFT}" y="{}" fill="#555">{}</text>"##,
+            40 + 15 * i,
+            escape(line)
+        );
+    }
     // Grid and axes: a line per decade, a tick per quarter.
     for e in lo_exp..=hi_exp {
         let gx = x(10f64.powi(e));
@@ -64,17 +69,11 @@ pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
             duration_label(10f64.powi(e))
         );
     }
-    for q in [0.0, 0.25, 0.5, 0.75, 0.99, 1.0] {
+    for q in [0.0, 0.25, 0.5, 0.75, 1.0] {
         let gy = y(q);
-        // The p99 line dashed: the figure the comparison is judged by.
-        let style = if q == 0.99 {
-            r##"stroke="#999" stroke-dasharray="4 3""##
-        } else {
-            r##"stroke="#ddd""##
-        };
         let _ = writeln!(
             svg,
-            r#"<line x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}" {style}/>"#,
+            r##"<line x1="{LEFT}" y1="{gy:.1}" x2="{:.1}" y2="{gy:.1}" stroke="#ddd"/>"##,
             LEFT + plot_w
         );
         let _ = writeln!(
@@ -85,11 +84,24 @@ pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
             q * 100.0
         );
     }
+    // The 99th percentile, dashed: the figure the comparison is judged by.
+    let p99 = y(0.99);
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{LEFT}" y1="{p99:.1}" x2="{:.1}" y2="{p99:.1}" stroke="#999" stroke-dasharray="4 3"/>"##,
+        LEFT + plot_w
+    );
+    let _ = writeln!(
+        svg,
+        r##"<text x="{:.1}" y="{:.1}" fill="#777" font-size="10">99</text>"##,
+        LEFT + plot_w + 3.0,
+        p99 + 8.0
+    );
     let _ = writeln!(
         svg,
         r#"<text x="{:.1}" y="{:.1}" text-anchor="middle">pickup latency (log scale)</text>"#,
         LEFT + plot_w / 2.0,
-        HEIGHT - 18.0
+        TOP + plot_h + 38.0
     );
     for (i, design) in designs.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
@@ -119,22 +131,23 @@ pub fn cdf_svg(designs: &[DesignReport], subtitle: &str) -> String {
             r#"<polyline fill="none" stroke="{color}" stroke-width="2" points="{}"/>"#,
             points.trim_end()
         );
-        let legend_y = TOP + 16.0 + 18.0 * i as f64;
+        // The legend: one row below the axis title, a column per design.
+        let legend_x = LEFT + plot_w / designs.len().max(1) as f64 * i as f64;
+        let legend_y = TOP + plot_h + 66.0;
         let p99 = design.pickup_ms.map_or("no samples".into(), |p| {
             format!("p99 {}", duration_label(p.p99))
         });
         let _ = writeln!(
             svg,
-            r#"<line x1="{:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="3"/>"#,
-            LEFT + 12.0,
+            r#"<line x1="{legend_x:.1}" y1="{:.1}" x2="{:.1}" y2="{:.1}" stroke="{color}" stroke-width="3"/>"#,
             legend_y - 4.0,
-            LEFT + 36.0,
+            legend_x + 24.0,
             legend_y - 4.0
         );
         let _ = writeln!(
             svg,
             r#"<text x="{:.1}" y="{legend_y:.1}">{} — {p99}</text>"#,
-            LEFT + 42.0,
+            legend_x + 30.0,
             escape(&design.design)
         );
     }
