@@ -12,7 +12,6 @@ use crate::domain::RequestType;
 use crate::external::System;
 use crate::external::http::parse_duration;
 use crate::sim::{FaultKind, Faults, SimOptions};
-use crate::stack::replicas::metric_sum;
 use crate::stack::{NAMESPACE, Stack, StackArgs, StackError};
 use crate::store::harness::{NewRequest, RequestEnd};
 
@@ -536,13 +535,7 @@ async fn summary(
             }
         ));
     }
-    let pickups: Vec<f64> = harness
-        .pickups()
-        .await
-        .map_err(StackError::from)?
-        .into_iter()
-        .map(|(_, ms)| ms)
-        .collect();
+    let pickups = harness.pickups_ms().await.map_err(StackError::from)?;
     if let Some(p) = crate::bench::report::Percentiles::of(&pickups) {
         out.line(&format!(
             "  pickup latency, eligible → claimed ({} requests, from insert or from the document release): p50 {:.1} ms, p95 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
@@ -558,13 +551,7 @@ async fn summary(
             stats.faults_injected.error
         ));
     }
-    let http = reqwest::Client::new();
-    let mut lost = 0.0;
-    for replica in stack.replicas() {
-        if let Ok(text) = replica.scrape(&http).await {
-            lost += metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
-        }
-    }
+    let lost = stack.failed_claims(&reqwest::Client::new()).await;
     out.line(&format!("  failed claims across replicas: {lost}"));
     out.line("");
     out.line(&format!(

@@ -17,7 +17,6 @@ use seed_designs::SeedDesign;
 use crate::domain::RequestType;
 use crate::external::http::parse_duration;
 use crate::sim::{Faults, SimOptions};
-use crate::stack::replicas::metric_sum;
 use crate::stack::{NAMESPACE, Stack, StackArgs, StackError, WORKER_ROLE};
 use crate::store::harness::NewRequest;
 
@@ -341,7 +340,7 @@ async fn measure(
         .collect();
     let writes_before = stack.apiserver().map_or(0, |s| s.write_count());
     let calls_before = sim_calls(stack);
-    let lost_before = lost_claims(stack, &http).await;
+    let lost_before = stack.failed_claims(&http).await;
     let harness = stack.harness()?.clone();
     let counting = harness.enable_statement_counts().await.unwrap_or(false);
     if counting {
@@ -399,19 +398,12 @@ async fn measure(
     };
     let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
     let calls = sim_calls(stack) - calls_before;
-    let lost = lost_claims(stack, &http).await - lost_before;
+    let lost = stack.failed_claims(&http).await - lost_before;
     let span = harness
         .approval_span("autoapproval")
         .await
         .map_err(StackError::from)?;
-    let mut samples: Vec<f64> = harness
-        .pickups()
-        .await
-        .map_err(StackError::from)?
-        .into_iter()
-        .map(|(_, ms)| ms)
-        .collect();
-    samples.sort_by(f64::total_cmp);
+    let samples = harness.pickups_ms().await.map_err(StackError::from)?;
     let approved = span.approved.max(0) as u64;
     let per = |n: f64| {
         if approved == 0 {
@@ -445,14 +437,4 @@ fn sim_calls(stack: &Stack) -> u64 {
     stack
         .sim()
         .map_or(0, |s| s.stats().calls.values().sum::<u64>())
-}
-
-async fn lost_claims(stack: &Stack, http: &reqwest::Client) -> f64 {
-    let mut lost = 0.0;
-    for replica in stack.replicas() {
-        if let Ok(text) = replica.scrape(http).await {
-            lost += metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
-        }
-    }
-    lost
 }

@@ -277,6 +277,18 @@ impl Stack {
         }
     }
 
+    /// Claims the replicas lost so far (`autoapproval_claims_total{result="lost"}`).
+    pub async fn failed_claims(&self, http: &reqwest::Client) -> f64 {
+        let mut lost = 0.0;
+        for replica in &self.replicas {
+            if let Ok(text) = replica.scrape(http).await {
+                lost +=
+                    replicas::metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
+            }
+        }
+        lost
+    }
+
     /// Stops the replicas (SIGTERM, then SIGKILL after `grace`).
     pub async fn stop_replicas(&mut self, grace: Duration) {
         let stops = self.replicas.drain(..).map(|r| r.stop(grace));

@@ -195,19 +195,19 @@ impl Harness {
     }
 
     /// Pickup latency in milliseconds of every request claimed since it
-    /// became eligible: the first claim at or after `eligible_at`.
-    pub async fn pickups(&self) -> Result<Vec<(i64, f64)>, StoreError> {
-        sqlx::query_as(
-            "SELECT e.request_id,
-                    (extract(epoch FROM min(c.claimed_at) - e.eligible_at) * 1000)::float8
+    /// became eligible (its first claim at or after `eligible_at`), ascending.
+    pub async fn pickups_ms(&self) -> Result<Vec<f64>, StoreError> {
+        let rows: Vec<(f64,)> = sqlx::query_as(
+            "SELECT (extract(epoch FROM min(c.claimed_at) - e.eligible_at) * 1000)::float8 AS ms
                FROM harness_eligible e
                JOIN harness_claim c ON c.request_id = e.request_id AND c.claimed_at >= e.eligible_at
               GROUP BY e.request_id, e.eligible_at
-              ORDER BY e.request_id",
+              ORDER BY ms",
         )
         .fetch_all(&self.pool)
         .await
-        .map_err(db("read the pickup latencies"))
+        .map_err(db("read the pickup latencies"))?;
+        Ok(rows.into_iter().map(|(ms,)| ms).collect())
     }
 
     /// Approvals by `decided_by` and the time from the first eligible request
