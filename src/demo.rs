@@ -36,7 +36,7 @@ pub struct DemoArgs {
     /// How the printed watch command calls kubectl.
     #[arg(long, env = "AUTOAPPROVAL_DEMO_KUBECTL", default_value = "kubectl")]
     pub kubectl: String,
-    /// After the summary, stay up (for kubectl) until Ctrl-C.
+    /// After the summary, stay up (for kubectl) until Ctrl-C [default: off].
     #[arg(long, env = "AUTOAPPROVAL_DEMO_KEEP_RUNNING", default_value_t = false)]
     pub keep_running: bool,
 }

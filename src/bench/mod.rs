@@ -56,7 +56,7 @@ pub struct BenchArgs {
         default_value = "ours"
     )]
     pub design: Design,
-    /// Run ours, seed-new and seed-old one after the other, print them side by side and plot them.
+    /// Run ours, seed-new and seed-old one after the other, print them side by side and plot them [default: off].
     #[arg(long, env = "AUTOAPPROVAL_BENCH_COMPARE", default_value_t = false)]
     pub compare: bool,
     /// Owner contracts inserted per run.
