@@ -812,7 +812,9 @@ impl Store {
 
     /// Makes waiting requests due at `now` because a fact their filters read
     /// changed, and marks running ones so the retry they schedule is due at
-    /// once; returns the requests touched. Retry counts stay.
+    /// once; returns the requests touched. Retry counts stay. The triggers
+    /// record the same wake with every change (migration 0009); this is for
+    /// a caller that knows of a change the database did not see.
     pub async fn wake(
         &self,
         request_ids: &[i64],

@@ -131,9 +131,7 @@ impl Discovery {
             };
             if !woken.is_empty() {
                 self.metrics.notify_wakeup();
-                if let Err(error) = self.wake(&woken).await {
-                    warn!(%error, "could not wake changed requests");
-                }
+                self.wake(&woken);
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
                 let ours = self.ours();
@@ -200,21 +198,12 @@ impl Discovery {
         }
     }
 
-    /// Cuts short the waits of changed requests and reconciles the CRs of
-    /// those in our shards.
-    ///
-    /// The database wake covers every changed request, in our shards or not:
-    /// a change notified while its shard changes hands would otherwise be
-    /// lost (the draining holder no longer works it and the next one never
-    /// heard it) and wait out its condition interval. The next holder's
-    /// acquisition turn then finds it due. The update touches only rows still
-    /// waiting, so the other replicas' copies of it change nothing.
-    async fn wake(&self, changed: &[i64]) -> Result<(), DiscoveryError> {
-        let now = self.clock.now();
-        let woken = self.store.wake(changed, now).await?;
-        if !woken.is_empty() {
-            debug!(?woken, "waiting requests woken by a change");
-        }
+    /// Reconciles the CRs of changed requests in our shards. The change's
+    /// transaction already recorded the wake in the database (migration
+    /// 0009), for every request and whoever holds its shard, so a change
+    /// notified while a shard changes hands is found due by the next
+    /// holder's first turn.
+    fn wake(&self, changed: &[i64]) {
         let ours = self.ours();
         for request_id in changed.iter().copied().filter(|id| ours(*id)) {
             let key = self.key(request_id);
@@ -222,7 +211,6 @@ impl Discovery {
                 let _ = self.trigger.unbounded_send(key);
             }
         }
-        Ok(())
     }
 
     /// One turn: the candidate query of each type; a CR for each new

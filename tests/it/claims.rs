@@ -277,3 +277,78 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
         [RequestChange::Changed(41), RequestChange::Changed(42)]
     );
 }
+
+/// The change's own transaction records the wake (migration 0009), with no
+/// listener at all: a waiting retry is due at once, a running chain's retry
+/// is scheduled due at once, and a change to a column no filter reads wakes
+/// nothing.
+#[sqlx::test]
+async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener(pool: PgPool) {
+    use autoapproval::store::RetryWrite;
+    use chrono::SubsecRound;
+
+    let store = Store::new(pool.clone(), pool.clone());
+    // Microseconds, as PostgreSQL keeps them.
+    let now = chrono::Utc::now().trunc_subsecs(6);
+    let later = now + Duration::minutes(10);
+    let write = RetryWrite {
+        next_retry_time: later,
+        transient: false,
+        reason: "documents not released",
+        step: "owner",
+    };
+    let mut claims = Vec::new();
+    for id in [51, 52, 53] {
+        NewRequest::ready_owner(id).insert(&pool).await;
+        match store
+            .claim(
+                &new_candidate(id),
+                &fence("w1", 1),
+                now,
+                DEFAULT_RETRY_LIMIT,
+            )
+            .await
+            .unwrap()
+        {
+            ClaimOutcome::Won(claim) => claims.push(claim),
+            ClaimOutcome::Lost => panic!("claim {id}"),
+        }
+    }
+    for claim in &claims[..2] {
+        assert_eq!(
+            store.schedule_retry(claim, &write, now).await.unwrap(),
+            Some((1, later))
+        );
+    }
+    let due = async |id: i64| -> bool {
+        let (due,): (bool,) = sqlx::query_as(
+            "SELECT next_retry_time <= now() FROM auto_approve_state WHERE request_id = $1",
+        )
+        .bind(id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        due
+    };
+
+    // 51 waits and a fact changes; 52 waits and a result column changes;
+    // 53 is running when a fact changes.
+    for sql in [
+        "UPDATE approval_request SET documents_released = false WHERE id = 51",
+        "UPDATE approval_request SET owner_number = 7 WHERE id = 52",
+        "UPDATE approval_request SET menu_registered = false WHERE id = 53",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    assert!(due(51).await, "a waiting request is due at once");
+    assert!(!due(52).await, "no fact changed: it keeps its interval");
+    let scheduled = store
+        .schedule_retry(&claims[2], &write, now + Duration::seconds(1))
+        .await
+        .unwrap();
+    assert_eq!(
+        scheduled,
+        Some((1, now + Duration::seconds(1))),
+        "the running chain may have read the old fact: due at once"
+    );
+}
