@@ -12,7 +12,7 @@ use crate::domain::RequestType;
 use crate::external::System;
 use crate::external::http::parse_duration;
 use crate::sim::{FaultKind, Faults, SimOptions};
-use crate::stack::{NAMESPACE, Stack, StackArgs, StackError};
+use crate::stack::{Interrupt, NAMESPACE, Stack, StackArgs, StackError};
 use crate::store::harness::{NewRequest, RequestEnd};
 
 /// Arguments of `demo`.
@@ -157,20 +157,23 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
             message: "must be at least 1",
         });
     }
+    let mut interrupt = Interrupt::install()?;
     let out = Out::new();
     out.line("starting PostgreSQL, the test API server and the simulator...");
-    let mut stack = tokio::select! {
-        stack = Stack::start(&args.stack, "demo", SimOptions::default()) => stack?,
-        _ = crate::cli::termination() => return Err(DemoError::Interrupted),
-    };
-    let result = tokio::select! {
-        result = demo(&mut stack, &args, &out) => result,
-        _ = crate::cli::termination() => Err(DemoError::Interrupted),
+    // Not raced against Ctrl-C: a start cut short would leave its directory.
+    let mut stack = Stack::start(&args.stack, "demo", SimOptions::default()).await?;
+    let result = if interrupt.caught() {
+        Err(DemoError::Interrupted)
+    } else {
+        tokio::select! {
+            result = demo(&mut stack, &args, &out) => result,
+            () = interrupt.recv() => Err(DemoError::Interrupted),
+        }
     };
     let result = match result {
         Ok(()) if args.keep_running => {
             out.line("staying up until Ctrl-C (--keep-running)");
-            crate::cli::termination().await;
+            interrupt.recv().await;
             Ok(())
         }
         other => other,

@@ -17,7 +17,7 @@ use seed_designs::SeedDesign;
 use crate::domain::RequestType;
 use crate::external::http::parse_duration;
 use crate::sim::{Faults, SimOptions};
-use crate::stack::{NAMESPACE, Stack, StackArgs, StackError, WORKER_ROLE};
+use crate::stack::{Interrupt, NAMESPACE, Stack, StackArgs, StackError, WORKER_ROLE};
 use crate::store::harness::NewRequest;
 
 /// The designs `bench` can run.
@@ -188,6 +188,7 @@ impl BenchArgs {
 /// with `--compare`).
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     args.validate()?;
+    let mut interrupt = Interrupt::install()?;
     let mut designs = Vec::new();
     for design in args.designs() {
         println!(
@@ -199,10 +200,7 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
             args.latency.as_millis(),
             args.time_scale
         );
-        let report = tokio::select! {
-            report = run_design(&args, design) => report?,
-            _ = crate::cli::termination() => return Err(BenchError::Interrupted),
-        };
+        let report = run_design(&args, design, &mut interrupt).await?;
         println!(
             "  approved {}/{}; pickup p99 {}",
             report.approved,
@@ -215,10 +213,11 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     }
     let report = Report::new(args.parameters(), designs);
     println!("\n{}", report.table());
-    write(
-        &args.report,
-        &serde_json::to_string_pretty(&report).unwrap_or_default(),
-    )?;
+    let json = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Write {
+        path: args.report.display().to_string(),
+        source: e.into(),
+    })?;
+    write(&args.report, &json)?;
     println!("report: {}", args.report.display());
     if args.compare {
         let subtitle = format!(
@@ -267,8 +266,13 @@ fn write(path: &std::path::Path, text: &str) -> Result<(), BenchError> {
     std::fs::write(path, text).map_err(fail)
 }
 
-/// One design on a stack of its own, which is removed afterwards.
-async fn run_design(args: &BenchArgs, design: Design) -> Result<DesignReport, BenchError> {
+/// One design on a stack of its own, which is removed afterwards, also when
+/// interrupted.
+async fn run_design(
+    args: &BenchArgs,
+    design: Design,
+    interrupt: &mut Interrupt,
+) -> Result<DesignReport, BenchError> {
     let sim = SimOptions {
         faults: Faults {
             latency: args.latency,
@@ -277,11 +281,20 @@ async fn run_design(args: &BenchArgs, design: Design) -> Result<DesignReport, Be
         ..SimOptions::default()
     };
     let mut stack = Stack::start(&args.stack, "bench", sim).await?;
-    let result = measure(&mut stack, args, design).await;
-    if result.is_err() {
+    let result = if interrupt.caught() {
+        Err(BenchError::Interrupted)
+    } else {
+        tokio::select! {
+            result = measure(&mut stack, args, design) => result,
+            () = interrupt.recv() => Err(BenchError::Interrupted),
+        }
+    };
+    if result.is_err() && !matches!(result, Err(BenchError::Interrupted)) {
         println!("logs kept in {}", stack.dir().display());
     }
-    stack.shutdown(result.is_err()).await;
+    stack
+        .shutdown(result.is_err() && !matches!(result, Err(BenchError::Interrupted)))
+        .await;
     result
 }
 
@@ -342,7 +355,7 @@ async fn measure(
     let calls_before = sim_calls(stack);
     let lost_before = stack.failed_claims(&http).await;
     let harness = stack.harness()?.clone();
-    let counting = harness.enable_statement_counts().await.unwrap_or(false);
+    let counting = stack.counts_statements();
     if counting {
         harness
             .reset_statement_counts()

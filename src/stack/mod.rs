@@ -78,6 +78,38 @@ pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Stac
     move |source| StackError::Io { what, source }
 }
 
+/// Ctrl-C and SIGTERM, caught from the moment it is installed: a signal
+/// that arrives while the stack starts is kept until asked for, instead of
+/// killing this process and orphaning the server it started.
+pub struct Interrupt {
+    interrupt: tokio::signal::unix::Signal,
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Interrupt {
+    /// Installs the handlers; call before starting anything.
+    pub fn install() -> Result<Self, StackError> {
+        use tokio::signal::unix::{SignalKind, signal};
+        Ok(Self {
+            interrupt: signal(SignalKind::interrupt()).map_err(io("catching Ctrl-C"))?,
+            terminate: signal(SignalKind::terminate()).map_err(io("catching SIGTERM"))?,
+        })
+    }
+
+    /// Resolves at the next Ctrl-C or SIGTERM (at once for one already caught).
+    pub async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+    }
+
+    /// Whether one was caught and not yet received.
+    pub fn caught(&mut self) -> bool {
+        futures::FutureExt::now_or_never(self.recv()).is_some()
+    }
+}
+
 /// The running stack.
 pub struct Stack {
     dir: PathBuf,
@@ -86,6 +118,7 @@ pub struct Stack {
     sim: Option<SimHandle>,
     kubeconfig: PathBuf,
     harness: Option<Harness>,
+    counts_statements: bool,
     replicas: Vec<Replica>,
 }
 
@@ -114,6 +147,7 @@ impl Stack {
             apiserver: None,
             sim: None,
             harness: None,
+            counts_statements: false,
             replicas: Vec::new(),
         };
         // On any failure below, what was started is stopped again.
@@ -144,7 +178,7 @@ impl Stack {
         worker.close().await;
         self.postgres = Some(postgres);
         let harness = Harness::new(self.postgres()?.connect("postgres", DATABASE).await?);
-        harness.enable_statement_counts().await?;
+        self.counts_statements = harness.enable_statement_counts().await?;
         harness.install_probes(WORKER_ROLE).await?;
         self.harness = Some(harness);
 
@@ -209,6 +243,12 @@ impl Stack {
         self.harness
             .as_ref()
             .ok_or_else(|| StackError::Postgres("not running".into()))
+    }
+
+    /// Whether `pg_stat_statements` counts the statements (its library was
+    /// there to preload).
+    pub fn counts_statements(&self) -> bool {
+        self.counts_statements
     }
 
     /// The URL the replicas connect with.

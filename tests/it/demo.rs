@@ -129,6 +129,39 @@ async fn ctrl_c_stops_everything_the_demo_started() {
     assert_eq!(leftovers(&dir), Vec::<String>::new(), "stack removed");
 }
 
+/// Ctrl-C while PostgreSQL is still starting: the demo must not die with
+/// the signal and orphan the server it started (its own process group does
+/// not get the terminal's Ctrl-C), but stop it and clean up.
+#[tokio::test]
+async fn ctrl_c_during_start_up_leaves_nothing_behind() {
+    let dir = work_dir("demo-early-ctrl-c");
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["demo", "--work-dir"])
+        .arg(&dir)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("demo starts");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let first = lines.next_line().await.expect("stdout");
+    assert_eq!(
+        first.as_deref(),
+        Some("starting PostgreSQL, the test API server and the simulator...")
+    );
+    crate::support::signal(child.id().expect("pid"), "INT");
+    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the demo stops within 60 s of Ctrl-C")
+        .expect("exit status");
+    assert_eq!(status.code(), Some(1), "interrupted before its summary");
+    assert_eq!(
+        processes_under(&dir),
+        Vec::<u32>::new(),
+        "nothing left running"
+    );
+    assert_eq!(leftovers(&dir), Vec::<String>::new(), "stack removed");
+}
+
 #[tokio::test]
 async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_plot() {
     let dir = work_dir("bench");
