@@ -41,6 +41,46 @@ fn leftovers(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// Nothing the demo started still runs, and its stack's directory is gone.
+fn assert_nothing_left(dir: &Path) {
+    assert_eq!(
+        processes_under(dir),
+        Vec::<u32>::new(),
+        "nothing left running"
+    );
+    assert_eq!(leftovers(dir), Vec::<String>::new(), "stack removed");
+}
+
+/// `autoapproval demo <args> --work-dir <dir>`, its stdout read line by line.
+fn spawn_demo(
+    args: &[&str],
+    dir: &Path,
+) -> (
+    tokio::process::Child,
+    tokio::io::Lines<BufReader<tokio::process::ChildStdout>>,
+) {
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("demo")
+        .args(args)
+        .arg("--work-dir")
+        .arg(dir)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("demo starts");
+    let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    (child, lines)
+}
+
+/// Sends Ctrl-C (SIGINT) and waits for the demo to exit.
+async fn interrupt(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    crate::support::signal(child.id().expect("pid"), "INT");
+    tokio::time::timeout(Duration::from_secs(60), child.wait())
+        .await
+        .expect("the demo stops within 60 s of Ctrl-C")
+        .expect("exit status")
+}
+
 #[tokio::test]
 async fn the_demo_ends_every_request_where_it_should_and_removes_its_stack() {
     let dir = work_dir("demo");
@@ -74,25 +114,13 @@ async fn the_demo_ends_every_request_where_it_should_and_removes_its_stack() {
     // Not a terminal: plain progress lines, no escape codes.
     assert!(stdout.contains(" s  ended: at once "), "{stdout}");
     assert!(!stdout.contains('\x1b'), "{stdout}");
-    assert_eq!(leftovers(&dir), Vec::<String>::new(), "stack removed");
-    assert_eq!(
-        processes_under(&dir),
-        Vec::<u32>::new(),
-        "nothing left running"
-    );
+    assert_nothing_left(&dir);
 }
 
 #[tokio::test]
 async fn ctrl_c_stops_everything_the_demo_started() {
     let dir = work_dir("demo-ctrl-c");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["demo", "--requests", "5", "--keep-running", "--work-dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("demo starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut child, mut lines) = spawn_demo(&["--requests", "5", "--keep-running"], &dir);
     let mut seen = Vec::new();
     let staying = tokio::time::timeout(Duration::from_secs(180), async {
         while let Some(line) = lines.next_line().await.expect("stdout") {
@@ -115,18 +143,9 @@ async fn ctrl_c_stops_everything_the_demo_started() {
     // PostgreSQL and three replicas (at least; postgres forks its workers).
     assert!(started.len() >= 4, "{started:?}");
 
-    crate::support::signal(child.id().expect("pid"), "INT");
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the demo stops within 60 s of Ctrl-C")
-        .expect("exit status");
+    let status = interrupt(&mut child).await;
     assert!(status.success(), "{status}");
-    assert_eq!(
-        processes_under(&dir),
-        Vec::<u32>::new(),
-        "nothing left running"
-    );
-    assert_eq!(leftovers(&dir), Vec::<String>::new(), "stack removed");
+    assert_nothing_left(&dir);
 }
 
 /// Ctrl-C while PostgreSQL is still starting: the demo must not die with
@@ -135,31 +154,15 @@ async fn ctrl_c_stops_everything_the_demo_started() {
 #[tokio::test]
 async fn ctrl_c_during_start_up_leaves_nothing_behind() {
     let dir = work_dir("demo-early-ctrl-c");
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["demo", "--work-dir"])
-        .arg(&dir)
-        .stdout(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("demo starts");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let (mut child, mut lines) = spawn_demo(&[], &dir);
     let first = lines.next_line().await.expect("stdout");
     assert_eq!(
         first.as_deref(),
         Some("starting PostgreSQL, the test API server and the simulator...")
     );
-    crate::support::signal(child.id().expect("pid"), "INT");
-    let status = tokio::time::timeout(Duration::from_secs(60), child.wait())
-        .await
-        .expect("the demo stops within 60 s of Ctrl-C")
-        .expect("exit status");
+    let status = interrupt(&mut child).await;
     assert_eq!(status.code(), Some(1), "interrupted before its summary");
-    assert_eq!(
-        processes_under(&dir),
-        Vec::<u32>::new(),
-        "nothing left running"
-    );
-    assert_eq!(leftovers(&dir), Vec::<String>::new(), "stack removed");
+    assert_nothing_left(&dir);
 }
 
 #[tokio::test]
