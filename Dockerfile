@@ -6,12 +6,12 @@
 
 FROM rust:1-bookworm AS builder
 WORKDIR /src
-# The workspace (the controller and the test API server crate, which cargo needs to resolve the
-# lockfile) and the migrations that `sqlx::migrate!` embeds into the binary.
+# The workspace (the tooling crates only so that cargo can resolve the lockfile: `-p autoapproval`
+# builds none of them) and the migrations that `sqlx::migrate!` embeds into the binary.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src ./src
 COPY migrations ./migrations
-COPY testserver ./testserver
+COPY crates ./crates
 # The cache mounts keep the registry and the build between builds; the binary is copied out of
 # the cached target directory in the same step.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The project's main job in one command: `autoapproval demo` runs three
+# The project's main job in one command: `autoapproval-lab demo` runs three
 # controller replicas against a throwaway PostgreSQL, the in-memory test API
 # server and the external-system simulator, works a mixed workload to its
 # end, prints a summary and exits 0 only when every request ended where it
 # should. This script first makes sure what it needs exists on a fresh
 # machine: PostgreSQL's binaries (Debian's package; the demo runs its own
 # server from them), kubectl (to watch the CRs) and the build.
-# Extra arguments go to `autoapproval demo` (see `--help`), e.g. --keep-running.
+# Extra arguments go to `autoapproval-lab demo` (see `--help`), e.g. --keep-running.
+# The replicas run the shipped `autoapproval` binary, built beside the lab's.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -19,5 +20,5 @@ if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 && ! command -v initdb 
   "${sudo[@]}" apt-get install -y -qq postgresql >&2
 fi
 tools="$(scripts/install-tools.sh | tail -n 1)"
-cargo build --quiet --bin autoapproval
-exec target/debug/autoapproval demo --kubectl "$tools/kubectl" "$@"
+cargo build --quiet -p autoapproval -p autoapproval-lab
+exec target/debug/autoapproval-lab demo --kubectl "$tools/kubectl" "$@"

@@ -10,7 +10,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 base="$(scripts/postgres.sh | tail -n 1)"
 PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
-cargo build --quiet --bin autoapproval && cargo build --quiet -p kube-testserver --bin kube-testserver
+cargo build --quiet -p autoapproval -p autoapproval-sim -p kube-testserver
 
 db=autoapproval_local
 psql "$base" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
@@ -20,7 +20,7 @@ target/debug/autoapproval migrate
 tmp="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT
 target/debug/kube-testserver --kubeconfig "$tmp/kubeconfig" >"$tmp/apiserver.log" 2>&1 &
-target/debug/autoapproval sim --listen 127.0.0.1:0 >"$tmp/sim.log" 2>&1 &
+target/debug/autoapproval-sim --listen 127.0.0.1:0 >"$tmp/sim.log" 2>&1 &
 for _ in $(seq 100); do
   [[ -s "$tmp/kubeconfig" ]] && grep -q "listening" "$tmp/sim.log" && break
   sleep 0.1

@@ -31,15 +31,6 @@ pub enum Command {
     Run(Box<crate::controller::config::RunArgs>),
     /// Print the AutoApproval CRD as YAML (what crds/autoapproval.yaml holds).
     Crd,
-    /// Serve the simulator of the four external systems.
-    Sim(crate::sim::SimArgs),
-    /// Show the controller at work: a throwaway PostgreSQL, API server, simulator and 3 replicas on a mixed workload.
-    Demo(Box<crate::demo::DemoArgs>),
-    /// Measure ours (and, with --compare, the seed's two designs) on the demo's stack; JSON report and SVG plot.
-    Bench(Box<crate::bench::BenchArgs>),
-    /// Run one of the seed's designs as a replica (started by `bench`).
-    #[command(hide = true)]
-    SeedDesign(Box<crate::bench::seed_designs::SeedDesignArgs>),
 }
 
 /// Arguments of `migrate`.
@@ -56,9 +47,6 @@ pub enum CliError {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The simulator failed.
-    #[error(transparent)]
-    Sim(#[from] crate::sim::SimError),
     /// A setting is invalid.
     #[error(transparent)]
     Setting(#[from] crate::controller::config::SettingError),
@@ -80,15 +68,9 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
-    /// The demo failed.
-    #[error(transparent)]
-    Demo(#[from] crate::demo::DemoError),
-    /// The benchmark failed.
-    #[error(transparent)]
-    Bench(#[from] crate::bench::BenchError),
-    /// A seed design replica failed.
-    #[error(transparent)]
-    SeedDesign(#[from] crate::bench::seed_designs::SeedDesignError),
+    /// The SIGTERM and Ctrl-C handlers could not be installed.
+    #[error("installing the SIGTERM and Ctrl-C handlers: {0}")]
+    Signal(#[source] std::io::Error),
     /// The CRD could not be rendered.
     #[error("rendering the CRD: {0}")]
     Crd(#[from] serde_yaml::Error),
@@ -96,10 +78,7 @@ pub enum CliError {
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
-    // The demo and the benchmark print their own progress; their log is
-    // for warnings unless RUST_LOG asks for more.
-    let quiet = matches!(cli.command, Command::Demo(_) | Command::Bench(_));
-    crate::telemetry::init_tracing(cli.log_json, if quiet { "warn" } else { "info" });
+    crate::telemetry::init_tracing(cli.log_json, "info");
     match cli.command {
         Command::Migrate(args) => {
             let store = Store::connect(&args.database).await?;
@@ -112,10 +91,6 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             print!("{}", crate::controller::crd::crd_yaml()?);
             Ok(())
         }
-        Command::Sim(args) => Ok(crate::sim::run(args).await?),
-        Command::Demo(args) => Ok(crate::demo::run(*args).await?),
-        Command::Bench(args) => Ok(crate::bench::run(*args).await?),
-        Command::SeedDesign(args) => Ok(crate::bench::seed_designs::run(*args).await?),
     }
 }
 
@@ -127,6 +102,8 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     use crate::endpoints::{Health, router};
     use crate::telemetry::Metrics;
 
+    // A SIGTERM during start-up is kept for the loop below, not fatal.
+    let mut termination = crate::shutdown::Termination::install().map_err(CliError::Signal)?;
     // Every value is checked before anything is contacted.
     args.controller.settings(String::new(), String::new())?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
@@ -168,7 +145,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         metrics,
         health: Some(health),
     };
-    run_until(settings, parts, termination()).await?;
+    run_until(settings, parts, async move { termination.recv().await }).await?;
     Ok(())
 }
 
@@ -196,28 +173,4 @@ fn own_namespace() -> Option<String> {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
     })
-}
-
-/// Resolves on SIGTERM or Ctrl-C.
-pub(crate) async fn termination() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = ctrl_c => {}
-                    _ = term.recv() => {}
-                }
-            }
-            Err(_) => {
-                let _ = ctrl_c.await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = ctrl_c.await;
-    }
 }

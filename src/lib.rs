@@ -1,20 +1,21 @@
 //! autoapproval: a Kubernetes-native controller that auto-approves contract
-//! requests kept in PostgreSQL.
+//! requests kept in PostgreSQL. This crate is what ships: the `autoapproval`
+//! binary (`run`, `migrate`, `crd`) and the library it is built from. The
+//! simulator, the lab and the test API server are crates of their own under
+//! `crates/`, never normal dependencies of this one.
+#![warn(missing_docs)]
 
 pub mod approval;
-pub mod bench;
 pub mod cleanser;
 pub mod cli;
 pub mod clock;
 pub mod controller;
 pub mod coordination;
-pub mod demo;
 pub mod domain;
 pub mod endpoints;
 pub mod external;
 pub mod processors;
 pub mod retry;
-pub mod sim;
-pub mod stack;
+pub mod shutdown;
 pub mod store;
 pub mod telemetry;

@@ -7,7 +7,7 @@ use autoapproval::domain::{Candidate, RequestStatus, RequestType};
 use autoapproval::external::{ContractStatus, System};
 use autoapproval::processors::Step;
 use autoapproval::retry::RetryClass;
-use autoapproval::sim::{FaultKind, Faults};
+use autoapproval_sim::{FaultKind, Faults};
 use sqlx::PgPool;
 
 use crate::support::{Env, NewRequest, fence, request_view};

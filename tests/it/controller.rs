@@ -1,236 +1,23 @@
 //! End-to-end tests of the controller: the test API server, real PostgreSQL
 //! and the simulator over HTTP, one replica running in this process.
 
-use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use autoapproval::clock::SystemClock;
-use autoapproval::controller::config::Settings;
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
-use autoapproval::controller::{Parts, run_until};
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
-use autoapproval::sim::{Faults, SimHandle, SimOptions, Simulator};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
+use autoapproval_sim::{Faults, SimHandle};
 use chrono::Utc;
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use kube::{Client, CustomResourceExt, ResourceExt};
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 
-use crate::support::{NewRequest, database_url, insert_state, request_view, sigterm};
-
-pub const NS: &str = "default";
-
-/// A running controller with everything it talks to.
-pub struct Cluster {
-    pub server: TestServer,
-    pub client: Client,
-    pub sim: SimHandle,
-    pub pool: PgPool,
-    pub metrics: Metrics,
-    pub api: Api<AutoApproval>,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
-}
-
-/// Settings for tests: a poll period longer than any test, so whatever
-/// happens was the doing of NOTIFY, the CR watch or a requeue.
-pub fn test_settings() -> Settings {
-    let mut s = Settings::new(NS, "replica-1");
-    s.discovery.poll_period = Duration::from_secs(3600);
-    s.shutdown_grace = Duration::from_secs(5);
-    s
-}
-
-pub fn client_for(server: &TestServer) -> Client {
-    let mut config = kube::Config::new(server.url().parse().expect("url"));
-    config.default_namespace = NS.into();
-    Client::try_from(config).expect("client")
-}
-
-/// The test API server with the CRD installed, a client of it, and the
-/// simulator.
-pub async fn backends() -> (TestServer, Client, SimHandle) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    let client = client_for(&server);
-    install_crd(&client).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
-        .await
-        .expect("simulator");
-    (server, client, sim)
-}
-
-/// Applies the CRD to the test API server.
-pub async fn install_crd(client: &Client) {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    crds.create(&PostParams::default(), &AutoApproval::crd())
-        .await
-        .expect("CRD created");
-}
-
-impl Cluster {
-    pub async fn start(pool: PgPool) -> Cluster {
-        Self::with(pool, test_settings()).await
-    }
-
-    pub async fn with(pool: PgPool, settings: Settings) -> Cluster {
-        if std::env::var_os("RUST_LOG").is_some() {
-            autoapproval::telemetry::init_tracing(false, "info");
-        }
-        let (server, client, sim) = backends().await;
-        let mut cluster = Cluster {
-            server,
-            api: Api::namespaced(client.clone(), NS),
-            client,
-            sim,
-            pool,
-            metrics: Metrics::new(),
-            stop: None,
-            task: None,
-        };
-        cluster.run(settings);
-        cluster
-    }
-
-    /// Starts the replica.
-    fn run(&mut self, settings: Settings) {
-        let external = HttpExternalSystems::build(&ExternalConfig::all_at(self.sim.base_url()))
-            .expect("external clients");
-        let parts = Parts {
-            client: self.client.clone(),
-            store: Store::new(self.pool.clone(), self.pool.clone()),
-            external,
-            clock: Arc::new(SystemClock),
-            metrics: self.metrics.clone(),
-            health: None,
-        };
-        let (tx, rx) = oneshot::channel::<()>();
-        self.stop = Some(tx);
-        self.task = Some(tokio::spawn(run_until(settings, parts, async move {
-            let _ = rx.await;
-        })));
-    }
-
-    /// Sends the shutdown signal and waits for the replica to stop; a stop
-    /// that outlasts the grace period by far is a hang (nothing may wait
-    /// out a poll period at shutdown).
-    pub async fn stop(&mut self) {
-        if let Some(tx) = self.stop.take() {
-            let _ = tx.send(());
-        }
-        if let Some(task) = self.task.take() {
-            tokio::time::timeout(Duration::from_secs(30), task)
-                .await
-                .expect("the controller stops within 30 s")
-                .expect("joins")
-                .expect("controller stops cleanly");
-        }
-    }
-
-    pub async fn cr(&self, request_id: i64) -> Option<AutoApproval> {
-        self.api
-            .get_opt(&crd::cr_name(request_id))
-            .await
-            .expect("get CR")
-    }
-
-    /// Waits until the CR of `request_id` is in `phase`.
-    pub async fn wait_phase(&self, request_id: i64, phase: Phase) -> AutoApproval {
-        eventually(&format!("request {request_id} to be {phase:?}"), || async {
-            let cr = self.cr(request_id).await?;
-            let shown = cr.status.as_ref().and_then(|s| s.phase);
-            (shown == Some(phase)).then_some(cr)
-        })
-        .await
-        .expect("CR")
-    }
-
-    /// Waits until discovery hears NOTIFY: its LISTEN connection comes up
-    /// concurrently with start-up. A canceled probe request is touched
-    /// until one of its notifications wakes discovery.
-    pub async fn wait_listening(&self) {
-        const PROBE: i64 = 9_999_999;
-        NewRequest::ready_owner(PROBE)
-            .status("CANCELED")
-            .insert(&self.pool)
-            .await;
-        let before = self.metrics.notify_wakeups();
-        eventually("discovery to hear NOTIFY", || async {
-            set(
-                &self.pool,
-                PROBE,
-                "documents_released = NOT documents_released",
-            )
-            .await;
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            (self.metrics.notify_wakeups() > before).then_some(())
-        })
-        .await;
-    }
-
-    /// Events about the CR of `request_id`, as (reason, note).
-    pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
-        let name = crd::cr_name(request_id);
-        events
-            .list(&ListParams::default())
-            .await
-            .expect("list events")
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
-            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-            .collect()
-    }
-}
-
-/// Polls `check` until it returns `Some`, or panics after 90 s: a hang
-/// detector, not a speed target (speed is measured by the benchmarks).
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Option<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
-    loop {
-        if let Some(v) = check().await {
-            return Some(v);
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// An owner contract created now, every condition met.
-fn owner_now(id: i64) -> NewRequest {
-    NewRequest::ready_owner(id).sorted_at(Utc::now())
-}
-
-async fn request_status(pool: &PgPool, id: i64) -> String {
-    request_view(pool, id).await.status
-}
-
-async fn set(pool: &PgPool, id: i64, assignment: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE approval_request SET {assignment} WHERE id = $1"
-    )))
-    .bind(id)
-    .execute(pool)
-    .await
-    .expect("update request");
-}
+use crate::support::{
+    Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, kubectl_bin,
+    metric_sum, owner_now, request_status, request_view, set, test_settings,
+};
 
 async fn state_exists(pool: &PgPool, id: i64) -> bool {
     let (n,): (i64,) =
@@ -603,17 +390,6 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgP
     assert_eq!(request_status(&pool, 108).await, "PENDING");
 }
 
-fn kubectl_bin() -> std::path::PathBuf {
-    if let Ok(k) = std::env::var("KUBECTL") {
-        return k.into();
-    }
-    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
-    if tools.exists() {
-        return tools;
-    }
-    "kubectl".into()
-}
-
 #[sqlx::test]
 async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
@@ -684,48 +460,6 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     );
     assert!(stdout.contains("documents not released"), "{stdout}");
     cluster.stop().await;
-}
-
-#[test]
-fn the_checked_in_crd_is_what_autoapproval_crd_prints() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .arg("crd")
-        .output()
-        .expect("autoapproval crd");
-    assert!(output.status.success());
-    let checked_in = std::fs::read_to_string(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/autoapproval.yaml"),
-    )
-    .expect("crds/autoapproval.yaml");
-    assert_eq!(
-        String::from_utf8_lossy(&output.stdout),
-        checked_in,
-        "crds/autoapproval.yaml is stale: run `cargo run -- crd > crds/autoapproval.yaml`"
-    );
-}
-
-#[test]
-fn run_refuses_a_bad_setting_naming_it() {
-    for (flag, value) in [
-        ("--poll-period", "0"),
-        ("--shards", "0"),
-        ("--poll-period", "soon"),
-    ] {
-        let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-            .args([
-                "run",
-                "--database-url",
-                "postgres://127.0.0.1:1/none",
-                flag,
-                value,
-            ])
-            .env("AUTOAPPROVAL_KUBECONFIG", "/nonexistent")
-            .output()
-            .expect("autoapproval run");
-        assert!(!output.status.success());
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
-    }
 }
 
 #[sqlx::test]
@@ -845,89 +579,12 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
     );
 }
 
-#[sqlx::test]
-async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    install_crd(&client_for(&server)).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
-        .await
-        .expect("simulator");
-    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["run", "--namespace", NS, "--replica-name", "bin-1"])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
-        .env("AUTOAPPROVAL_ESIGN_URL", sim.base_url())
-        .env("AUTOAPPROVAL_OWNER_URL", sim.base_url())
-        .env("AUTOAPPROVAL_STORE_URL", sim.base_url())
-        .env("AUTOAPPROVAL_AD_URL", sim.base_url())
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("autoapproval run starts");
-    let pid = child.id().expect("pid");
-
-    let http = reqwest::Client::new();
-    let ready = format!("http://127.0.0.1:{port}/readyz");
-    eventually("/readyz to answer 200", || async {
-        let response = http.get(&ready).send().await.ok()?;
-        (response.status() == 200).then_some(())
-    })
-    .await;
-    owner_now(120).insert(&pool).await;
-    eventually("request 120 to be approved", || async {
-        (request_status(&pool, 120).await == "APPROVED").then_some(())
-    })
-    .await;
-    let metrics = http
-        .get(format!("http://127.0.0.1:{port}/metrics"))
-        .send()
-        .await
-        .expect("/metrics")
-        .text()
-        .await
-        .expect("body");
-    assert!(
-        metrics.contains("autoapproval_pickup_latency_seconds_count 1"),
-        "{metrics}"
-    );
-
-    sigterm(pid);
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("exits within 30 s of SIGTERM")
-        .expect("output");
-    let _ = std::fs::remove_dir_all(&dir);
-    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
-        + &String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{logs}");
-    assert!(logs.contains("controller stopped"), "{logs}");
-    let api: Api<AutoApproval> = Api::namespaced(client_for(&server), NS);
-    let cr = api.get(&crd::cr_name(120)).await.expect("CR");
-    assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::Approved));
-}
-
 /// A change notified while its shard is held by no replica that works it
 /// (here: taken by another holder) is not lost: the database wake is
 /// recorded anyway, and the replica that gets the shard next approves the
 /// request at once instead of after its 10-minute condition interval.
 #[sqlx::test]
 async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPool) {
-    use autoapproval::stack::replicas::metric_sum;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 

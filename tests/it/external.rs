@@ -9,7 +9,7 @@ use autoapproval::external::{
     CampaignApproval, ContractStatus, ErrorKind, ExternalSystems, IdempotencyKey, NewOwner,
     NewStore, System,
 };
-use autoapproval::sim::{FaultKind, Faults, SimHandle, SimOptions, SimSystem, Simulator};
+use autoapproval_sim::{FaultKind, Faults, SimHandle, SimOptions, SimSystem, Simulator};
 
 const ANY_PORT: &str = "127.0.0.1:0";
 

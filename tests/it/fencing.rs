@@ -8,14 +8,14 @@ use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
 use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
-use autoapproval::sim::{Faults, SimOptions, SimSystem, Simulator};
 use autoapproval::store::{ClaimOutcome, Completion, Store};
 use autoapproval::telemetry::Metrics;
+use autoapproval_sim::{Faults, SimOptions, SimSystem, Simulator};
 use chrono::Utc;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::controller::eventually;
+use crate::support::eventually;
 use crate::support::{NewRequest, candidate, request_view, t0};
 
 const K: u32 = 4;

@@ -1,11 +1,11 @@
 //! The integration tests, one binary: a module per area.
 
+mod binary;
 mod candidates;
 mod chain;
 mod claims;
 mod cleanser;
 mod controller;
-mod demo;
 mod deploy;
 mod external;
 mod fencing;

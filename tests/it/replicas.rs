@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use autoapproval::controller::crd::AutoApproval;
 use autoapproval::coordination::{SHARD_LEASE_PREFIX, member_lease_name};
-use autoapproval::sim::{Faults, SimHandle};
+use autoapproval_sim::{Faults, SimHandle};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -18,7 +18,7 @@ use rand::Rng;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
-use crate::controller::{NS, backends, eventually};
+use crate::support::{NS, backends, eventually};
 use crate::support::{database_url, sigterm};
 
 const SHARDS: u32 = 16;

@@ -5,7 +5,7 @@ use autoapproval::clock::Clock;
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
 use autoapproval::external::System;
 use autoapproval::retry::RetryClass;
-use autoapproval::sim::{FaultKind, Faults};
+use autoapproval_sim::{FaultKind, Faults};
 use chrono::Duration;
 use sqlx::PgPool;
 

@@ -1,0 +1,462 @@
+//! `autoapproval-lab bench`: one design, or (`--compare`) ours and the seed's
+//! two, on the same throwaway stack and workload, one after the other. Each
+//! run inserts owner contracts at a steady rate, waits until all are
+//! approved, and reports pickup latency (eligible → claimed, in the
+//! database's clock), throughput and what each approval cost.
+
+pub mod plot;
+pub mod report;
+pub mod seed_designs;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use report::{DesignReport, Percentiles, Report, duplicate_creations};
+use seed_designs::SeedDesign;
+
+use crate::harness::NewRequest;
+use crate::stack::{
+    NAMESPACE, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
+};
+use autoapproval::domain::RequestType;
+use autoapproval::external::http::parse_duration;
+use autoapproval::shutdown::Termination;
+use autoapproval_sim::{Faults, SimOptions};
+
+/// The designs `bench` can run.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Design {
+    /// This controller: shard Leases, NOTIFY wake-ups, CRs.
+    Ours,
+    /// The seed's new design: every replica polls, claims per request.
+    SeedNew,
+    /// The seed's old design: a queue filled and drained every 10 minutes by one runner.
+    SeedOld,
+}
+
+impl Design {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Design::Ours => "ours",
+            Design::SeedNew => SeedDesign::New.name(),
+            Design::SeedOld => SeedDesign::Old.name(),
+        }
+    }
+}
+
+/// Arguments of `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// Where the stack comes from.
+    #[command(flatten)]
+    pub stack: StackArgs,
+    /// The design to run (without --compare).
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_BENCH_DESIGN",
+        value_enum,
+        default_value = "ours"
+    )]
+    pub design: Design,
+    /// Run ours, seed-new and seed-old one after the other, print them side by side and plot them [default: off].
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_COMPARE", default_value_t = false)]
+    pub compare: bool,
+    /// Owner contracts inserted per run.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_REQUESTS", default_value_t = 300)]
+    pub requests: u32,
+    /// Insert rate, requests per second.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_RATE", default_value_t = 20.0)]
+    pub rate: f64,
+    /// Replicas (child processes) per design.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_REPLICAS", default_value_t = 3)]
+    pub replicas: u32,
+    /// Simulated latency of every external call.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_LATENCY", default_value = "20ms", value_parser = parse_duration)]
+    pub latency: Duration,
+    /// Poll period of ours and of seed-new, before --time-scale.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_POLL_PERIOD", default_value = "10s", value_parser = parse_duration)]
+    pub poll_period: Duration,
+    /// NOTIFY wake-ups for ours.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_NOTIFY", default_value_t = true, action = clap::ArgAction::Set)]
+    pub notify: bool,
+    /// Shards for ours.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_SHARDS", default_value_t = 16)]
+    pub shards: u32,
+    /// Every design's periods are divided by this, so a comparison takes about a minute per design (seed-old's 10 min cycle becomes 10 s).
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_TIME_SCALE", default_value_t = 60.0)]
+    pub time_scale: f64,
+    /// Where the JSON report is written.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_BENCH_REPORT",
+        default_value = "target/bench/report.json"
+    )]
+    pub report: PathBuf,
+    /// Where --compare writes the SVG plot of the pickup latencies.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_BENCH_SVG",
+        default_value = "docs/pickup-latency.svg"
+    )]
+    pub svg: PathBuf,
+}
+
+/// Why the benchmark failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    /// A setting is invalid.
+    #[error("invalid setting {flag}: {message}")]
+    Setting {
+        /// The flag.
+        flag: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// The stack failed.
+    #[error(transparent)]
+    Stack(#[from] StackError),
+    /// A file could not be written.
+    #[error("writing {path}: {source}")]
+    Write {
+        /// The file.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A design left requests unapproved or created something twice.
+    #[error("{0}")]
+    Incomplete(String),
+    /// Ctrl-C or SIGTERM.
+    #[error("interrupted; everything the benchmark started is stopped")]
+    Interrupted,
+}
+
+impl BenchArgs {
+    fn validate(&self) -> Result<(), BenchError> {
+        let bad = |flag, message: &str| {
+            Err(BenchError::Setting {
+                flag,
+                message: message.into(),
+            })
+        };
+        if self.requests == 0 {
+            return bad("--requests", "must be at least 1");
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return bad("--rate", "must be a positive number");
+        }
+        if self.replicas == 0 {
+            return bad("--replicas", "must be at least 1");
+        }
+        if self.shards == 0 {
+            return bad("--shards", "must be at least 1");
+        }
+        if !(self.time_scale.is_finite() && self.time_scale >= 1.0) {
+            return bad("--time-scale", "must be a number of at least 1");
+        }
+        if self.poll_period.is_zero() {
+            return bad("--poll-period", "must be above zero");
+        }
+        Ok(())
+    }
+
+    fn designs(&self) -> Vec<Design> {
+        if self.compare {
+            vec![Design::Ours, Design::SeedNew, Design::SeedOld]
+        } else {
+            vec![self.design]
+        }
+    }
+
+    /// The parameters as the report records them.
+    fn parameters(&self) -> serde_json::Value {
+        serde_json::json!({
+            "requests": self.requests,
+            "rate_per_s": self.rate,
+            "replicas": self.replicas,
+            "external_latency_ms": self.latency.as_secs_f64() * 1000.0,
+            "poll_period_s": self.poll_period.as_secs_f64(),
+            "notify": self.notify,
+            "shards": self.shards,
+            "time_scale": self.time_scale,
+            "scaled_poll_period_ms": self.poll_period.as_secs_f64() * 1000.0 / self.time_scale,
+            "scaled_seed_old_cycle_s": 600.0 / self.time_scale,
+        })
+    }
+}
+
+/// Runs the benchmark, prints the summary, writes the report (and the plot
+/// with `--compare`).
+pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
+    args.validate()?;
+    let mut interrupt = install_termination()?;
+    let mut designs = Vec::new();
+    for design in args.designs() {
+        println!(
+            "{}: {} owner contracts at {}/s, {} replicas, {} ms per external call, periods / {}",
+            design.name(),
+            args.requests,
+            args.rate,
+            args.replicas,
+            args.latency.as_millis(),
+            args.time_scale
+        );
+        let report = run_design(&args, design, &mut interrupt).await?;
+        println!(
+            "  approved {}/{}; pickup p99 {}",
+            report.approved,
+            report.requests,
+            report
+                .pickup_ms
+                .map_or("-".into(), |p| format!("{:.1} ms", p.p99))
+        );
+        designs.push(report);
+    }
+    let report = Report::new(args.parameters(), designs);
+    println!("\n{}", report.table());
+    let json = serde_json::to_string_pretty(&report).map_err(|e| BenchError::Write {
+        path: args.report.display().to_string(),
+        source: e.into(),
+    })?;
+    write(&args.report, &json)?;
+    println!("report: {}", args.report.display());
+    if args.compare {
+        let subtitle = format!(
+            "{} owner contracts at {}/s, {} replicas each, {} ms per external call, periods divided by {}\n{}, {} build: autoapproval-lab bench --compare",
+            args.requests,
+            args.rate,
+            args.replicas,
+            args.latency.as_millis(),
+            args.time_scale,
+            report.machine,
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            }
+        );
+        write(&args.svg, &plot::cdf_svg(&report.designs, &subtitle))?;
+        println!("plot: {}", args.svg.display());
+    }
+    let problems: Vec<String> = report
+        .designs
+        .iter()
+        .filter(|d| d.approved < d.requests || d.duplicate_creations > 0)
+        .map(|d| {
+            format!(
+                "{}: {} of {} approved, {} duplicate creations",
+                d.design, d.approved, d.requests, d.duplicate_creations
+            )
+        })
+        .collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(BenchError::Incomplete(problems.join("; ")))
+    }
+}
+
+fn write(path: &std::path::Path, text: &str) -> Result<(), BenchError> {
+    let fail = |source| BenchError::Write {
+        path: path.display().to_string(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).map_err(fail)?;
+    }
+    std::fs::write(path, text).map_err(fail)
+}
+
+/// One design on a stack of its own, which is removed afterwards, also when
+/// interrupted.
+async fn run_design(
+    args: &BenchArgs,
+    design: Design,
+    interrupt: &mut Termination,
+) -> Result<DesignReport, BenchError> {
+    let sim = SimOptions {
+        faults: Faults {
+            latency: args.latency,
+            ..Faults::default()
+        },
+        ..SimOptions::default()
+    };
+    let mut stack = Stack::start(&args.stack, "bench", sim).await?;
+    let result = if interrupt.caught() {
+        Err(BenchError::Interrupted)
+    } else {
+        tokio::select! {
+            result = measure(&mut stack, args, design) => result,
+            () = interrupt.recv() => Err(BenchError::Interrupted),
+        }
+    };
+    if result.is_err() && !matches!(result, Err(BenchError::Interrupted)) {
+        println!("logs kept in {}", stack.dir().display());
+    }
+    stack
+        .shutdown(result.is_err() && !matches!(result, Err(BenchError::Interrupted)))
+        .await;
+    result
+}
+
+async fn measure(
+    stack: &mut Stack,
+    args: &BenchArgs,
+    design: Design,
+) -> Result<DesignReport, BenchError> {
+    let scaled_poll = args.poll_period.div_f64(args.time_scale);
+    for i in 0..args.replicas {
+        let name = format!("{}-{i}", design.name());
+        let (program, argv): (Program, Vec<String>) = match design {
+            Design::Ours => (
+                Program::Controller,
+                vec![
+                    "run".into(),
+                    "--kubeconfig".into(),
+                    stack.kubeconfig().display().to_string(),
+                    "--namespace".into(),
+                    NAMESPACE.into(),
+                    "--replica-name".into(),
+                    name.clone(),
+                    "--shards".into(),
+                    args.shards.to_string(),
+                    "--poll-period".into(),
+                    format!("{}ms", scaled_poll.as_millis().max(1)),
+                    "--notify".into(),
+                    args.notify.to_string(),
+                ],
+            ),
+            Design::SeedNew | Design::SeedOld => (
+                Program::Lab,
+                vec![
+                    "seed-design".into(),
+                    "--design".into(),
+                    if design == Design::SeedNew {
+                        "new"
+                    } else {
+                        "old"
+                    }
+                    .into(),
+                    "--replica-name".into(),
+                    name.clone(),
+                    "--time-scale".into(),
+                    args.time_scale.to_string(),
+                    "--poll-period".into(),
+                    format!("{}ms", args.poll_period.as_millis()),
+                ],
+            ),
+        };
+        stack.spawn(program, &name, &argv).await?;
+    }
+    stack
+        .wait_ready((design == Design::Ours).then_some(args.shards))
+        .await?;
+
+    let http = reqwest::Client::new();
+    let cpu_before: Vec<f64> = stack
+        .replicas()
+        .iter()
+        .map(|r| r.cpu_seconds().unwrap_or(0.0))
+        .collect();
+    let writes_before = stack.apiserver().map_or(0, |s| s.write_count());
+    let calls_before = sim_calls(stack);
+    let lost_before = stack.failed_claims(&http).await;
+    let harness = stack.harness()?.clone();
+    let counting = stack.counts_statements();
+    if counting {
+        harness
+            .reset_statement_counts()
+            .await
+            .map_err(StackError::from)?;
+    }
+
+    let started = Instant::now();
+    let interval = Duration::from_secs_f64(1.0 / args.rate);
+    for i in 0..args.requests {
+        tokio::time::sleep_until((started + interval * i).into()).await;
+        let request = NewRequest {
+            request_type: RequestType::OwnerContract,
+            business_name: format!("Shop {i}"),
+            documents_released: true,
+            target_store_number: None,
+        };
+        harness
+            .insert_request(&request)
+            .await
+            .map_err(StackError::from)?;
+    }
+    // The slowest design needs up to 1.3 of its cycles after the last insert.
+    let drain = Duration::from_secs(600).div_f64(args.time_scale) * 2 + Duration::from_secs(60);
+    let deadline = Instant::now() + drain;
+    loop {
+        stack.check_replicas()?;
+        let span = harness
+            .approval_span("autoapproval")
+            .await
+            .map_err(StackError::from)?;
+        if span.approved >= i64::from(args.requests) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    let cpu: f64 = stack
+        .replicas()
+        .iter()
+        .zip(&cpu_before)
+        .map(|(r, before)| r.cpu_seconds().unwrap_or(*before) - before)
+        .sum();
+    let (statements, top) = if counting {
+        let n = harness.statements_by(WORKER_ROLE).await;
+        let top = harness.top_statements(WORKER_ROLE, 12).await;
+        (
+            Some(n.map_err(StackError::from)?),
+            top.map_err(StackError::from)?,
+        )
+    } else {
+        (None, Vec::new())
+    };
+    let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
+    let calls = sim_calls(stack) - calls_before;
+    let lost = stack.failed_claims(&http).await - lost_before;
+    let span = harness
+        .approval_span("autoapproval")
+        .await
+        .map_err(StackError::from)?;
+    let samples = harness.pickups_ms().await.map_err(StackError::from)?;
+    let approved = span.approved.max(0) as u64;
+    let per = |n: f64| {
+        if approved == 0 {
+            0.0
+        } else {
+            n / approved as f64
+        }
+    };
+    Ok(DesignReport {
+        design: design.name().into(),
+        requests: u64::from(args.requests),
+        approved,
+        pickup_ms: Percentiles::of(&samples),
+        pickup_samples_ms: samples,
+        throughput_per_s: if span.seconds > 0.0 {
+            approved as f64 / span.seconds
+        } else {
+            0.0
+        },
+        cpu_seconds_per_1000: per(cpu) * 1000.0,
+        db_statements_per_approval: statements.map(|s| per(s as f64)),
+        db_statements_top: top,
+        kube_writes_per_approval: per(writes as f64),
+        external_calls_per_approval: per(calls as f64),
+        duplicate_creations: stack.sim().map_or(0, |s| duplicate_creations(&s.stats())),
+        failed_claims: lost.max(0.0) as u64,
+    })
+}
+
+fn sim_calls(stack: &Stack) -> u64 {
+    stack
+        .sim()
+        .map_or(0, |s| s.stats().calls.values().sum::<u64>())
+}

@@ -1,0 +1,272 @@
+//! What a benchmark run measured, as JSON and as a side-by-side table.
+
+use serde::Serialize;
+
+use autoapproval_sim::Stats;
+
+/// Percentiles of a sample, nearest-rank.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: f64,
+    /// 95th percentile.
+    pub p95: f64,
+    /// 99th percentile.
+    pub p99: f64,
+    /// Largest.
+    pub max: f64,
+}
+
+impl Percentiles {
+    /// Nearest-rank percentiles of `values`; `None` when empty.
+    pub fn of(values: &[f64]) -> Option<Self> {
+        let mut sorted: Vec<f64> = values.iter().copied().filter(|v| v.is_finite()).collect();
+        if sorted.is_empty() {
+            return None;
+        }
+        sorted.sort_by(f64::total_cmp);
+        let rank = |q: f64| {
+            let n = sorted.len();
+            let i = ((q * n as f64).ceil() as usize).clamp(1, n) - 1;
+            sorted[i]
+        };
+        Some(Self {
+            p50: rank(0.50),
+            p95: rank(0.95),
+            p99: rank(0.99),
+            max: sorted[sorted.len() - 1],
+        })
+    }
+}
+
+/// Creations beyond the first, per request and kind: what idempotency and
+/// claims must keep at zero.
+pub fn duplicate_creations(stats: &Stats) -> u64 {
+    stats
+        .per_request
+        .values()
+        .map(|c| {
+            c.owner.saturating_sub(1) + c.store.saturating_sub(1) + c.campaign.saturating_sub(1)
+        })
+        .sum()
+}
+
+/// One design's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct DesignReport {
+    /// `ours`, `seed-new` or `seed-old`.
+    pub design: String,
+    /// Requests inserted.
+    pub requests: u64,
+    /// Requests approved by the design within the run.
+    pub approved: u64,
+    /// Pickup latency, eligible → claimed, milliseconds.
+    pub pickup_ms: Option<Percentiles>,
+    /// Every request's pickup latency, milliseconds, ascending (the plot's data).
+    pub pickup_samples_ms: Vec<f64>,
+    /// Approvals per second, first insert to last approval.
+    pub throughput_per_s: f64,
+    /// CPU seconds of the replica processes per 1,000 approvals.
+    pub cpu_seconds_per_1000: f64,
+    /// Statements the replicas sent, per approval (`pg_stat_statements`);
+    /// `None` when the extension is not available.
+    pub db_statements_per_approval: Option<f64>,
+    /// The statements sent most, with their counts (where the statements go).
+    pub db_statements_top: Vec<crate::harness::StatementCount>,
+    /// Writes to the Kubernetes API per approval.
+    pub kube_writes_per_approval: f64,
+    /// Calls to the external systems per approval.
+    pub external_calls_per_approval: f64,
+    /// Creations beyond the first per request and kind.
+    pub duplicate_creations: u64,
+    /// Claims that lost on the primary (`autoapproval_claims_total{result="lost"}`).
+    pub failed_claims: u64,
+}
+
+/// The whole report: the parameters and each design.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    /// The parameters, as given.
+    pub parameters: serde_json::Value,
+    /// Machine facts: cores and kernel.
+    pub machine: String,
+    /// One entry per design run.
+    pub designs: Vec<DesignReport>,
+    /// Ratios against `ours`, when it ran with others: `p99 <design> / ours` and so on.
+    pub ratios: serde_json::Map<String, serde_json::Value>,
+}
+
+impl Report {
+    /// A report of `designs` with the ratios of every other design's p99 and
+    /// p50 to ours.
+    pub fn new(parameters: serde_json::Value, designs: Vec<DesignReport>) -> Self {
+        let mut ratios = serde_json::Map::new();
+        let ours = designs
+            .iter()
+            .find(|d| d.design == "ours")
+            .and_then(|d| d.pickup_ms);
+        if let Some(ours) = ours {
+            for other in designs.iter().filter(|d| d.design != "ours") {
+                if let Some(theirs) = other.pickup_ms {
+                    for (name, a, b) in
+                        [("p50", theirs.p50, ours.p50), ("p99", theirs.p99, ours.p99)]
+                    {
+                        ratios.insert(
+                            format!("{name} {} / ours", other.design),
+                            serde_json::json!(a / b.max(f64::MIN_POSITIVE)),
+                        );
+                    }
+                }
+            }
+        }
+        Self {
+            parameters,
+            machine: machine(),
+            designs,
+            ratios,
+        }
+    }
+
+    /// The human summary: one column per design, then the ratios.
+    pub fn table(&self) -> String {
+        let mut rows: Vec<(String, Vec<String>)> = Vec::new();
+        let ms = |v: Option<f64>| v.map_or("-".into(), |v| format!("{v:.1}"));
+        let f = |v: f64| format!("{v:.2}");
+        let get = |pick: &dyn Fn(&DesignReport) -> String| {
+            self.designs.iter().map(pick).collect::<Vec<String>>()
+        };
+        rows.push((
+            "approved / requests".into(),
+            get(&|d| format!("{}/{}", d.approved, d.requests)),
+        ));
+        rows.push((
+            "pickup p50 (ms)".into(),
+            get(&|d| ms(d.pickup_ms.map(|p| p.p50))),
+        ));
+        rows.push((
+            "pickup p95 (ms)".into(),
+            get(&|d| ms(d.pickup_ms.map(|p| p.p95))),
+        ));
+        rows.push((
+            "pickup p99 (ms)".into(),
+            get(&|d| ms(d.pickup_ms.map(|p| p.p99))),
+        ));
+        rows.push((
+            "pickup max (ms)".into(),
+            get(&|d| ms(d.pickup_ms.map(|p| p.max))),
+        ));
+        rows.push((
+            "throughput (approvals/s)".into(),
+            get(&|d| f(d.throughput_per_s)),
+        ));
+        rows.push((
+            "CPU s / 1,000 approvals".into(),
+            get(&|d| f(d.cpu_seconds_per_1000)),
+        ));
+        rows.push((
+            "DB statements / approval".into(),
+            get(&|d| d.db_statements_per_approval.map_or("n/a".into(), f)),
+        ));
+        rows.push((
+            "kube API writes / approval".into(),
+            get(&|d| f(d.kube_writes_per_approval)),
+        ));
+        rows.push((
+            "external calls / approval".into(),
+            get(&|d| f(d.external_calls_per_approval)),
+        ));
+        rows.push((
+            "duplicate creations".into(),
+            get(&|d| d.duplicate_creations.to_string()),
+        ));
+        rows.push((
+            "failed claims (primary)".into(),
+            get(&|d| d.failed_claims.to_string()),
+        ));
+        let mut text = format!("{:<28}", "");
+        for d in &self.designs {
+            text.push_str(&format!("{:>14}", d.design));
+        }
+        text.push('\n');
+        for (label, cells) in rows {
+            text.push_str(&format!("{label:<28}"));
+            for cell in cells {
+                text.push_str(&format!("{cell:>14}"));
+            }
+            text.push('\n');
+        }
+        for (name, value) in &self.ratios {
+            if let Some(v) = value.as_f64() {
+                text.push_str(&format!("{name:<28}{v:>14.1}×\n"));
+            }
+        }
+        text
+    }
+}
+
+/// Cores and kernel of this machine, for the report.
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(String::new(), |kb| format!(", {} GiB", kb / (1024 * 1024)));
+    format!("{cores} cores{memory}, Linux {}", kernel.trim())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let values: Vec<f64> = (1..=100).map(f64::from).collect();
+        let p = Percentiles::of(&values).expect("non-empty");
+        assert_eq!((p.p50, p.p95, p.p99, p.max), (50.0, 95.0, 99.0, 100.0));
+        let one = Percentiles::of(&[7.0]).expect("non-empty");
+        assert_eq!((one.p50, one.p99, one.max), (7.0, 7.0, 7.0));
+        assert_eq!(Percentiles::of(&[]), None);
+    }
+
+    #[test]
+    fn ratios_compare_every_other_design_with_ours() {
+        let design = |name: &str, p99: f64| DesignReport {
+            design: name.into(),
+            requests: 1,
+            approved: 1,
+            pickup_ms: Some(Percentiles {
+                p50: p99 / 2.0,
+                p95: p99,
+                p99,
+                max: p99,
+            }),
+            pickup_samples_ms: vec![p99],
+            throughput_per_s: 1.0,
+            cpu_seconds_per_1000: 1.0,
+            db_statements_per_approval: None,
+            db_statements_top: Vec::new(),
+            kube_writes_per_approval: 0.0,
+            external_calls_per_approval: 3.0,
+            duplicate_creations: 0,
+            failed_claims: 0,
+        };
+        let report = Report::new(
+            serde_json::json!({}),
+            vec![
+                design("ours", 10.0),
+                design("seed-new", 400.0),
+                design("seed-old", 20_000.0),
+            ],
+        );
+        assert_eq!(report.ratios["p99 seed-new / ours"], 40.0);
+        assert_eq!(report.ratios["p99 seed-old / ours"], 2000.0);
+        let table = report.table();
+        assert!(table.contains("seed-old"), "{table}");
+        assert!(table.contains("2000.0×"), "{table}");
+    }
+}

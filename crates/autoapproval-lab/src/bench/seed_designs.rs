@@ -1,0 +1,327 @@
+//! The seed's two designs, as baselines the benchmark runs on the same
+//! components as ours (`autoapproval-lab seed-design`, a hidden subcommand):
+//!
+//! - **old**: a collector at minute 7 of every 10 fills a queue table, a
+//!   processor at minute 0 of every 10 drains it; each under a ShedLock-style
+//!   lock, so one runner works however many replicas run;
+//! - **new**: every replica polls every 10 s with a fixed delay after a
+//!   random first delay, claims per request, and queries again (up to three
+//!   rounds a turn) when a round claimed nothing.
+//!
+//! Both run the same chain, claims and store as ours ([`Approver`]); only
+//! how work is found differs. Periods are divided by `--time-scale`.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use chrono::Utc;
+use tracing::{info, warn};
+
+use autoapproval::approval::{Approver, ApproverConfig, TurnConfig, attempt_all, run_turn};
+use autoapproval::clock::SystemClock;
+use autoapproval::domain::{Candidate, Fence, RequestType};
+use autoapproval::external::http::{ExternalConfig, HttpExternalSystems, parse_duration};
+use autoapproval::shutdown::Termination;
+use autoapproval::store::{DatabaseConfig, Store, StoreError};
+use autoapproval::telemetry::Metrics;
+
+use crate::harness::SeedQueue;
+
+/// Which of the seed's designs.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SeedDesign {
+    /// Collector at minute 7, processor at minute 0, every 10 minutes, one runner.
+    Old,
+    /// Every replica polls every 10 s, fixed delay, random start, up to 3 rounds.
+    New,
+}
+
+impl SeedDesign {
+    /// The name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            SeedDesign::Old => "seed-old",
+            SeedDesign::New => "seed-new",
+        }
+    }
+}
+
+/// Arguments of the hidden `seed-design` subcommand (started by `bench`).
+#[derive(clap::Args, Clone, Debug)]
+pub struct SeedDesignArgs {
+    /// The design to run.
+    #[arg(long, value_enum)]
+    pub design: SeedDesign,
+    /// The database.
+    #[command(flatten)]
+    pub database: DatabaseConfig,
+    /// The external systems.
+    #[command(flatten)]
+    pub external: ExternalConfig,
+    /// This replica's name (the claims' holder).
+    #[arg(long, default_value = "seed")]
+    pub replica_name: String,
+    /// Where `/metrics` is served.
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Every period is divided by this (1: the seed's own 10 s and 10 min).
+    #[arg(long, default_value_t = 1.0)]
+    pub time_scale: f64,
+    /// The new design's poll period before scaling.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub poll_period: Duration,
+    /// Attempts run at once.
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+}
+
+/// Why a seed design stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedDesignError {
+    /// A setting is invalid.
+    #[error("invalid setting {flag}: {message}")]
+    Setting {
+        /// The flag.
+        flag: &'static str,
+        /// Why.
+        message: String,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The endpoints could not be served.
+    #[error("serving {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The SIGTERM and Ctrl-C handlers could not be installed.
+    #[error("installing the SIGTERM and Ctrl-C handlers: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// The seed's cycle of the old design: 10 minutes; the collector runs 7 minutes in.
+const OLD_CYCLE: Duration = Duration::from_secs(600);
+const OLD_COLLECTOR_OFFSET: f64 = 0.7;
+/// Lock keys of the old design's two schedulers.
+const COLLECTOR_LOCK: i64 = 0x5eed_0001;
+const PROCESSOR_LOCK: i64 = 0x5eed_0002;
+/// The seed's "up to three queries a turn".
+const MAX_ROUNDS: usize = 3;
+
+/// Runs the design until SIGTERM.
+pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
+    let mut termination = Termination::install().map_err(SeedDesignError::Signal)?;
+    if !(args.time_scale.is_finite() && args.time_scale > 0.0) {
+        return Err(SeedDesignError::Setting {
+            flag: "--time-scale",
+            message: format!("must be a positive number, got {}", args.time_scale),
+        });
+    }
+    let external =
+        HttpExternalSystems::build(&args.external).map_err(|e| SeedDesignError::Setting {
+            flag: "--*-url",
+            message: e.to_string(),
+        })?;
+    let store = Store::connect(&args.database).await?;
+    let metrics = Metrics::new();
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|source| SeedDesignError::Listen {
+            addr: args.listen,
+            source,
+        })?;
+    let served = metrics.clone();
+    let app = Router::new().route("/metrics", get(move || async move { served.encode() }));
+    tokio::spawn(async move {
+        if let Err(error) = axum::serve(listener, app).await {
+            warn!(%error, "metrics endpoint stopped");
+        }
+    });
+    let approver = Arc::new(Approver::new(
+        store.clone(),
+        external,
+        Arc::new(SystemClock),
+        metrics,
+        ApproverConfig::default(),
+    ));
+    // Outside shard coordination, as the seed's workers were.
+    let fence = Fence::new(args.replica_name.clone(), 0);
+    let scale = |d: Duration| d.div_f64(args.time_scale);
+    info!(design = args.design.name(), replica = %args.replica_name, "seed design running");
+    let work = async {
+        match args.design {
+            SeedDesign::New => {
+                poll_loop(&approver, &fence, scale(args.poll_period), args.concurrency).await
+            }
+            SeedDesign::Old => {
+                let queue = SeedQueue::new(store.primary().clone());
+                let cycle = scale(OLD_CYCLE);
+                tokio::try_join!(
+                    scheduled(cycle, OLD_COLLECTOR_OFFSET, COLLECTOR_LOCK, &store, || {
+                        collect(&approver, &queue)
+                    }),
+                    scheduled(cycle, 0.0, PROCESSOR_LOCK, &store, || {
+                        process(&approver, &queue, &fence, args.concurrency)
+                    }),
+                )
+                .map(|_| ())
+            }
+        }
+    };
+    tokio::select! {
+        result = work => result,
+        () = termination.recv() => Ok(()),
+    }
+}
+
+/// The new design: a random first delay up to one period, then turns with
+/// a fixed delay between the end of one and the start of the next.
+async fn poll_loop(
+    approver: &Arc<Approver>,
+    fence: &Fence,
+    period: Duration,
+    concurrency: usize,
+) -> Result<(), SeedDesignError> {
+    let turn = TurnConfig {
+        concurrency,
+        ..TurnConfig::default()
+    };
+    tokio::time::sleep(period.mul_f64(rand::random::<f64>())).await;
+    loop {
+        for _ in 0..MAX_ROUNDS {
+            match run_turn(approver, &turn, fence, None).await {
+                // Nothing to do, or something claimed: the turn is over.
+                Ok(report) if report.candidates == 0 || report.claimed() > 0 => break,
+                Ok(_) => continue,
+                Err(error) => {
+                    warn!(%error, "poll turn failed");
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(period).await;
+    }
+}
+
+/// Runs `job` at `offset` × `cycle` into every cycle of the wall clock (as
+/// cron would on every replica), when this replica wins the lock `key`.
+async fn scheduled<F, Fut>(
+    cycle: Duration,
+    offset: f64,
+    key: i64,
+    store: &Store,
+    job: F,
+) -> Result<(), SeedDesignError>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Result<(), StoreError>>,
+{
+    loop {
+        tokio::time::sleep(until_next(cycle, offset)).await;
+        let mut conn = match store.primary().acquire().await {
+            Ok(conn) => conn,
+            Err(error) => {
+                warn!(%error, "no connection for the scheduler lock");
+                continue;
+            }
+        };
+        if !SeedQueue::try_lock(&mut conn, key).await? {
+            continue;
+        }
+        if let Err(error) = job().await {
+            warn!(%error, "scheduled job failed");
+        }
+        SeedQueue::unlock(&mut conn, key).await?;
+    }
+}
+
+/// Time until the next instant that is `offset` × `cycle` past a multiple
+/// of `cycle` since the Unix epoch.
+fn until_next(cycle: Duration, offset: f64) -> Duration {
+    let cycle_ms = cycle.as_millis().max(1) as i64;
+    let offset_ms = (offset * cycle_ms as f64) as i64;
+    let now_ms = Utc::now().timestamp_millis();
+    let into = (now_ms - offset_ms).rem_euclid(cycle_ms);
+    Duration::from_millis((cycle_ms - into) as u64)
+}
+
+/// The collector: every candidate of every auto-approvable type into the queue.
+async fn collect(approver: &Arc<Approver>, queue: &SeedQueue) -> Result<(), StoreError> {
+    let turn = TurnConfig {
+        owner_limit: 100_000,
+        ad_limit: 100_000,
+        ..TurnConfig::default()
+    };
+    let now = Utc::now();
+    let mut candidates = Vec::new();
+    for request_type in RequestType::AUTO_APPROVABLE {
+        let query = turn.query(request_type, now, approver.config().retry.limit, None);
+        candidates.extend(approver.store().candidates(&query).await?);
+    }
+    let queued = queue.enqueue(&candidates).await?;
+    info!(candidates = candidates.len(), queued, "collector ran");
+    Ok(())
+}
+
+/// The processor: drains the queue, `concurrency` attempts at a time.
+async fn process(
+    approver: &Arc<Approver>,
+    queue: &SeedQueue,
+    fence: &Fence,
+    concurrency: usize,
+) -> Result<(), StoreError> {
+    loop {
+        let batch = queue.queued(100).await?;
+        if batch.is_empty() {
+            return Ok(());
+        }
+        let mut candidates = Vec::with_capacity(batch.len());
+        for (_, request_id, request_type) in &batch {
+            let Ok(request_type) = request_type.parse::<RequestType>() else {
+                warn!(request_id, %request_type, "queued request of an unknown type skipped");
+                continue;
+            };
+            // A due retry is claimed through its state row.
+            let state_id = approver.store().state(*request_id).await?.map(|s| s.id);
+            candidates.push(Candidate {
+                request_id: *request_id,
+                request_type,
+                state_id,
+            });
+        }
+        let report = attempt_all(approver, &candidates, fence, concurrency).await;
+        info!(
+            attempted = report.candidates,
+            claimed = report.claimed(),
+            "processor batch"
+        );
+        for (id, _, _) in &batch {
+            queue.done(*id).await?;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_next_run_is_at_the_offset_within_one_cycle() {
+        let cycle = Duration::from_secs(20);
+        for offset in [0.0, 0.7] {
+            let wait = until_next(cycle, offset);
+            assert!(wait > Duration::ZERO && wait <= cycle, "{wait:?}");
+            let at = Utc::now().timestamp_millis() + wait.as_millis() as i64;
+            let phase = (at - (offset * 20_000.0) as i64).rem_euclid(20_000);
+            // Within the few milliseconds this test takes.
+            assert!(!(50..=19_950).contains(&phase), "phase {phase} ms");
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! The throwaway stack the demo and the benchmark run on, in one process
+//! tree: a PostgreSQL of their own, the in-memory test API server with the
+//! CRD, the simulator of the external systems, and replicas started as child
+//! processes: the shipped `autoapproval` binary, or this one for the seed's
+//! designs. Everything is removed again by [`Stack::shutdown`].
+
+pub mod postgres;
+pub mod process;
+pub mod replicas;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube_testserver::{Options, TestServer};
+
+use autoapproval::shutdown::Termination;
+use autoapproval::store::{Store, StoreError};
+use autoapproval_sim::{SimError, SimHandle, SimOptions, Simulator};
+
+use crate::harness::Harness;
+use postgres::Postgres;
+use replicas::Replica;
+
+/// The role the replicas connect as; the harness's own statements run as
+/// the superuser, so `pg_stat_statements` can tell the two apart.
+pub const WORKER_ROLE: &str = "autoapproval";
+/// The database the stack creates.
+pub const DATABASE: &str = "autoapproval";
+/// The namespace of the CRs and Leases.
+pub const NAMESPACE: &str = "default";
+
+/// Settings of the stack shared by `demo` and `bench`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct StackArgs {
+    /// Directory of PostgreSQL's `initdb` and `postgres` [default: the newest /usr/lib/postgresql/*/bin, else PATH].
+    #[arg(long, env = "AUTOAPPROVAL_PG_BINDIR")]
+    pub pg_bindir: Option<PathBuf>,
+    /// Where the stack's temporary directory is made [default: the system's temporary directory].
+    #[arg(long, env = "AUTOAPPROVAL_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+    /// The controller binary the replicas of "ours" run: what ships [default: `autoapproval` beside this binary].
+    #[arg(long, env = "AUTOAPPROVAL_CONTROLLER_BIN")]
+    pub controller_bin: Option<PathBuf>,
+}
+
+/// Which binary a replica runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Program {
+    /// The shipped controller, `autoapproval`.
+    Controller,
+    /// This binary, for the seed's designs (`autoapproval-lab seed-design`).
+    Lab,
+}
+
+/// Why the stack could not be set up or run.
+#[derive(Debug, thiserror::Error)]
+pub enum StackError {
+    /// A file or process operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The controller binary is not where it was looked for.
+    #[error(
+        "the controller binary {0} does not exist: build it with `cargo build -p autoapproval` or pass --controller-bin"
+    )]
+    ControllerBinary(String),
+    /// PostgreSQL could not be found, initialised or started.
+    #[error("PostgreSQL: {0}")]
+    Postgres(String),
+    /// The database failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The test API server or a Kubernetes call failed.
+    #[error("Kubernetes: {0}")]
+    Kube(String),
+    /// The simulator failed.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A replica process failed.
+    #[error("replica {name}: {message} (its log: {log})")]
+    Replica {
+        /// The replica.
+        name: String,
+        /// What went wrong.
+        message: String,
+        /// Its log file.
+        log: String,
+    },
+}
+
+/// Maps an I/O error with what was being done.
+pub(crate) fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> StackError {
+    let what = what.into();
+    move |source| StackError::Io { what, source }
+}
+
+/// Installs the Ctrl-C and SIGTERM handlers; call before starting anything,
+/// so that no signal can cut a start short and orphan a child.
+pub fn install_termination() -> Result<Termination, StackError> {
+    Termination::install().map_err(io("catching Ctrl-C and SIGTERM"))
+}
+
+/// The running stack.
+pub struct Stack {
+    dir: PathBuf,
+    postgres: Option<Postgres>,
+    apiserver: Option<TestServer>,
+    sim: Option<SimHandle>,
+    kubeconfig: PathBuf,
+    controller_bin: PathBuf,
+    harness: Option<Harness>,
+    counts_statements: bool,
+    replicas: Vec<Replica>,
+}
+
+// === impl Stack ===
+
+impl Stack {
+    /// Starts PostgreSQL (migrated, probes installed), the test API server
+    /// with the CRD, and the simulator with `sim` options. `purpose` names
+    /// the temporary directory.
+    pub async fn start(
+        args: &StackArgs,
+        purpose: &str,
+        sim: SimOptions,
+    ) -> Result<Self, StackError> {
+        let controller_bin = match &args.controller_bin {
+            Some(path) => path.clone(),
+            None => std::env::current_exe()
+                .map_err(io("finding this binary"))?
+                .with_file_name("autoapproval"),
+        };
+        if !controller_bin.is_file() {
+            return Err(StackError::ControllerBinary(
+                controller_bin.display().to_string(),
+            ));
+        }
+        let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
+        let dir = base.join(format!(
+            "autoapproval-{purpose}-{}-{:08x}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let mut stack = Self {
+            kubeconfig: dir.join("kubeconfig"),
+            controller_bin,
+            dir,
+            postgres: None,
+            apiserver: None,
+            sim: None,
+            harness: None,
+            counts_statements: false,
+            replicas: Vec::new(),
+        };
+        // On any failure below, what was started is stopped again.
+        match stack.bring_up(args, sim).await {
+            Ok(()) => Ok(stack),
+            Err(error) => {
+                stack.shutdown(true).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn bring_up(&mut self, args: &StackArgs, sim: SimOptions) -> Result<(), StackError> {
+        let postgres = Postgres::start(&self.dir.join("pg"), args.pg_bindir.as_deref()).await?;
+        let admin = postgres.connect("postgres", "postgres").await?;
+        for sql in [
+            format!("CREATE ROLE {WORKER_ROLE} LOGIN"),
+            format!("CREATE DATABASE {DATABASE} OWNER {WORKER_ROLE}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&admin)
+                .await
+                .map_err(|e| StackError::Postgres(format!("{sql}: {e}")))?;
+        }
+        admin.close().await;
+        let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
+        Store::migrate(&worker).await?;
+        worker.close().await;
+        self.postgres = Some(postgres);
+        let harness = Harness::new(self.postgres()?.connect("postgres", DATABASE).await?);
+        self.counts_statements = harness.enable_statement_counts().await?;
+        harness.install_probes(WORKER_ROLE).await?;
+        self.harness = Some(harness);
+
+        let apiserver = TestServer::start(Options::default())
+            .await
+            .map_err(|e| StackError::Kube(format!("starting the test API server: {e}")))?;
+        apiserver
+            .write_kubeconfig(&self.kubeconfig)
+            .map_err(|e| StackError::Kube(format!("writing the kubeconfig: {e}")))?;
+        self.apiserver = Some(apiserver);
+        autoapproval::controller::crd::install(&self.client()?)
+            .await
+            .map_err(|e| StackError::Kube(format!("applying the CRD: {e}")))?;
+        self.sim = Some(Simulator::start(([127, 0, 0, 1], 0).into(), sim).await?);
+        Ok(())
+    }
+
+    fn postgres(&self) -> Result<&Postgres, StackError> {
+        self.postgres
+            .as_ref()
+            .ok_or_else(|| StackError::Postgres("not running".into()))
+    }
+
+    /// The temporary directory (logs, kubeconfig, PostgreSQL's data).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The kubeconfig of the test API server.
+    pub fn kubeconfig(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// A client of the test API server, namespace [`NAMESPACE`].
+    pub fn client(&self) -> Result<kube::Client, StackError> {
+        let Some(server) = &self.apiserver else {
+            return Err(StackError::Kube(
+                "the test API server is not running".into(),
+            ));
+        };
+        let url = server.url();
+        let uri = url
+            .parse()
+            .map_err(|e| StackError::Kube(format!("{url}: {e}")))?;
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = NAMESPACE.into();
+        kube::Client::try_from(config).map_err(|e| StackError::Kube(e.to_string()))
+    }
+
+    /// The test API server.
+    pub fn apiserver(&self) -> Option<&TestServer> {
+        self.apiserver.as_ref()
+    }
+
+    /// The simulator.
+    pub fn sim(&self) -> Option<&SimHandle> {
+        self.sim.as_ref()
+    }
+
+    /// The harness's database access (superuser).
+    pub fn harness(&self) -> Result<&Harness, StackError> {
+        self.harness
+            .as_ref()
+            .ok_or_else(|| StackError::Postgres("not running".into()))
+    }
+
+    /// Whether `pg_stat_statements` counts the statements (its library was
+    /// there to preload).
+    pub fn counts_statements(&self) -> bool {
+        self.counts_statements
+    }
+
+    /// The URL the replicas connect with.
+    pub fn worker_url(&self) -> Result<String, StackError> {
+        Ok(self.postgres()?.url(WORKER_ROLE, DATABASE))
+    }
+
+    /// Starts a replica: `program` with `args`, its environment cleared of
+    /// `AUTOAPPROVAL_*` and given the database and simulator URLs.
+    pub async fn spawn(
+        &mut self,
+        program: Program,
+        name: &str,
+        args: &[String],
+    ) -> Result<(), StackError> {
+        let sim_url = self
+            .sim
+            .as_ref()
+            .map(|s| s.base_url())
+            .ok_or_else(|| StackError::Kube("the simulator is not running".into()))?;
+        let mut env = vec![("AUTOAPPROVAL_DATABASE_URL".to_owned(), self.worker_url()?)];
+        for system in ["ESIGN", "OWNER", "STORE", "AD"] {
+            env.push((format!("AUTOAPPROVAL_{system}_URL"), sim_url.clone()));
+        }
+        let exe = match program {
+            Program::Controller => self.controller_bin.clone(),
+            Program::Lab => std::env::current_exe().map_err(io("finding this binary"))?,
+        };
+        let replica = Replica::spawn(&exe, name, args, &env, &self.dir).await?;
+        self.replicas.push(replica);
+        Ok(())
+    }
+
+    /// The running replicas.
+    pub fn replicas(&self) -> &[Replica] {
+        &self.replicas
+    }
+
+    /// Fails when a replica has exited.
+    pub fn check_replicas(&mut self) -> Result<(), StackError> {
+        for replica in &mut self.replicas {
+            replica.check_running()?;
+        }
+        Ok(())
+    }
+
+    /// Waits until every replica serves `/metrics` and, when `shards` is
+    /// given, their `autoapproval_shards_held` add up to it with each within
+    /// one of its fair share (the Leases have settled).
+    pub async fn wait_ready(&mut self, shards: Option<u32>) -> Result<(), StackError> {
+        let http = reqwest::Client::new();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            self.check_replicas()?;
+            let mut held = Vec::new();
+            for replica in &self.replicas {
+                if let Ok(text) = replica.scrape(&http).await {
+                    held.push(replicas::metric_sum(&text, "autoapproval_shards_held", &[]) as u32);
+                }
+            }
+            let serving = held.len() == self.replicas.len();
+            let settled = shards.is_none_or(|k| {
+                let fair = k / (held.len().max(1) as u32);
+                held.iter().sum::<u32>() == k && held.iter().all(|h| (fair..=fair + 1).contains(h))
+            });
+            if serving && settled {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() > deadline {
+                return Err(StackError::Kube(format!(
+                    "replicas not ready after 60 s (shards held per replica: {held:?})"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Claims the replicas lost so far (`autoapproval_claims_total{result="lost"}`).
+    pub async fn failed_claims(&self, http: &reqwest::Client) -> f64 {
+        let mut lost = 0.0;
+        for replica in &self.replicas {
+            if let Ok(text) = replica.scrape(http).await {
+                lost +=
+                    replicas::metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
+            }
+        }
+        lost
+    }
+
+    /// Stops the replicas (SIGTERM, then SIGKILL after `grace`).
+    pub async fn stop_replicas(&mut self, grace: Duration) {
+        let stops = self.replicas.drain(..).map(|r| r.stop(grace));
+        futures::future::join_all(stops).await;
+    }
+
+    /// Stops everything and removes the temporary directory; with
+    /// `keep_logs` only PostgreSQL's data goes and the logs stay.
+    pub async fn shutdown(mut self, keep_logs: bool) {
+        self.stop_replicas(Duration::from_secs(10)).await;
+        if let Some(sim) = self.sim.take() {
+            let _ = sim.shutdown().await;
+        }
+        if let Some(server) = self.apiserver.take() {
+            server.shutdown().await;
+        }
+        if let Some(harness) = self.harness.take() {
+            harness.pool().close().await;
+        }
+        if let Some(pg) = self.postgres.take() {
+            pg.stop().await;
+        }
+        let remove = if keep_logs {
+            self.dir.join("pg").join("data")
+        } else {
+            self.dir.clone()
+        };
+        if let Err(error) = std::fs::remove_dir_all(&remove) {
+            tracing::warn!(dir = %self.dir.display(), %error, "could not remove the stack's directory");
+        }
+    }
+}

@@ -1,0 +1,316 @@
+//! One HTTP server simulating the e-sign, owner, store and ad services for
+//! the demo, the tests and the benchmarks, with latency, error, timeout and
+//! malformed-answer injection and a count of every call.
+//!
+//! # The four systems (camelCase JSON, the shapes of `autoapproval::external::http::wire`)
+//!
+//! | endpoint | body | answer |
+//! | --- | --- | --- |
+//! | `GET /esign/contracts/{ref}` | | `{"contractRef": "c-1", "status": "SIGNED"}`; unknown refs get `--esign-default` |
+//! | `POST /owners` | `{"requestId": 42, "businessName": "…"}` | `{"ownerNumber": 10001}` |
+//! | `POST /stores` | `{"requestId": 42, "ownerNumber": 10001, "storeName": "…"}` | `{"storeNumber": 50001}`; the store is then known, open |
+//! | `GET /stores/{n}` | | `{"storeNumber": 50001, "open": true}` or 404 |
+//! | `POST /campaigns/approvals` | `{"requestId": 42, "storeNumber": 50001}` | `{"campaignId": "cmp-000001"}`; 422 if the store is unknown |
+//!
+//! Mutations need an `Idempotency-Key` header (else 400): a key seen before
+//! returns the first answer and creates nothing (an idempotent replay), also
+//! under concurrent calls. With `--require-token`, calls without one of the
+//! tokens as `Authorization: Bearer …` get 401. Errors are `{"error": "…"}`.
+//!
+//! Faults apply to these endpoints only: an injected error answers 500 before
+//! any work; an injected timeout does the work, hangs for `hang`, then
+//! answers 504; an injected malformed answer does the work, then answers 200
+//! with truncated JSON. The last two lose a mutation's answer, as a crash or
+//! a dropped connection would, so they exercise idempotent retries.
+//!
+//! # Admin
+//!
+//! - `GET /stats` → [`Stats`]; `GET /healthz` → `ok`.
+//! - `GET /admin/faults` → [`Faults`]; `PUT /admin/faults` with a `Faults`
+//!   replaces them (400 on a rate outside [0, 1]).
+//! - `PUT /admin/esign/{ref}` `{"status": "SIGNED"}` → 204.
+//! - `PUT /admin/stores/{n}` `{"open": true}` → 204 (creates or updates).
+//! - `POST /admin/reset` → 204: no data, zero counters, start-up faults.
+
+mod routes;
+mod state;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use autoapproval::external::ContractStatus;
+use autoapproval::external::http::{Secret, parse_duration};
+use autoapproval::shutdown::Termination;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::info;
+
+pub use state::{
+    Creations, FailNext, FaultCounts, FaultKind, Faults, PerSystem, RequestCreations, SimSystem,
+    Stats,
+};
+
+// === impl SimArgs ===
+
+/// Runs the simulator of the four external systems: where it listens, which faults it injects.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SimArgs {
+    /// Address to listen on.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_SIM_LISTEN",
+        default_value = "127.0.0.1:8090"
+    )]
+    pub listen: SocketAddr,
+    /// Fixed latency added to every call (e.g. 20ms).
+    #[arg(long, env = "AUTOAPPROVAL_SIM_LATENCY", default_value = "0ms", value_parser = parse_duration)]
+    pub latency: Duration,
+    /// Up to this much more latency, drawn uniformly per call.
+    #[arg(long, env = "AUTOAPPROVAL_SIM_LATENCY_JITTER", default_value = "0ms", value_parser = parse_duration)]
+    pub latency_jitter: Duration,
+    /// Fraction of calls answered 500, in [0, 1].
+    #[arg(long, env = "AUTOAPPROVAL_SIM_ERROR_RATE", default_value_t = 0.0)]
+    pub error_rate: f64,
+    /// Fraction of calls that hang for --hang, then answer 504, in [0, 1].
+    #[arg(long, env = "AUTOAPPROVAL_SIM_TIMEOUT_RATE", default_value_t = 0.0)]
+    pub timeout_rate: f64,
+    /// How long a call picked by --timeout-rate hangs.
+    #[arg(long, env = "AUTOAPPROVAL_SIM_HANG", default_value = "30s", value_parser = parse_duration)]
+    pub hang: Duration,
+    /// Fraction of calls answered 200 with malformed JSON, in [0, 1].
+    #[arg(long, env = "AUTOAPPROVAL_SIM_MALFORMED_RATE", default_value_t = 0.0)]
+    pub malformed_rate: f64,
+    /// Status of e-contracts nobody set through /admin/esign.
+    #[arg(long, env = "AUTOAPPROVAL_SIM_ESIGN_DEFAULT", value_enum, default_value_t = EsignDefault::Signed)]
+    pub esign_default: EsignDefault,
+    /// Accept only these bearer tokens (repeat or comma-separate); none: accept anything.
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_SIM_REQUIRE_TOKEN",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub require_token: Vec<Secret>,
+    /// Seed for the fault draws, for a reproducible run; unset: random.
+    #[arg(long, env = "AUTOAPPROVAL_SIM_SEED")]
+    pub seed: Option<u64>,
+}
+
+/// `--esign-default` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EsignDefault {
+    /// SIGNED.
+    Signed,
+    /// PENDING.
+    Pending,
+    /// REJECTED.
+    Rejected,
+}
+
+impl From<EsignDefault> for ContractStatus {
+    fn from(d: EsignDefault) -> Self {
+        match d {
+            EsignDefault::Signed => ContractStatus::Signed,
+            EsignDefault::Pending => ContractStatus::Pending,
+            EsignDefault::Rejected => ContractStatus::Rejected,
+        }
+    }
+}
+
+impl SimArgs {
+    /// Validated options; the error names the flag.
+    pub fn options(&self) -> Result<SimOptions, SimError> {
+        let faults = Faults {
+            latency: self.latency,
+            jitter: self.latency_jitter,
+            error_rate: self.error_rate,
+            timeout_rate: self.timeout_rate,
+            hang: self.hang,
+            malformed_rate: self.malformed_rate,
+            system: None,
+            fail_next: None,
+        };
+        faults.check_rates(["--error-rate", "--timeout-rate", "--malformed-rate"])?;
+        Ok(SimOptions {
+            faults,
+            esign_default: self.esign_default.into(),
+            require_tokens: self.require_token.clone(),
+            seed: self.seed,
+        })
+    }
+}
+
+/// How an in-process simulator starts.
+#[derive(Clone, Debug)]
+pub struct SimOptions {
+    /// Faults from the start (and after `POST /admin/reset`).
+    pub faults: Faults,
+    /// Status of e-contracts nobody set.
+    pub esign_default: ContractStatus,
+    /// Bearer tokens accepted; empty: any.
+    pub require_tokens: Vec<Secret>,
+    /// Seed for the fault draws; `None`: random.
+    pub seed: Option<u64>,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            faults: Faults::default(),
+            esign_default: ContractStatus::Signed,
+            require_tokens: Vec::new(),
+            seed: None,
+        }
+    }
+}
+
+/// Why the simulator could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A bad setting; `name` is the flag or JSON field.
+    #[error("{name}: {message}")]
+    Invalid {
+        /// The flag or field.
+        name: &'static str,
+        /// What is wrong.
+        message: String,
+    },
+    /// The listen address could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind {
+        /// The address.
+        addr: SocketAddr,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The server failed while serving.
+    #[error("serving: {0}")]
+    Serve(#[source] std::io::Error),
+    /// The server task panicked or was cancelled.
+    #[error("server task: {0}")]
+    Task(#[source] tokio::task::JoinError),
+    /// Ctrl-C / SIGTERM handlers could not be installed.
+    #[error("installing signal handlers: {0}")]
+    Signal(#[source] std::io::Error),
+}
+
+/// `autoapproval-sim`: serves until Ctrl-C or SIGTERM.
+pub async fn run(args: SimArgs) -> Result<(), SimError> {
+    let options = args.options()?;
+    let mut termination = Termination::install().map_err(SimError::Signal)?;
+    let handle = Simulator::start(args.listen, options).await?;
+    info!(addr = %handle.addr(), "simulator listening");
+    termination.recv().await;
+    info!("simulator shutting down");
+    handle.shutdown().await
+}
+
+// === impl Simulator ===
+
+/// Starts simulators in-process.
+pub struct Simulator;
+
+impl Simulator {
+    /// Binds `addr` (port 0: any free port) and serves in a background task.
+    pub async fn start(addr: SocketAddr, options: SimOptions) -> Result<SimHandle, SimError> {
+        options.faults.validate()?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| SimError::Bind { addr, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| SimError::Bind { addr, source })?;
+        let (stop, stopped) = watch::channel(false);
+        let state = state::State::new(options.faults, options.esign_default, options.seed);
+        let shared = Arc::new(routes::Shared::new(
+            state,
+            options.require_tokens,
+            stopped.clone(),
+        ));
+        let app = routes::router(shared.clone());
+        let mut until_stopped = stopped;
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    // Err: the handle is gone, which also means stop.
+                    let _ = until_stopped.wait_for(|stop| *stop).await;
+                })
+                .await
+        });
+        Ok(SimHandle {
+            addr,
+            shared,
+            stop,
+            task: Some(task),
+        })
+    }
+}
+
+/// A running simulator; dropping it stops the server too.
+pub struct SimHandle {
+    addr: SocketAddr,
+    shared: Arc<routes::Shared>,
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://ADDR`, the base URL for every system.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        self.shared.lock().stats.clone()
+    }
+
+    /// The faults in force (with `fail_next` as far as it is used up).
+    pub fn faults(&self) -> Faults {
+        self.shared.lock().faults.clone()
+    }
+
+    /// Replaces the faults.
+    pub fn set_faults(&self, faults: Faults) -> Result<(), SimError> {
+        faults.validate()?;
+        self.shared.lock().faults = faults;
+        Ok(())
+    }
+
+    /// Sets what e-sign answers for `contract_ref`.
+    pub fn set_contract_status(&self, contract_ref: &str, status: ContractStatus) {
+        self.shared.lock().set_contract_status(contract_ref, status);
+    }
+
+    /// Makes store `store_number` known to the store and ad services.
+    pub fn add_store(&self, store_number: i64, open: bool) {
+        self.shared.lock().set_store(store_number, open);
+    }
+
+    /// Like `POST /admin/reset`.
+    pub fn reset(&self) {
+        self.shared.lock().reset();
+    }
+
+    /// Stops accepting, cuts hanging calls short, waits for the server to end.
+    pub async fn shutdown(mut self) -> Result<(), SimError> {
+        self.stop.send_replace(true);
+        match self.task.take() {
+            Some(task) => task.await.map_err(SimError::Task)?.map_err(SimError::Serve),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for SimHandle {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}

@@ -1,0 +1,605 @@
+//! The simulator's data, counters and fault settings: plain values behind
+//! one lock, so every check-and-create is atomic.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+
+use autoapproval::external::http::wire;
+use autoapproval::external::{ContractStatus, System};
+
+use super::SimError;
+
+/// First numbers handed out, far apart so a test can tell them apart.
+const FIRST_OWNER: i64 = 10_001;
+const FIRST_STORE: i64 = 50_001;
+
+// === impl SimSystem ===
+
+/// One of the four simulated systems, spelled as in JSON (`"esign"`, …).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SimSystem {
+    /// The e-sign service.
+    Esign,
+    /// The owner service.
+    Owner,
+    /// The store service.
+    Store,
+    /// The ad service.
+    Ad,
+}
+
+impl From<SimSystem> for System {
+    fn from(s: SimSystem) -> Self {
+        match s {
+            SimSystem::Esign => System::ESign,
+            SimSystem::Owner => System::Owner,
+            SimSystem::Store => System::Store,
+            SimSystem::Ad => System::Ad,
+        }
+    }
+}
+
+impl From<System> for SimSystem {
+    fn from(s: System) -> Self {
+        match s {
+            System::ESign => SimSystem::Esign,
+            System::Owner => SimSystem::Owner,
+            System::Store => SimSystem::Store,
+            System::Ad => SimSystem::Ad,
+        }
+    }
+}
+
+/// One value per simulated system.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PerSystem<T> {
+    /// The e-sign service's value.
+    pub esign: T,
+    /// The owner service's value.
+    pub owner: T,
+    /// The store service's value.
+    pub store: T,
+    /// The ad service's value.
+    pub ad: T,
+}
+
+impl<T> PerSystem<T> {
+    /// The value for `system`.
+    pub fn get(&self, system: impl Into<SimSystem>) -> &T {
+        match system.into() {
+            SimSystem::Esign => &self.esign,
+            SimSystem::Owner => &self.owner,
+            SimSystem::Store => &self.store,
+            SimSystem::Ad => &self.ad,
+        }
+    }
+
+    fn get_mut(&mut self, system: SimSystem) -> &mut T {
+        match system {
+            SimSystem::Esign => &mut self.esign,
+            SimSystem::Owner => &mut self.owner,
+            SimSystem::Store => &mut self.store,
+            SimSystem::Ad => &mut self.ad,
+        }
+    }
+}
+
+// === impl Faults ===
+
+/// How an injected fault shows itself to the caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FaultKind {
+    /// Answer 500 before doing anything.
+    Error,
+    /// Do the work, then hang for `hang` and answer 504: the caller times out
+    /// not knowing whether the mutation happened.
+    Timeout,
+    /// Do the work, then answer 200 with truncated JSON: the result is lost.
+    Malformed,
+}
+
+/// Fail the next `count` matching calls with `kind`, for deterministic tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailNext {
+    /// How many calls are still to fail.
+    pub count: u32,
+    /// How they fail.
+    pub kind: FaultKind,
+}
+
+/// Fault injection for the four systems' endpoints (never `/stats`, `/admin`).
+///
+/// JSON: `{"latency": "20ms", "jitter": "5ms", "errorRate": 0.1,
+/// "timeoutRate": 0, "hang": "30s", "malformedRate": 0, "system": "owner",
+/// "failNext": {"count": 2, "kind": "error"}}`; every field optional,
+/// snake_case accepted too.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct Faults {
+    /// Added to every call.
+    #[serde(with = "duration_text")]
+    pub latency: Duration,
+    /// Up to this much more, uniformly drawn per call.
+    #[serde(with = "duration_text")]
+    pub jitter: Duration,
+    /// Fraction of calls answered 500.
+    #[serde(alias = "error_rate")]
+    pub error_rate: f64,
+    /// Fraction of calls that hang for `hang`.
+    #[serde(alias = "timeout_rate")]
+    pub timeout_rate: f64,
+    /// How long a timed-out call hangs before answering 504.
+    #[serde(with = "duration_text")]
+    pub hang: Duration,
+    /// Fraction of calls answered 200 with malformed JSON.
+    #[serde(alias = "malformed_rate")]
+    pub malformed_rate: f64,
+    /// Only this system gets the faults; `None`: all four.
+    pub system: Option<SimSystem>,
+    /// Deterministic failures, taken before the rates.
+    #[serde(alias = "fail_next")]
+    pub fail_next: Option<FailNext>,
+}
+
+impl Default for Faults {
+    fn default() -> Self {
+        Self {
+            latency: Duration::ZERO,
+            jitter: Duration::ZERO,
+            error_rate: 0.0,
+            timeout_rate: 0.0,
+            hang: Duration::from_secs(30),
+            malformed_rate: 0.0,
+            system: None,
+            fail_next: None,
+        }
+    }
+}
+
+impl Faults {
+    /// No faults but `fail_next` of `kind` for the next `count` calls to `system`.
+    pub fn fail_next(system: System, count: u32, kind: FaultKind) -> Self {
+        Self {
+            system: Some(system.into()),
+            fail_next: Some(FailNext { count, kind }),
+            ..Self::default()
+        }
+    }
+
+    /// Rates in [0, 1] and summing to at most 1; `names` are what the caller
+    /// calls the three rates (flags or JSON fields), for the error.
+    pub(crate) fn check_rates(&self, names: [&'static str; 3]) -> Result<(), SimError> {
+        let rates = [self.error_rate, self.timeout_rate, self.malformed_rate];
+        for (name, rate) in names.into_iter().zip(rates) {
+            if !(0.0..=1.0).contains(&rate) {
+                return Err(SimError::Invalid {
+                    name,
+                    message: format!("{rate} is not a fraction in [0, 1]"),
+                });
+            }
+        }
+        if rates.iter().sum::<f64>() > 1.0 {
+            return Err(SimError::Invalid {
+                name: names[0],
+                message: format!("{} + {} + {} exceed 1", names[0], names[1], names[2]),
+            });
+        }
+        Ok(())
+    }
+
+    /// Validates a `Faults` given as JSON or through the handle.
+    pub fn validate(&self) -> Result<(), SimError> {
+        self.check_rates(["errorRate", "timeoutRate", "malformedRate"])
+    }
+
+    fn applies_to(&self, system: SimSystem) -> bool {
+        self.system.is_none_or(|s| s == system)
+    }
+}
+
+/// Durations as text (`"250ms"`) in JSON, read with the CLI's parser.
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use autoapproval::external::http::{format_duration, parse_duration};
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&format_duration(*d))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        parse_duration(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+// === impl Stats ===
+
+/// Creations by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Creations {
+    /// Owners created.
+    pub owners: u64,
+    /// Stores created.
+    pub stores: u64,
+    /// Campaigns approved.
+    pub campaigns: u64,
+}
+
+/// Creations made for one request.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestCreations {
+    /// Owners created for it.
+    pub owner: u64,
+    /// Stores created for it.
+    pub store: u64,
+    /// Campaigns approved for it.
+    pub campaign: u64,
+}
+
+/// Injected faults by kind.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FaultCounts {
+    /// Answered 500.
+    pub error: u64,
+    /// Hung, then 504.
+    pub timeout: u64,
+    /// Answered malformed JSON.
+    pub malformed: u64,
+}
+
+/// Everything the simulator counted since start or the last reset
+/// (`GET /stats`, camelCase JSON).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Stats {
+    /// Calls per endpoint, e.g. `"POST /owners": 3`, faulted and refused ones included.
+    pub calls: BTreeMap<String, u64>,
+    /// Creations by kind (replays not included).
+    pub created: Creations,
+    /// Mutations answered from an earlier call with the same idempotency key.
+    pub idempotent_replays: u64,
+    /// Creations per request id, e.g. `{"42": {"owner": 1, "store": 1, "campaign": 1}}`.
+    pub per_request: BTreeMap<i64, RequestCreations>,
+    /// Calls being served right now, per system.
+    pub in_flight: PerSystem<u64>,
+    /// Most calls ever served at once, per system: the caller's concurrency as seen here.
+    pub in_flight_max: PerSystem<u64>,
+    /// Injected faults by kind.
+    pub faults_injected: FaultCounts,
+    /// Calls refused with 401.
+    pub unauthorized: u64,
+}
+
+impl Stats {
+    /// Calls to `endpoint` (e.g. `"POST /owners"`), 0 if none.
+    pub fn calls_to(&self, endpoint: &str) -> u64 {
+        self.calls.get(endpoint).copied().unwrap_or(0)
+    }
+
+    /// Creations for `request_id`, zeros if none.
+    pub fn for_request(&self, request_id: i64) -> RequestCreations {
+        self.per_request
+            .get(&request_id)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+// === impl State ===
+
+/// What a call has to suffer before (or instead of) being served.
+pub(crate) struct FaultPlan {
+    pub latency: Duration,
+    pub fault: Option<FaultKind>,
+    pub hang: Duration,
+}
+
+/// The ad service refuses a campaign for a store it does not know.
+pub(crate) struct UnknownStore(pub i64);
+
+/// The simulated systems' data and counters.
+pub(crate) struct State {
+    initial_faults: Faults,
+    pub faults: Faults,
+    esign_default: ContractStatus,
+    contracts: HashMap<String, ContractStatus>,
+    stores: BTreeMap<i64, bool>,
+    owners_by_key: HashMap<String, i64>,
+    stores_by_key: HashMap<String, i64>,
+    campaigns_by_key: HashMap<String, String>,
+    // Never reset, so numbers stay unique across resets.
+    next_owner: i64,
+    next_store: i64,
+    next_campaign: u64,
+    pub stats: Stats,
+    rng: StdRng,
+}
+
+impl State {
+    pub fn new(faults: Faults, esign_default: ContractStatus, seed: Option<u64>) -> Self {
+        Self {
+            initial_faults: faults.clone(),
+            faults,
+            esign_default,
+            contracts: HashMap::new(),
+            stores: BTreeMap::new(),
+            owners_by_key: HashMap::new(),
+            stores_by_key: HashMap::new(),
+            campaigns_by_key: HashMap::new(),
+            next_owner: FIRST_OWNER,
+            next_store: FIRST_STORE,
+            next_campaign: 1,
+            stats: Stats::default(),
+            rng: seed.map_or_else(StdRng::from_os_rng, StdRng::seed_from_u64),
+        }
+    }
+
+    /// Back to the start-up state: no data, zero counters, start-up faults.
+    pub fn reset(&mut self) {
+        self.faults = self.initial_faults.clone();
+        self.contracts.clear();
+        self.stores.clear();
+        self.owners_by_key.clear();
+        self.stores_by_key.clear();
+        self.campaigns_by_key.clear();
+        // Calls still in flight will leave; keep counting them.
+        let in_flight = self.stats.in_flight;
+        self.stats = Stats {
+            in_flight,
+            in_flight_max: in_flight,
+            ..Stats::default()
+        };
+    }
+
+    pub fn count_call(&mut self, endpoint: String) {
+        *self.stats.calls.entry(endpoint).or_default() += 1;
+    }
+
+    pub fn enter(&mut self, system: SimSystem) {
+        let now = self.stats.in_flight.get_mut(system);
+        *now += 1;
+        let now = *now;
+        let max = self.stats.in_flight_max.get_mut(system);
+        *max = (*max).max(now);
+    }
+
+    pub fn leave(&mut self, system: SimSystem) {
+        let now = self.stats.in_flight.get_mut(system);
+        *now = now.saturating_sub(1);
+    }
+
+    /// Draws this call's latency and fault; `fail_next` wins over the rates.
+    pub fn plan(&mut self, system: SimSystem) -> FaultPlan {
+        let faults = &mut self.faults;
+        if !faults.applies_to(system) {
+            return FaultPlan {
+                latency: Duration::ZERO,
+                fault: None,
+                hang: faults.hang,
+            };
+        }
+        let jitter = u64::try_from(faults.jitter.as_nanos()).unwrap_or(u64::MAX);
+        let latency = faults.latency + Duration::from_nanos(self.rng.random_range(0..=jitter));
+        let fault = match &mut faults.fail_next {
+            Some(next) if next.count > 0 => {
+                next.count -= 1;
+                let kind = next.kind;
+                if next.count == 0 {
+                    faults.fail_next = None;
+                }
+                Some(kind)
+            }
+            _ => {
+                let draw: f64 = self.rng.random();
+                if draw < faults.error_rate {
+                    Some(FaultKind::Error)
+                } else if draw < faults.error_rate + faults.timeout_rate {
+                    Some(FaultKind::Timeout)
+                } else if draw < faults.error_rate + faults.timeout_rate + faults.malformed_rate {
+                    Some(FaultKind::Malformed)
+                } else {
+                    None
+                }
+            }
+        };
+        let counts = &mut self.stats.faults_injected;
+        match fault {
+            Some(FaultKind::Error) => counts.error += 1,
+            Some(FaultKind::Timeout) => counts.timeout += 1,
+            Some(FaultKind::Malformed) => counts.malformed += 1,
+            None => {}
+        }
+        FaultPlan {
+            latency,
+            fault,
+            hang: faults.hang,
+        }
+    }
+
+    pub fn contract_status(&self, contract_ref: &str) -> ContractStatus {
+        self.contracts
+            .get(contract_ref)
+            .copied()
+            .unwrap_or(self.esign_default)
+    }
+
+    pub fn set_contract_status(&mut self, contract_ref: &str, status: ContractStatus) {
+        self.contracts.insert(contract_ref.to_owned(), status);
+    }
+
+    pub fn set_store(&mut self, store_number: i64, open: bool) {
+        self.stores.insert(store_number, open);
+    }
+
+    pub fn store(&self, store_number: i64) -> Option<wire::Store> {
+        self.stores
+            .get(&store_number)
+            .map(|&open| wire::Store { store_number, open })
+    }
+
+    pub fn create_owner(&mut self, key: &str, owner: &wire::CreateOwner) -> i64 {
+        if let Some(&n) = self.owners_by_key.get(key) {
+            self.stats.idempotent_replays += 1;
+            return n;
+        }
+        let n = self.next_owner;
+        self.next_owner += 1;
+        self.owners_by_key.insert(key.to_owned(), n);
+        self.stats.created.owners += 1;
+        self.stats
+            .per_request
+            .entry(owner.request_id)
+            .or_default()
+            .owner += 1;
+        n
+    }
+
+    pub fn create_store(&mut self, key: &str, store: &wire::CreateStore) -> i64 {
+        if let Some(&n) = self.stores_by_key.get(key) {
+            self.stats.idempotent_replays += 1;
+            return n;
+        }
+        // Skip numbers a test registered by hand.
+        let mut n = self.next_store;
+        while self.stores.contains_key(&n) {
+            n += 1;
+        }
+        self.next_store = n + 1;
+        self.stores_by_key.insert(key.to_owned(), n);
+        self.stores.insert(n, true);
+        self.stats.created.stores += 1;
+        self.stats
+            .per_request
+            .entry(store.request_id)
+            .or_default()
+            .store += 1;
+        n
+    }
+
+    pub fn approve_campaign(
+        &mut self,
+        key: &str,
+        approval: &wire::ApproveCampaign,
+    ) -> Result<String, UnknownStore> {
+        if let Some(id) = self.campaigns_by_key.get(key) {
+            self.stats.idempotent_replays += 1;
+            return Ok(id.clone());
+        }
+        if !self.stores.contains_key(&approval.store_number) {
+            return Err(UnknownStore(approval.store_number));
+        }
+        let id = format!("cmp-{:06}", self.next_campaign);
+        self.next_campaign += 1;
+        self.campaigns_by_key.insert(key.to_owned(), id.clone());
+        self.stats.created.campaigns += 1;
+        self.stats
+            .per_request
+            .entry(approval.request_id)
+            .or_default()
+            .campaign += 1;
+        Ok(id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(faults: Faults) -> State {
+        State::new(faults, ContractStatus::Signed, Some(7))
+    }
+
+    #[test]
+    fn fail_next_fails_exactly_n_matching_calls() {
+        let mut s = state(Faults::fail_next(System::Owner, 2, FaultKind::Timeout));
+        assert_eq!(s.plan(SimSystem::Store).fault, None);
+        assert_eq!(s.plan(SimSystem::Owner).fault, Some(FaultKind::Timeout));
+        assert_eq!(s.plan(SimSystem::Owner).fault, Some(FaultKind::Timeout));
+        assert_eq!(s.plan(SimSystem::Owner).fault, None);
+        assert_eq!(s.faults.fail_next, None);
+        assert_eq!(s.stats.faults_injected.timeout, 2);
+    }
+
+    #[test]
+    fn rates_split_one_draw() {
+        let mut s = state(Faults {
+            error_rate: 0.5,
+            malformed_rate: 0.5,
+            ..Faults::default()
+        });
+        for _ in 0..200 {
+            assert_ne!(s.plan(SimSystem::Ad).fault, None);
+        }
+        let c = s.stats.faults_injected;
+        assert_eq!(c.timeout, 0);
+        assert!(c.error > 50 && c.malformed > 50, "{c:?}");
+    }
+
+    #[test]
+    fn latency_stays_within_jitter() {
+        let mut s = state(Faults {
+            latency: Duration::from_millis(10),
+            jitter: Duration::from_millis(5),
+            ..Faults::default()
+        });
+        for _ in 0..100 {
+            let l = s.plan(SimSystem::Esign).latency;
+            assert!(l >= Duration::from_millis(10) && l <= Duration::from_millis(15));
+        }
+    }
+
+    #[test]
+    fn rates_outside_unit_interval_are_refused_by_name() {
+        let f = Faults {
+            timeout_rate: 1.5,
+            ..Faults::default()
+        };
+        let err = f.validate().unwrap_err().to_string();
+        assert!(err.starts_with("timeoutRate"), "{err}");
+        let f = Faults {
+            error_rate: 0.6,
+            malformed_rate: 0.6,
+            ..Faults::default()
+        };
+        assert!(f.validate().is_err());
+    }
+
+    #[test]
+    fn faults_read_from_camel_or_snake_json() {
+        let f: Faults = serde_json::from_str(
+            r#"{"latency": "20ms", "error_rate": 0.25, "failNext": {"count": 1, "kind": "malformed"}}"#,
+        )
+        .unwrap();
+        assert_eq!(f.latency, Duration::from_millis(20));
+        assert_eq!(f.error_rate, 0.25);
+        assert_eq!(f.hang, Duration::from_secs(30));
+        assert_eq!(f.fail_next.map(|n| n.kind), Some(FaultKind::Malformed));
+        let back: Faults = serde_json::from_value(serde_json::to_value(&f).unwrap()).unwrap();
+        assert_eq!(back, f);
+    }
+
+    #[test]
+    fn created_stores_skip_numbers_taken_by_hand() {
+        let mut s = state(Faults::default());
+        s.set_store(FIRST_STORE, false);
+        let body = wire::CreateStore {
+            request_id: 1,
+            owner_number: 1,
+            store_name: "s".into(),
+        };
+        let n = s.create_store("1:store", &body);
+        assert_eq!(n, FIRST_STORE + 1);
+        assert_eq!(s.store(n).map(|st| st.open), Some(true));
+        assert_eq!(s.create_store("1:store", &body), n);
+        assert_eq!(s.stats.idempotent_replays, 1);
+    }
+}

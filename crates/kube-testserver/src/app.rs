@@ -1,0 +1,24 @@
+//! The server's shared state, owned by the router and handed to every
+//! handler and watch stream.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::faults::Faults;
+use crate::store::Store;
+
+/// Shared server state: what every handler and watch stream reads and writes.
+pub struct App {
+    /// Objects, types and the event log.
+    pub store: Mutex<Store>,
+    /// Fault injection.
+    pub faults: Faults,
+    /// How often watches with allowWatchBookmarks get a BOOKMARK.
+    pub bookmark_interval: Duration,
+    /// host:port the server listens on.
+    pub addr: String,
+    /// Requests served so far, by verb and resource ("create autoapprovals").
+    pub requests: Mutex<BTreeMap<String, u64>>,
+}

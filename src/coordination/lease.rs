@@ -1,0 +1,215 @@
+//! The Lease primitive, no policy: names, labels, and taking, renewing and
+//! releasing one Lease with optimistic concurrency (a 409 means someone
+//! else wrote it first). Which Leases to hold is decided elsewhere.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use kube::api::{ObjectMeta, PostParams};
+use tracing::debug;
+
+use super::{Coordinator, FIELD_MANAGER, MEMBER_LEASE_PREFIX, ROLE_LABEL, SHARD_LEASE_PREFIX};
+
+// === impl Coordinator ===
+
+impl Coordinator {
+    /// Writes us as the holder of a free or expired Lease (creating it when
+    /// absent); `None` when another replica was faster or the call failed.
+    pub(super) async fn take(
+        &mut self,
+        name: &str,
+        role: &str,
+        existing: Option<Lease>,
+        generation: i64,
+        now: DateTime<Utc>,
+    ) -> Option<Lease> {
+        let spec = LeaseSpec {
+            holder_identity: Some(self.identity().to_owned()),
+            lease_duration_seconds: Some(duration_secs(self.settings.lease_duration)),
+            acquire_time: Some(micro_time(now)),
+            renew_time: Some(micro_time(now)),
+            lease_transitions: Some(i32::try_from(generation).unwrap_or(i32::MAX)),
+            ..LeaseSpec::default()
+        };
+        let result = match existing {
+            Some(mut lease) => {
+                lease.spec = Some(spec);
+                self.api.replace(name, &post_params(), &lease).await
+            }
+            None => {
+                let lease = Lease {
+                    metadata: lease_meta(name, role),
+                    spec: Some(spec),
+                };
+                self.api.create(&post_params(), &lease).await
+            }
+        };
+        match result {
+            Ok(lease) => Some(lease),
+            Err(kube::Error::Api(e)) if e.code == 409 => {
+                debug!(lease = name, "another replica took the Lease first");
+                None
+            }
+            Err(error) => {
+                self.metrics.lease_renew_failure();
+                debug!(lease = name, %error, "could not take the Lease");
+                None
+            }
+        }
+    }
+
+    /// Renews a Lease we hold; false when it turned out to be someone else's.
+    pub(super) async fn renew(
+        &mut self,
+        name: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, kube::Error> {
+        let Some(mut lease) = self.mine.get(name).cloned() else {
+            return Ok(false);
+        };
+        for _ in 0..2 {
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(micro_time(now));
+            }
+            match self.api.replace(name, &post_params(), &lease).await {
+                Ok(renewed) => {
+                    self.mine.insert(name.to_owned(), renewed);
+                    return Ok(true);
+                }
+                // Someone wrote it since: still ours only if it still names us
+                // at the same generation.
+                Err(kube::Error::Api(e)) if e.code == 409 => {
+                    let fresh = self.api.get(name).await?;
+                    let ours = fresh.spec.as_ref().is_some_and(|s| {
+                        s.holder_identity.as_deref() == Some(self.identity())
+                            && s.lease_transitions
+                                == lease.spec.as_ref().and_then(|s| s.lease_transitions)
+                    });
+                    if !ours {
+                        return Ok(false);
+                    }
+                    lease = fresh;
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => return Ok(false),
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(false)
+    }
+
+    pub(super) async fn release(
+        &mut self,
+        name: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), kube::Error> {
+        let Some(mut lease) = self.mine.remove(name) else {
+            return Ok(());
+        };
+        if let Some(spec) = lease.spec.as_mut() {
+            spec.holder_identity = None;
+            spec.renew_time = Some(micro_time(now));
+        }
+        self.api
+            .replace(name, &post_params(), &lease)
+            .await
+            .map(drop)
+    }
+}
+
+/// The Lease name of a shard.
+pub fn shard_lease_name(shard: u32) -> String {
+    format!("{SHARD_LEASE_PREFIX}{shard}")
+}
+
+/// The member Lease name of a replica: its identity made a valid name.
+pub fn member_lease_name(identity: &str) -> String {
+    let mut name: String = identity
+        .chars()
+        .map(|c| match c.to_ascii_lowercase() {
+            c @ ('a'..='z' | '0'..='9' | '-' | '.') => c,
+            _ => '-',
+        })
+        .collect();
+    name.truncate(253 - MEMBER_LEASE_PREFIX.len());
+    format!("{MEMBER_LEASE_PREFIX}{}", name.trim_end_matches(['-', '.']))
+}
+
+pub(super) fn shard_of_lease(lease: &Lease, shard_count: u32) -> Option<u32> {
+    let name = lease.metadata.name.as_deref()?;
+    let shard: u32 = name.strip_prefix(SHARD_LEASE_PREFIX)?.parse().ok()?;
+    (shard < shard_count).then_some(shard)
+}
+
+pub(super) fn is_member(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .name
+        .as_deref()
+        .is_some_and(|n| n.starts_with(MEMBER_LEASE_PREFIX))
+}
+
+pub(super) fn lease_meta(name: &str, role: &str) -> ObjectMeta {
+    ObjectMeta {
+        name: Some(name.to_owned()),
+        labels: Some(
+            [
+                (ROLE_LABEL.to_owned(), role.to_owned()),
+                (
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    "autoapproval".to_owned(),
+                ),
+            ]
+            .into(),
+        ),
+        ..ObjectMeta::default()
+    }
+}
+
+pub(super) fn post_params() -> PostParams {
+    PostParams {
+        field_manager: Some(FIELD_MANAGER.to_owned()),
+        ..PostParams::default()
+    }
+}
+
+pub(super) fn micro_time(at: DateTime<Utc>) -> MicroTime {
+    MicroTime(
+        k8s_openapi::jiff::Timestamp::from_microsecond(at.timestamp_micros())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
+    )
+}
+
+pub(super) fn duration_secs(d: Duration) -> i32 {
+    i32::try_from(d.as_secs().max(1)).unwrap_or(i32::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    pub(super) fn member_lease_names_are_valid_names() {
+        assert_eq!(
+            member_lease_name("pod-7f9c"),
+            "autoapproval-member-pod-7f9c"
+        );
+        assert_eq!(
+            member_lease_name("Host_Name."),
+            "autoapproval-member-host-name"
+        );
+        assert!(member_lease_name(&"x".repeat(400)).len() <= 253);
+    }
+
+    #[test]
+    pub(super) fn shard_leases_are_recognised_only_within_k() {
+        let lease = |name: &str| Lease {
+            metadata: lease_meta(name, "shard"),
+            spec: None,
+        };
+        assert_eq!(shard_of_lease(&lease("autoapproval-shard-3"), 16), Some(3));
+        assert_eq!(shard_of_lease(&lease("autoapproval-shard-16"), 16), None);
+        assert_eq!(shard_of_lease(&lease("autoapproval-leader"), 16), None);
+    }
+}

@@ -1,0 +1,324 @@
+//! Claims and every write made under one: the claim itself, heartbeats,
+//! results, retries, completion and release. Each write after the claim is
+//! conditional on the fence `status = 'IN_PROGRESS' AND holder = $2 AND
+//! fencing_token = $3`, so a replica that lost its claim writes nothing.
+
+use chrono::{DateTime, Utc};
+
+use super::{Store, StoreError, db};
+use crate::domain::{Candidate, Claim, Fence};
+
+/// The outcome of a claim attempt.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClaimOutcome {
+    /// This worker holds the request now.
+    Won(Claim),
+    /// Another worker got there first, or the retry is no longer due.
+    Lost,
+}
+
+/// The outcome of a completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Completion {
+    /// The request is APPROVED and the state row is gone.
+    Approved,
+    /// The fence no longer matches: nothing was written.
+    Stale,
+    /// The claim was ours but a person decided meanwhile: state row deleted,
+    /// the request left as the person set it.
+    RequestClosed,
+}
+
+/// A retry to record.
+#[derive(Clone, Debug)]
+pub struct RetryWrite<'a> {
+    /// When it is due.
+    pub next_retry_time: DateTime<Utc>,
+    /// Whether the failure was transient (grows the backoff streak).
+    pub transient: bool,
+    /// Why, for the CR status and the memo.
+    pub reason: &'a str,
+    /// The step that asked for it.
+    pub step: &'a str,
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Claims a candidate on the primary: an INSERT for a new request (the
+    /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
+    /// for a due retry. Check and write are one statement, so nothing is held
+    /// while the chain runs. A sharded fence also needs its token to be the
+    /// shard's current one (migration 0008).
+    pub async fn claim(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let shard_count = fence.shard_count.map(|k| k as i32);
+        let row: Option<(i64, i32, i32)> = match candidate.state_id {
+            None => sqlx::query_as(
+                "INSERT INTO auto_approve_state
+                        (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
+                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, $5
+                  WHERE $6::int IS NULL OR EXISTS (
+                        SELECT 1 FROM shard_fence f
+                         WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
+                           FOR SHARE)
+                 ON CONFLICT (request_id) DO NOTHING
+                 RETURNING id, retry_count, transient_streak",
+            )
+            .bind(candidate.request_id)
+            .bind(candidate.request_type.as_str())
+            .bind(&fence.holder)
+            .bind(fence.token)
+            .bind(now)
+            .bind(shard_count)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("claim new request"))?,
+            Some(state_id) => sqlx::query_as(
+                "UPDATE auto_approve_state
+                    SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5,
+                        woken_at = NULL
+                  WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
+                    AND next_retry_time <= $5 AND retry_count < $6
+                    AND ($7::int IS NULL OR EXISTS (
+                        SELECT 1 FROM shard_fence f
+                         WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
+                           FOR SHARE))
+                 RETURNING id, retry_count, transient_streak",
+            )
+            .bind(state_id)
+            .bind(candidate.request_id)
+            .bind(&fence.holder)
+            .bind(fence.token)
+            .bind(now)
+            .bind(retry_limit)
+            .bind(shard_count)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("claim due retry"))?,
+        };
+        Ok(match row {
+            Some((state_id, retry_count, transient_streak)) => ClaimOutcome::Won(Claim {
+                state_id,
+                request_id: candidate.request_id,
+                retry_count,
+                transient_streak,
+                fence: fence.clone(),
+            }),
+            None => ClaimOutcome::Lost,
+        })
+    }
+
+    /// Touches the claim so the cleanser sees it is alive; false when the
+    /// fence no longer matches (the claim is lost: stop writing).
+    pub async fn heartbeat(
+        &self,
+        claim: &Claim,
+        step: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE auto_approve_state SET modified_at = $4, step = $5
+              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(now)
+        .bind(step)
+        .execute(&self.primary)
+        .await
+        .map_err(db("heartbeat"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Moves a claimed request to RETRY_WAITING with retry_count + 1 and
+    /// appends a memo when the reason changed. Returns the new retry count,
+    /// `None` when the fence no longer matches.
+    pub async fn schedule_retry(
+        &self,
+        claim: &Claim,
+        retry: &RetryWrite<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError> {
+        let row: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
+            "WITH old AS (
+                 SELECT id, last_reason FROM auto_approve_state
+                  WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+                    FOR UPDATE
+             ), upd AS (
+                 UPDATE auto_approve_state s
+                    SET status = 'RETRY_WAITING', retry_count = s.retry_count + 1,
+                        transient_streak = CASE WHEN $5 THEN s.transient_streak + 1 ELSE 0 END,
+                        next_retry_time = CASE WHEN s.woken_at IS NULL THEN $4 ELSE LEAST($4, $8) END,
+                        woken_at = NULL, last_reason = $6, step = $7, modified_at = $8
+                   FROM old WHERE s.id = old.id
+                 RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
+             ), memo AS (
+                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 SELECT request_id, $8, 'autoapproval', 'auto-approval waits: ' || $6
+                   FROM upd WHERE old_reason IS DISTINCT FROM $6
+             )
+             SELECT retry_count, next_retry_time FROM upd",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(retry.next_retry_time)
+        .bind(retry.transient)
+        .bind(retry.reason)
+        .bind(retry.step)
+        .bind(now)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("schedule retry"))?;
+        Ok(row)
+    }
+
+    /// Approves the request and deletes the state row, in one transaction,
+    /// only while the fence matches.
+    pub async fn complete(
+        &self,
+        claim: &Claim,
+        now: DateTime<Utc>,
+    ) -> Result<Completion, StoreError> {
+        let mut tx = self.begin("complete").await?;
+        let deleted = sqlx::query(DELETE_FENCED)
+            .bind(claim.state_id)
+            .bind(&claim.fence.holder)
+            .bind(claim.fence.token)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete state"))?;
+        if deleted.rows_affected() == 0 {
+            return Ok(Completion::Stale);
+        }
+        let approved = sqlx::query(
+            "UPDATE approval_request
+                SET status = 'APPROVED', decided_at = $2, decided_by = 'autoapproval', updated_at = $2
+              WHERE id = $1 AND status IN ('ING', 'PENDING', 'RETRY')",
+        )
+        .bind(claim.request_id)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("complete: approve request"))?;
+        tx.commit().await.map_err(db("complete: commit"))?;
+        Ok(if approved.rows_affected() == 1 {
+            Completion::Approved
+        } else {
+            Completion::RequestClosed
+        })
+    }
+
+    /// Deletes our own state row without touching the request (a person
+    /// decided, or the request vanished). False when the fence no longer matches.
+    pub async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
+        let done = sqlx::query(DELETE_FENCED)
+            .bind(claim.state_id)
+            .bind(&claim.fence.holder)
+            .bind(claim.fence.token)
+            .execute(&self.primary)
+            .await
+            .map_err(db("drop claim"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives a claim back (shutdown, lost shard): due again at once, no retry
+    /// counted. False when the fence no longer matches.
+    pub async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING', next_retry_time = $4, modified_at = $4
+              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(now)
+        .execute(&self.primary)
+        .await
+        .map_err(db("release"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Stores the owner number the owner service returned, under the fence.
+    pub async fn save_owner_number(
+        &self,
+        claim: &Claim,
+        owner_number: i64,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_OWNER_NUMBER, ResultValue::Int(owner_number))
+            .await
+    }
+
+    /// Stores the store number the store service returned, under the fence.
+    pub async fn save_store_number(
+        &self,
+        claim: &Claim,
+        store_number: i64,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_STORE_NUMBER, ResultValue::Int(store_number))
+            .await
+    }
+
+    /// Stores the campaign id the ad service returned, under the fence.
+    pub async fn save_campaign_id(
+        &self,
+        claim: &Claim,
+        campaign_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_CAMPAIGN_ID, ResultValue::Text(campaign_id))
+            .await
+    }
+
+    async fn save_result(
+        &self,
+        claim: &Claim,
+        sql: &'static str,
+        value: ResultValue<'_>,
+    ) -> Result<bool, StoreError> {
+        let query = sqlx::query(sql)
+            .bind(claim.state_id)
+            .bind(&claim.fence.holder)
+            .bind(claim.fence.token);
+        let query = match value {
+            ResultValue::Int(v) => query.bind(v),
+            ResultValue::Text(v) => query.bind(v),
+        };
+        let done = query
+            .bind(claim.request_id)
+            .execute(&self.primary)
+            .await
+            .map_err(db("save result"))?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+const DELETE_FENCED: &str = "\
+DELETE FROM auto_approve_state
+ WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3";
+
+// A result is saved only while the claim is still ours.
+const SAVE_OWNER_NUMBER: &str = "\
+UPDATE approval_request SET owner_number = $4, updated_at = now()
+ WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+const SAVE_STORE_NUMBER: &str = "\
+UPDATE approval_request SET store_number = $4, updated_at = now()
+ WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+const SAVE_CAMPAIGN_ID: &str = "\
+UPDATE approval_request SET campaign_id = $4, updated_at = now()
+ WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+
+enum ResultValue<'a> {
+    Int(i64),
+    Text(&'a str),
+}

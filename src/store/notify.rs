@@ -1,0 +1,99 @@
+//! Wakes: the LISTEN connection for the triggers' NOTIFY, and the wake a
+//! caller records for a change the database did not see.
+
+use chrono::{DateTime, Utc};
+use sqlx::postgres::PgListener;
+
+use super::{Store, StoreError, db};
+
+/// The NOTIFY channel of migration 0004: payload is the request id as text.
+pub const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
+
+/// One notification from the request-changed channel.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RequestChange {
+    /// This request was inserted, or a fact its filters read changed.
+    Changed(i64),
+    /// A payload that is not a request id; reported and ignored.
+    Malformed(String),
+    /// The connection dropped and was re-established: notifications may
+    /// have been missed, so the caller should run a full turn.
+    Reconnected,
+}
+
+/// The LISTEN connection for request changes.
+pub struct RequestChanges {
+    listener: PgListener,
+}
+
+impl RequestChanges {
+    /// Waits for the next notification.
+    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+        let received = self
+            .listener
+            .try_recv()
+            .await
+            .map_err(db("receive notification"))?;
+        Ok(received.map_or(RequestChange::Reconnected, |n| {
+            RequestChange::parse(n.payload())
+        }))
+    }
+
+    /// A notification already received, without waiting.
+    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+        self.listener
+            .next_buffered()
+            .map(|n| RequestChange::parse(n.payload()))
+    }
+}
+
+impl RequestChange {
+    fn parse(payload: &str) -> Self {
+        match payload.trim().parse() {
+            Ok(id) => RequestChange::Changed(id),
+            Err(_) => RequestChange::Malformed(payload.to_owned()),
+        }
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Makes waiting requests due at `now` because a fact their filters read
+    /// changed, and marks running ones so the retry they schedule is due at
+    /// once; returns the requests touched. Retry counts stay. The triggers
+    /// record the same wake with every change (migration 0009); this is for
+    /// a caller that knows of a change the database did not see.
+    pub async fn wake(
+        &self,
+        request_ids: &[i64],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE auto_approve_state
+                SET next_retry_time = CASE WHEN status = 'RETRY_WAITING' THEN $2 ELSE next_retry_time END,
+                    woken_at = CASE WHEN status = 'IN_PROGRESS' THEN $2 ELSE woken_at END
+              WHERE request_id = ANY($1)
+                AND ((status = 'RETRY_WAITING' AND next_retry_time > $2) OR status = 'IN_PROGRESS')
+             RETURNING request_id",
+        )
+        .bind(request_ids)
+        .bind(now)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("wake waiting requests"))?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Listens on the primary for the request-changed notifications.
+    pub async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
+        let mut listener = PgListener::connect_with(&self.primary)
+            .await
+            .map_err(db("connect listener"))?;
+        listener
+            .listen(REQUEST_CHANGED_CHANNEL)
+            .await
+            .map_err(db("listen"))?;
+        Ok(RequestChanges { listener })
+    }
+}

@@ -1,0 +1,184 @@
+//! Getting work back: the cleanser's pass over stuck and finished state
+//! rows, the fence raised when a shard changes hands (recovering the old
+//! holder's claims), and the release of a replica's claims at shutdown.
+
+use chrono::{DateTime, Utc};
+
+use super::{Store, StoreError, db};
+
+/// What the cleanser did in one pass.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CleanseReport {
+    /// Requests whose stuck claim went back to RETRY_WAITING.
+    pub recovered: Vec<i64>,
+    /// State rows deleted because their request is terminal or gone.
+    pub deleted: u64,
+}
+
+// === impl Store ===
+
+impl Store {
+    /// The cleanser's pass: stuck claims back to RETRY_WAITING (with a memo
+    /// and retry_count + 1, so a request that kills its worker every time
+    /// still reaches the limit), then rows of terminal or vanished requests
+    /// deleted. Rows at the retry limit match neither and stay.
+    pub async fn cleanse(
+        &self,
+        stuck_before: DateTime<Utc>,
+        now: DateTime<Utc>,
+    ) -> Result<CleanseReport, StoreError> {
+        let recovered: Vec<(i64,)> = sqlx::query_as(
+            "WITH stuck AS (
+                 UPDATE auto_approve_state
+                    SET status = 'RETRY_WAITING', next_retry_time = $2, modified_at = $2,
+                        retry_count = retry_count + 1, last_reason = 'recovered: claim was stuck'
+                  WHERE status = 'IN_PROGRESS' AND modified_at < $1
+                 RETURNING request_id, holder
+             ), memo AS (
+                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 SELECT request_id, $2, 'autoapproval-cleanser',
+                        'auto-approval was interrupted on ' || holder || '; retrying'
+                   FROM stuck
+             )
+             SELECT request_id FROM stuck ORDER BY request_id",
+        )
+        .bind(stuck_before)
+        .bind(now)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("cleanse stuck claims"))?;
+        let deleted = sqlx::query(
+            "DELETE FROM auto_approve_state s
+              WHERE NOT EXISTS (SELECT 1 FROM approval_request r
+                                 WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
+        )
+        .execute(&self.primary)
+        .await
+        .map_err(db("cleanse finished rows"))?;
+        Ok(CleanseReport {
+            recovered: recovered.into_iter().map(|(id,)| id).collect(),
+            deleted: deleted.rows_affected(),
+        })
+    }
+
+    /// Deletes the waiting state row of a request that is no longer open (a
+    /// person decided); an IN_PROGRESS row is left to its holder.
+    pub async fn forget_closed(&self, request_id: i64) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM auto_approve_state s
+              WHERE s.request_id = $1 AND s.status = 'RETRY_WAITING'
+                AND NOT EXISTS (SELECT 1 FROM approval_request r
+                                 WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
+        )
+        .bind(request_id)
+        .execute(&self.primary)
+        .await
+        .map_err(db("forget closed request"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives back every claim `holder` still holds under one of `tokens`
+    /// (graceful shutdown): due again at once, no retry counted. Returns the
+    /// requests released.
+    pub async fn release_all(
+        &self,
+        holder: &str,
+        tokens: &[i64],
+        now: DateTime<Utc>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = $3
+              WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = ANY($2)
+             RETURNING request_id",
+        )
+        .bind(holder)
+        .bind(tokens)
+        .bind(now)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("release held claims"))?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// The current fencing token of a shard, if it was ever fenced.
+    pub async fn shard_token(
+        &self,
+        shard_count: u32,
+        shard: u32,
+    ) -> Result<Option<i64>, StoreError> {
+        let row: Option<(i64,)> =
+            sqlx::query_as("SELECT token FROM shard_fence WHERE shard_count = $1 AND shard = $2")
+                .bind(shard_count as i32)
+                .bind(shard as i32)
+                .fetch_optional(&self.primary)
+                .await
+                .map_err(db("read shard token"))?;
+        Ok(row.map(|(t,)| t))
+    }
+
+    /// Raises a shard's fencing token to `token` for `holder`, and recovers
+    /// every claim of the shard made under an older token (back to
+    /// RETRY_WAITING, due now, retry_count + 1, with a memo), in one
+    /// transaction. Token 0 marks a claim outside coordination (a manual
+    /// path): only the stuck-age cleanser recovers those. `None` when the shard already has a token at or above
+    /// `token`: someone acquired it later, nothing was written.
+    pub async fn fence_shard(
+        &self,
+        shard_count: u32,
+        shard: u32,
+        token: i64,
+        holder: &str,
+        now: DateTime<Utc>,
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let mut tx = self.begin("fence shard").await?;
+        // The row lock waits for claims that share-locked the old token;
+        // the recovery below is a new statement, so it sees their rows.
+        let raised: Option<(i64,)> = sqlx::query_as(
+            "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (shard_count, shard) DO UPDATE
+                SET token = EXCLUDED.token, holder = EXCLUDED.holder, fenced_at = EXCLUDED.fenced_at
+              WHERE shard_fence.token < EXCLUDED.token
+             RETURNING token",
+        )
+        .bind(shard_count as i32)
+        .bind(shard as i32)
+        .bind(token)
+        .bind(holder)
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("fence shard: raise token"))?;
+        if raised.is_none() {
+            return Ok(None);
+        }
+        let recovered: Vec<(i64,)> = sqlx::query_as(
+            "WITH orphaned AS (
+                 UPDATE auto_approve_state
+                    SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = $5,
+                        retry_count = retry_count + 1,
+                        last_reason = 'recovered: shard ' || $2 || ' moved to ' || $4
+                  WHERE status = 'IN_PROGRESS' AND request_id % $1 = $2
+                    AND fencing_token > 0 AND fencing_token < $3
+                 RETURNING request_id, holder
+             ), memo AS (
+                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 SELECT request_id, $5, 'autoapproval-cleanser',
+                        'auto-approval was interrupted on ' || holder || '; retrying'
+                   FROM orphaned
+             )
+             SELECT request_id FROM orphaned ORDER BY request_id",
+        )
+        .bind(i64::from(shard_count))
+        .bind(i64::from(shard))
+        .bind(token)
+        .bind(holder)
+        .bind(now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("fence shard: recover orphaned claims"))?;
+        tx.commit().await.map_err(db("fence shard: commit"))?;
+        Ok(Some(recovered.into_iter().map(|(id,)| id).collect()))
+    }
+}

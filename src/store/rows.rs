@@ -1,0 +1,165 @@
+//! Reading rows on the primary: a request, its state row, and the statuses
+//! the CR garbage collector needs; each row checked into a domain value.
+
+use chrono::{DateTime, Utc};
+use sqlx::FromRow;
+
+use super::{Store, StoreError, db};
+use crate::domain::{Request, RequestStatus, State, StateStatus};
+
+/// A request's status as the CR garbage collector needs it.
+#[derive(Debug)]
+pub struct RequestStatusRow {
+    /// The request.
+    pub request_id: i64,
+    /// Its status, or why it cannot be read.
+    pub status: Result<RequestStatus, StoreError>,
+    /// When it was decided, else last updated.
+    pub changed_at: DateTime<Utc>,
+}
+
+#[derive(FromRow)]
+struct RequestRow {
+    id: i64,
+    request_type: String,
+    status: String,
+    sort_time: DateTime<Utc>,
+    created_at: DateTime<Utc>,
+    business_name: String,
+    documents_released: bool,
+    operational_hold: bool,
+    menu_registered: bool,
+    logo_registered: bool,
+    previous_step_approved: bool,
+    econtract_ref: Option<String>,
+    target_store_number: Option<i64>,
+    owner_number: Option<i64>,
+    store_number: Option<i64>,
+    campaign_id: Option<String>,
+    decided_by: Option<String>,
+}
+
+impl RequestRow {
+    fn into_request(self) -> Result<Request, StoreError> {
+        let malformed = |error| StoreError::Malformed {
+            request_id: self.id,
+            error,
+        };
+        Ok(Request {
+            id: self.id,
+            request_type: self.request_type.parse().map_err(malformed)?,
+            status: self.status.parse().map_err(malformed)?,
+            sort_time: self.sort_time,
+            created_at: self.created_at,
+            business_name: self.business_name,
+            documents_released: self.documents_released,
+            operational_hold: self.operational_hold,
+            menu_registered: self.menu_registered,
+            logo_registered: self.logo_registered,
+            previous_step_approved: self.previous_step_approved,
+            econtract_ref: self.econtract_ref,
+            target_store_number: self.target_store_number,
+            owner_number: self.owner_number,
+            store_number: self.store_number,
+            campaign_id: self.campaign_id,
+            decided_by: self.decided_by,
+        })
+    }
+}
+
+#[derive(FromRow)]
+struct StateRow {
+    id: i64,
+    request_id: i64,
+    status: String,
+    next_retry_time: Option<DateTime<Utc>>,
+    retry_count: i32,
+    holder: String,
+    fencing_token: i64,
+    step: Option<String>,
+    last_reason: Option<String>,
+    modified_at: DateTime<Utc>,
+}
+
+impl StateRow {
+    fn into_state(self) -> Result<State, StoreError> {
+        Ok(State {
+            status: self
+                .status
+                .parse::<StateStatus>()
+                .map_err(|error| StoreError::Malformed {
+                    request_id: self.request_id,
+                    error,
+                })?,
+            id: self.id,
+            request_id: self.request_id,
+            next_retry_time: self.next_retry_time,
+            retry_count: self.retry_count,
+            holder: self.holder,
+            fencing_token: self.fencing_token,
+            step: self.step,
+            last_reason: self.last_reason,
+            modified_at: self.modified_at,
+        })
+    }
+}
+
+const SELECT_REQUEST: &str = "\
+SELECT id, request_type, status, sort_time, created_at, business_name, documents_released,
+       operational_hold, menu_registered, logo_registered, previous_step_approved, econtract_ref,
+       target_store_number, owner_number, store_number, campaign_id, decided_by
+  FROM approval_request WHERE id = $1";
+
+// === impl Store ===
+
+impl Store {
+    /// Re-reads a request from the primary.
+    pub async fn request(&self, request_id: i64) -> Result<Option<Request>, StoreError> {
+        let row: Option<RequestRow> = sqlx::query_as(SELECT_REQUEST)
+            .bind(request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("re-read request"))?;
+        row.map(RequestRow::into_request).transpose()
+    }
+
+    /// Reads a request's state row from the primary.
+    pub async fn state(&self, request_id: i64) -> Result<Option<State>, StoreError> {
+        let row: Option<StateRow> = sqlx::query_as(
+            "SELECT id, request_id, status, next_retry_time, retry_count, holder, fencing_token, \
+                    step, last_reason, modified_at
+               FROM auto_approve_state WHERE request_id = $1",
+        )
+        .bind(request_id)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("read state"))?;
+        row.map(StateRow::into_state).transpose()
+    }
+
+    /// For each of `request_ids` that exists: its status and, when decided,
+    /// when (the decision time, else the last update).
+    pub async fn request_statuses(
+        &self,
+        request_ids: &[i64],
+    ) -> Result<Vec<RequestStatusRow>, StoreError> {
+        let rows: Vec<(i64, String, DateTime<Utc>)> = sqlx::query_as(
+            "SELECT id, status, COALESCE(decided_at, updated_at)
+               FROM approval_request WHERE id = ANY($1)",
+        )
+        .bind(request_ids)
+        .fetch_all(&self.read)
+        .await
+        .map_err(db("read request statuses"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(request_id, status, changed_at)| RequestStatusRow {
+                request_id,
+                status: status
+                    .parse()
+                    .map_err(|error| StoreError::Malformed { request_id, error }),
+                changed_at,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,235 @@
+//! The shipped binary and its command line, as a user and a kubelet meet
+//! them: what it is linked from, its subcommands, its settings, its CRD and
+//! a whole run to SIGTERM.
+
+use std::time::Duration;
+
+use autoapproval::controller::crd::{self, AutoApproval, Phase};
+use autoapproval_sim::{SimOptions, Simulator};
+use kube::api::Api;
+use kube_testserver::{Options, TestServer};
+use sqlx::PgPool;
+
+use crate::support::{
+    NS, client_for, database_url, eventually, install_crd, owner_now, request_status, sigterm,
+};
+
+#[test]
+fn the_checked_in_crd_is_what_autoapproval_crd_prints() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("crd")
+        .output()
+        .expect("autoapproval crd");
+    assert!(output.status.success());
+    let checked_in = std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("crds/autoapproval.yaml"),
+    )
+    .expect("crds/autoapproval.yaml");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        checked_in,
+        "crds/autoapproval.yaml is stale: run `cargo run -- crd > crds/autoapproval.yaml`"
+    );
+}
+
+#[test]
+fn run_refuses_a_bad_setting_naming_it() {
+    for (flag, value) in [
+        ("--poll-period", "0"),
+        ("--shards", "0"),
+        ("--poll-period", "soon"),
+    ] {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args([
+                "run",
+                "--database-url",
+                "postgres://127.0.0.1:1/none",
+                flag,
+                value,
+            ])
+            .env("AUTOAPPROVAL_KUBECONFIG", "/nonexistent")
+            .output()
+            .expect("autoapproval run");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(flag), "{flag} {value}: {stderr}");
+    }
+}
+
+#[sqlx::test]
+async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        .await
+        .expect("simulator");
+    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--namespace", NS, "--replica-name", "bin-1"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
+        .env("AUTOAPPROVAL_ESIGN_URL", sim.base_url())
+        .env("AUTOAPPROVAL_OWNER_URL", sim.base_url())
+        .env("AUTOAPPROVAL_STORE_URL", sim.base_url())
+        .env("AUTOAPPROVAL_AD_URL", sim.base_url())
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("autoapproval run starts");
+    let pid = child.id().expect("pid");
+
+    let http = reqwest::Client::new();
+    let ready = format!("http://127.0.0.1:{port}/readyz");
+    eventually("/readyz to answer 200", || async {
+        let response = http.get(&ready).send().await.ok()?;
+        (response.status() == 200).then_some(())
+    })
+    .await;
+    owner_now(120).insert(&pool).await;
+    eventually("request 120 to be approved", || async {
+        (request_status(&pool, 120).await == "APPROVED").then_some(())
+    })
+    .await;
+    let metrics = http
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .expect("/metrics")
+        .text()
+        .await
+        .expect("body");
+    assert!(
+        metrics.contains("autoapproval_pickup_latency_seconds_count 1"),
+        "{metrics}"
+    );
+
+    sigterm(pid);
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("exits within 30 s of SIGTERM")
+        .expect("output");
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = String::from_utf8_lossy(&output.stdout).into_owned()
+        + &String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{logs}");
+    assert!(logs.contains("controller stopped"), "{logs}");
+    let api: Api<AutoApproval> = Api::namespaced(client_for(&server), NS);
+    let cr = api.get(&crd::cr_name(120)).await.expect("CR");
+    assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::Approved));
+}
+
+/// The shipped binary's dependency graph (normal and build edges, from
+/// `cargo metadata`): the packages it is linked from.
+fn shipped_closure(root: &str) -> std::collections::BTreeSet<String> {
+    let rustc = std::process::Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("rustc -vV");
+    let host = String::from_utf8_lossy(&rustc.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
+        .expect("rustc names its host");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    // This machine's graph only: other platforms' crates need not be downloaded.
+    let output = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
+        .args(["--filter-platform", &host])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo metadata runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let name_of = |id: &str| -> String {
+        metadata["packages"]
+            .as_array()
+            .expect("packages")
+            .iter()
+            .find(|p| p["id"] == id)
+            .and_then(|p| p["name"].as_str())
+            .expect("a package for every id")
+            .to_owned()
+    };
+    let nodes = metadata["resolve"]["nodes"].as_array().expect("nodes");
+    let root_id = nodes
+        .iter()
+        .map(|n| n["id"].as_str().expect("id"))
+        .find(|id| name_of(id) == root)
+        .expect("the root package");
+    let mut seen = std::collections::BTreeSet::new();
+    let mut todo = vec![root_id.to_owned()];
+    while let Some(id) = todo.pop() {
+        let node = nodes.iter().find(|n| n["id"] == id.as_str()).expect("node");
+        for dep in node["deps"].as_array().expect("deps") {
+            // A dev-only edge is not linked into the binary.
+            let linked = dep["dep_kinds"]
+                .as_array()
+                .expect("dep_kinds")
+                .iter()
+                .any(|k| k["kind"].is_null() || k["kind"] == "build");
+            let dep_id = dep["pkg"].as_str().expect("pkg").to_owned();
+            if linked && seen.insert(name_of(&dep_id)) {
+                todo.push(dep_id);
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn the_shipped_binary_links_no_test_tooling() {
+    const TOOLING: [&str; 3] = ["kube-testserver", "autoapproval-sim", "autoapproval-lab"];
+    let shipped = shipped_closure("autoapproval");
+    for wanted in ["kube", "sqlx", "axum"] {
+        assert!(
+            shipped.contains(wanted),
+            "{wanted} missing from {shipped:?}"
+        );
+    }
+    for tool in TOOLING {
+        assert!(
+            !shipped.contains(tool),
+            "{tool} is a normal dependency of the product: make it a dev-dependency"
+        );
+    }
+    // The walk sees the tooling where it is linked: the lab depends on all but itself.
+    let lab = shipped_closure("autoapproval-lab");
+    for tool in &TOOLING[..2] {
+        assert!(lab.contains(*tool), "{tool} not seen in the lab's graph");
+    }
+}
+
+#[test]
+fn help_lists_only_the_controllers_subcommands() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("--help")
+        .output()
+        .expect("autoapproval --help");
+    assert!(output.status.success());
+    let help = String::from_utf8_lossy(&output.stdout);
+    let commands: Vec<&str> = help
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| !l.trim().is_empty())
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(commands, ["migrate", "run", "crd", "help"], "{help}");
+}

@@ -1,0 +1,235 @@
+//! A cluster in one process: the test API server with the CRD, the
+//! simulator, and one controller replica over the test's database; plus
+//! `eventually`, the deadline every wait in the tests goes through.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use autoapproval::clock::SystemClock;
+use autoapproval::controller::config::Settings;
+use autoapproval::controller::crd::{self, AutoApproval, Phase};
+use autoapproval::controller::{Parts, run_until};
+use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::store::Store;
+use autoapproval::telemetry::Metrics;
+use autoapproval_sim::{SimHandle, SimOptions, Simulator};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, ListParams, PostParams};
+use kube::{Client, CustomResourceExt};
+use kube_testserver::{Options, TestServer};
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+use super::rows::NewRequest;
+
+pub const NS: &str = "default";
+
+/// A running controller with everything it talks to.
+pub struct Cluster {
+    pub server: TestServer,
+    pub client: Client,
+    pub sim: SimHandle,
+    pub pool: PgPool,
+    pub metrics: Metrics,
+    pub api: Api<AutoApproval>,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
+}
+
+/// Settings for tests: a poll period longer than any test, so whatever
+/// happens was the doing of NOTIFY, the CR watch or a requeue.
+pub fn test_settings() -> Settings {
+    let mut s = Settings::new(NS, "replica-1");
+    s.discovery.poll_period = Duration::from_secs(3600);
+    s.shutdown_grace = Duration::from_secs(5);
+    s
+}
+
+pub fn client_for(server: &TestServer) -> Client {
+    let mut config = kube::Config::new(server.url().parse().expect("url"));
+    config.default_namespace = NS.into();
+    Client::try_from(config).expect("client")
+}
+
+/// The test API server with the CRD installed, a client of it, and the
+/// simulator.
+pub async fn backends() -> (TestServer, Client, SimHandle) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let client = client_for(&server);
+    install_crd(&client).await;
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        .await
+        .expect("simulator");
+    (server, client, sim)
+}
+
+/// Applies the CRD to the test API server.
+pub async fn install_crd(client: &Client) {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    crds.create(&PostParams::default(), &AutoApproval::crd())
+        .await
+        .expect("CRD created");
+}
+
+impl Cluster {
+    pub async fn start(pool: PgPool) -> Cluster {
+        Self::with(pool, test_settings()).await
+    }
+
+    pub async fn with(pool: PgPool, settings: Settings) -> Cluster {
+        if std::env::var_os("RUST_LOG").is_some() {
+            autoapproval::telemetry::init_tracing(false, "info");
+        }
+        let (server, client, sim) = backends().await;
+        let mut cluster = Cluster {
+            server,
+            api: Api::namespaced(client.clone(), NS),
+            client,
+            sim,
+            pool,
+            metrics: Metrics::new(),
+            stop: None,
+            task: None,
+        };
+        cluster.run(settings);
+        cluster
+    }
+
+    /// Starts the replica.
+    fn run(&mut self, settings: Settings) {
+        let external = HttpExternalSystems::build(&ExternalConfig::all_at(self.sim.base_url()))
+            .expect("external clients");
+        let parts = Parts {
+            client: self.client.clone(),
+            store: Store::new(self.pool.clone(), self.pool.clone()),
+            external,
+            clock: Arc::new(SystemClock),
+            metrics: self.metrics.clone(),
+            health: None,
+        };
+        let (tx, rx) = oneshot::channel::<()>();
+        self.stop = Some(tx);
+        self.task = Some(tokio::spawn(run_until(settings, parts, async move {
+            let _ = rx.await;
+        })));
+    }
+
+    /// Sends the shutdown signal and waits for the replica to stop; a stop
+    /// that outlasts the grace period by far is a hang (nothing may wait
+    /// out a poll period at shutdown).
+    pub async fn stop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(task) = self.task.take() {
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .expect("the controller stops within 30 s")
+                .expect("joins")
+                .expect("controller stops cleanly");
+        }
+    }
+
+    pub async fn cr(&self, request_id: i64) -> Option<AutoApproval> {
+        self.api
+            .get_opt(&crd::cr_name(request_id))
+            .await
+            .expect("get CR")
+    }
+
+    /// Waits until the CR of `request_id` is in `phase`.
+    pub async fn wait_phase(&self, request_id: i64, phase: Phase) -> AutoApproval {
+        eventually(&format!("request {request_id} to be {phase:?}"), || async {
+            let cr = self.cr(request_id).await?;
+            let shown = cr.status.as_ref().and_then(|s| s.phase);
+            (shown == Some(phase)).then_some(cr)
+        })
+        .await
+        .expect("CR")
+    }
+
+    /// Waits until discovery hears NOTIFY: its LISTEN connection comes up
+    /// concurrently with start-up. A canceled probe request is touched
+    /// until one of its notifications wakes discovery.
+    pub async fn wait_listening(&self) {
+        const PROBE: i64 = 9_999_999;
+        NewRequest::ready_owner(PROBE)
+            .status("CANCELED")
+            .insert(&self.pool)
+            .await;
+        let before = self.metrics.notify_wakeups();
+        eventually("discovery to hear NOTIFY", || async {
+            set(
+                &self.pool,
+                PROBE,
+                "documents_released = NOT documents_released",
+            )
+            .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            (self.metrics.notify_wakeups() > before).then_some(())
+        })
+        .await;
+    }
+
+    /// Events about the CR of `request_id`, as (reason, note).
+    pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
+        let name = crd::cr_name(request_id);
+        events
+            .list(&ListParams::default())
+            .await
+            .expect("list events")
+            .items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name.as_str()))
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// Sets columns of a request row, as the business system would.
+pub async fn set(pool: &PgPool, id: i64, assignment: &str) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE approval_request SET {assignment} WHERE id = $1"
+    )))
+    .bind(id)
+    .execute(pool)
+    .await
+    .expect("update request");
+}
+
+/// Polls `check` until it returns `Some`, or panics after 90 s: a hang
+/// detector, not a speed target (speed is measured by the benchmarks).
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        if let Some(v) = check().await {
+            return Some(v);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+pub fn kubectl_bin() -> std::path::PathBuf {
+    if let Ok(k) = std::env::var("KUBECTL") {
+        return k.into();
+    }
+    let tools = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(".tools/bin/kubectl");
+    if tools.exists() {
+        return tools;
+    }
+    "kubectl".into()
+}

@@ -1,0 +1,83 @@
+//! The engine under test: an approver over the test's database, the
+//! simulator over loopback HTTP, a manual clock, and the values tests place
+//! their fixtures around.
+
+use std::sync::Arc;
+
+use autoapproval::approval::{Approver, ApproverConfig};
+use autoapproval::clock::{ManualClock, SharedClock};
+use autoapproval::domain::{Candidate, Fence, RequestType};
+use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::store::Store;
+use autoapproval::telemetry::Metrics;
+use autoapproval_sim::{SimHandle, SimOptions, Simulator};
+use chrono::{DateTime, TimeZone, Utc};
+use sqlx::PgPool;
+
+/// A fixed "now" for tests, so fixtures can be placed relative to it.
+pub fn t0() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 12, 2, 9, 0, 0)
+        .single()
+        .expect("valid time")
+}
+
+/// Everything a test of the engine needs.
+pub struct Env {
+    pub store: Store,
+    pub sim: SimHandle,
+    pub clock: ManualClock,
+    pub metrics: Metrics,
+    pub approver: Arc<Approver>,
+}
+
+impl Env {
+    /// Starts a simulator and builds an approver over `pool`, with the
+    /// clock standing at `t0()`.
+    pub async fn start(pool: PgPool) -> Env {
+        Self::with_external(pool, |c| c).await
+    }
+
+    /// Like `start`, with the external client settings adjusted.
+    pub async fn with_external(
+        pool: PgPool,
+        adjust: impl FnOnce(ExternalConfig) -> ExternalConfig,
+    ) -> Env {
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+            .await
+            .expect("simulator starts");
+        let config = adjust(ExternalConfig::all_at(sim.base_url()));
+        let external = HttpExternalSystems::build(&config).expect("external clients");
+        let store = Store::new(pool.clone(), pool.clone());
+        let clock = ManualClock::new(t0());
+        let shared: SharedClock = Arc::new(clock.clone());
+        let metrics = Metrics::new();
+        let approver = Arc::new(Approver::new(
+            store.clone(),
+            external,
+            shared,
+            metrics.clone(),
+            ApproverConfig::default(),
+        ));
+        Env {
+            store,
+            sim,
+            clock,
+            metrics,
+            approver,
+        }
+    }
+}
+
+/// An owner contract as the candidate query returns it.
+pub fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id,
+    }
+}
+
+/// The fence of a test worker.
+pub fn fence(holder: &str, token: i64) -> Fence {
+    Fence::new(holder, token)
+}

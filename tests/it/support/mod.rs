@@ -1,0 +1,17 @@
+//! What the integration tests share; test modules import only from here,
+//! never from each other.
+//!
+//! - `engine`: an approver, the simulator and a manual clock over the test's database;
+//! - `rows`: request and state rows as the business system and earlier attempts leave them;
+//! - `cluster`: the test API server, the simulator and one replica in this process;
+//! - `processes`: the real binary as a child process, signals, `/metrics`.
+
+pub mod cluster;
+pub mod engine;
+pub mod processes;
+pub mod rows;
+
+pub use cluster::*;
+pub use engine::*;
+pub use processes::*;
+pub use rows::*;

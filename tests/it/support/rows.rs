@@ -1,0 +1,151 @@
+//! Rows as the business system and earlier attempts leave them: requests
+//! to insert, state rows placed by hand, and what a request looks like now.
+
+use chrono::{DateTime, Duration, Utc};
+use sqlx::PgPool;
+
+use super::engine::t0;
+
+/// A request row to insert; `ready_owner`/`ready_ad` meet every condition.
+#[derive(Clone, Debug)]
+pub struct NewRequest {
+    pub id: i64,
+    pub request_type: &'static str,
+    pub status: &'static str,
+    pub sort_time: DateTime<Utc>,
+    pub documents_released: bool,
+    pub operational_hold: bool,
+    pub menu_registered: bool,
+    pub logo_registered: bool,
+    pub previous_step_approved: bool,
+    pub econtract_ref: Option<String>,
+    pub target_store_number: Option<i64>,
+}
+
+impl NewRequest {
+    /// An owner contract with every condition met.
+    pub fn ready_owner(id: i64) -> Self {
+        Self {
+            id,
+            request_type: "OWNER_CONTRACT",
+            status: "PENDING",
+            sort_time: t0() - Duration::minutes(1),
+            documents_released: true,
+            operational_hold: false,
+            menu_registered: true,
+            logo_registered: true,
+            previous_step_approved: true,
+            econtract_ref: Some(format!("EC-{id}")),
+            target_store_number: None,
+        }
+    }
+
+    /// An ad contract with every condition met, for `store`.
+    pub fn ready_ad(id: i64, store: i64) -> Self {
+        Self {
+            request_type: "AD_CONTRACT",
+            target_store_number: Some(store),
+            ..Self::ready_owner(id)
+        }
+    }
+
+    pub fn sorted_at(mut self, at: DateTime<Utc>) -> Self {
+        self.sort_time = at;
+        self
+    }
+
+    pub fn status(mut self, status: &'static str) -> Self {
+        self.status = status;
+        self
+    }
+
+    pub async fn insert(&self, pool: &PgPool) -> i64 {
+        sqlx::query(
+            "INSERT INTO approval_request
+                (id, request_type, status, sort_time, created_at, business_name, documents_released,
+                 operational_hold, menu_registered, logo_registered, previous_step_approved,
+                 econtract_ref, target_store_number)
+             VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+        )
+        .bind(self.id)
+        .bind(self.request_type)
+        .bind(self.status)
+        .bind(self.sort_time)
+        .bind(format!("Shop {}", self.id))
+        .bind(self.documents_released)
+        .bind(self.operational_hold)
+        .bind(self.menu_registered)
+        .bind(self.logo_registered)
+        .bind(self.previous_step_approved)
+        .bind(&self.econtract_ref)
+        .bind(self.target_store_number)
+        .execute(pool)
+        .await
+        .expect("insert request");
+        self.id
+    }
+}
+
+/// Inserts a state row directly, as another worker or an earlier attempt left it.
+pub async fn insert_state(
+    pool: &PgPool,
+    request_id: i64,
+    status: &str,
+    next_retry_time: Option<DateTime<Utc>>,
+    retry_count: i32,
+    modified_at: DateTime<Utc>,
+) -> i64 {
+    let (id,): (i64,) = sqlx::query_as(
+        "INSERT INTO auto_approve_state
+            (request_id, request_type, status, next_retry_time, retry_count, holder, fencing_token,
+             created_at, modified_at)
+         SELECT $1, request_type, $2, $3, $4, 'elsewhere', 1, $5, $5 FROM approval_request WHERE id = $1
+         RETURNING id",
+    )
+    .bind(request_id)
+    .bind(status)
+    .bind(next_retry_time)
+    .bind(retry_count)
+    .bind(modified_at)
+    .fetch_one(pool)
+    .await
+    .expect("insert state");
+    id
+}
+
+/// A request's business status and results, as the business system sees them.
+#[derive(Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct RequestView {
+    pub status: String,
+    pub owner_number: Option<i64>,
+    pub store_number: Option<i64>,
+    pub campaign_id: Option<String>,
+}
+
+pub async fn request_view(pool: &PgPool, id: i64) -> RequestView {
+    sqlx::query_as(
+        "SELECT status, owner_number, store_number, campaign_id FROM approval_request WHERE id = $1",
+    )
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("request row")
+}
+
+pub async fn state_count(pool: &PgPool) -> i64 {
+    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM auto_approve_state")
+        .fetch_one(pool)
+        .await
+        .expect("count");
+    n
+}
+
+/// An owner contract created now, every condition met.
+pub fn owner_now(id: i64) -> NewRequest {
+    NewRequest::ready_owner(id).sorted_at(Utc::now())
+}
+
+/// A request's business status.
+pub async fn request_status(pool: &PgPool, id: i64) -> String {
+    request_view(pool, id).await.status
+}
