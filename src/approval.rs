@@ -59,25 +59,15 @@ impl AttemptOutcome {
     }
 }
 
-/// Settings of the approver.
+/// ControllerConfig of the approver.
 #[derive(Clone, Debug)]
 pub struct ApproverConfig {
-    /// The retry policy.
+    /// How long each kind of failure waits, and after how many retries it stops.
     pub retry: RetryPolicy,
     /// How often a running chain touches its claim.
     pub heartbeat_interval: Duration,
     /// A chain running longer is stopped and retried as a transient failure.
     pub processing_timeout: Duration,
-}
-
-impl Default for ApproverConfig {
-    fn default() -> Self {
-        Self {
-            retry: RetryPolicy::default(),
-            heartbeat_interval: Duration::from_secs(10),
-            processing_timeout: Duration::from_secs(120),
-        }
-    }
 }
 
 /// Runs attempts. Shared by the poll turn and the controller's reconcile.
@@ -327,17 +317,6 @@ pub struct TurnConfig {
     pub window: Duration,
     /// Attempts run at once.
     pub concurrency: usize,
-}
-
-impl Default for TurnConfig {
-    fn default() -> Self {
-        Self {
-            owner_limit: 20,
-            ad_limit: 10,
-            window: Duration::from_secs(30 * 24 * 3600),
-            concurrency: 16,
-        }
-    }
 }
 
 /// What one turn did.

@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::store::{DatabaseConfig, Store, StoreError};
+use crate::store::{DatabaseArgs, Store, StoreError};
 
 /// Auto-approves contract requests kept in PostgreSQL.
 #[derive(Parser, Debug)]
@@ -17,12 +17,12 @@ pub struct Cli {
         default_value_t = false
     )]
     pub log_json: bool,
-    /// What to do.
+    /// The subcommand: the controller, its migrations or its CRD.
     #[command(subcommand)]
     pub command: Command,
 }
 
-/// The subcommands.
+/// The shipped binary's subcommands; the tooling has binaries of its own.
 #[derive(Subcommand, Debug)]
 pub enum Command {
     /// Apply the database migrations (idempotent).
@@ -36,9 +36,9 @@ pub enum Command {
 /// Arguments of `migrate`.
 #[derive(clap::Args, Debug)]
 pub struct MigrateArgs {
-    /// The database.
+    /// The database to migrate (the primary).
     #[command(flatten)]
-    pub database: DatabaseConfig,
+    pub database: DatabaseArgs,
 }
 
 /// Errors that end the program.
@@ -62,9 +62,9 @@ pub enum CliError {
     /// The endpoints could not be served.
     #[error("serving {addr}: {source}")]
     Listen {
-        /// The address.
+        /// The `--listen` address that could not be bound.
         addr: std::net::SocketAddr,
-        /// Why.
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
@@ -105,7 +105,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     // A SIGTERM during start-up is kept for the loop below, not fatal.
     let mut termination = crate::shutdown::Termination::install().map_err(CliError::Signal)?;
     // Every value is checked before anything is contacted.
-    args.controller.settings(String::new(), String::new())?;
+    args.controller.config(String::new(), String::new())?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
     let client = kube_client(args.controller.kubeconfig.as_deref()).await?;
     let namespace = match &args.controller.namespace {
@@ -119,7 +119,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .or_else(|| std::env::var("POD_NAME").ok())
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "autoapproval".to_owned());
-    let settings = args.controller.settings(namespace, replica_name)?;
+    let settings = args.controller.config(namespace, replica_name)?;
     let store = Store::connect(&args.database).await?;
     let metrics = Metrics::new();
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
@@ -173,4 +173,13 @@ fn own_namespace() -> Option<String> {
             .map(|s| s.trim().to_owned())
             .filter(|s| !s.is_empty())
     })
+}
+
+/// The values a group of flags takes when none is given: their clap
+/// defaults, with every environment variable ignored, so that defaults are
+/// written once, in the `#[arg(default_value…)]` that `--help` shows.
+pub fn defaults_of<A: clap::Args + clap::FromArgMatches>() -> Result<A, clap::Error> {
+    let command = A::augment_args(clap::Command::new("defaults"))
+        .mut_args(|arg| arg.env(None::<&'static str>));
+    A::from_arg_matches(&command.try_get_matches_from(["defaults"])?)
 }

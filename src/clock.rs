@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 
 /// A source of the current time.
 pub trait Clock: Send + Sync {
-    /// Now.
+    /// The current instant, in UTC.
     fn now(&self) -> DateTime<Utc>;
 }
 

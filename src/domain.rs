@@ -186,7 +186,7 @@ impl UnknownValue {
 /// A request as the processors see it, freshly read from the primary.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Request {
-    /// Primary key.
+    /// `approval_request.id`; also the shard key (id mod K) and the CR name (`request-<id>`).
     pub id: i64,
     /// Its type.
     pub request_type: RequestType,

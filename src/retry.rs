@@ -26,7 +26,9 @@ impl RetryClass {
     }
 }
 
-/// The retry policy.
+/// When a request waiting for a retry is due again: unmet conditions wait
+/// a fixed interval, transient failures back off exponentially with jitter,
+/// and the limit ends automatic retries.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Wait after an unmet condition (the seed's 10 minutes).
@@ -37,17 +39,6 @@ pub struct RetryPolicy {
     pub transient_max: Duration,
     /// Retries after which a request is no longer selected.
     pub limit: i32,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            condition_interval: Duration::from_secs(600),
-            transient_base: Duration::from_secs(2),
-            transient_max: Duration::from_secs(600),
-            limit: crate::domain::DEFAULT_RETRY_LIMIT,
-        }
-    }
 }
 
 impl RetryPolicy {
@@ -86,12 +77,20 @@ impl RetryPolicy {
 #[cfg(test)]
 mod tests {
     use super::*;
+
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
+    fn defaults() -> RetryPolicy {
+        crate::controller::config::ControllerConfig::defaults("ns", "r1")
+            .unwrap()
+            .approver
+            .retry
+    }
+
     #[test]
     fn unmet_conditions_wait_the_long_interval() {
-        let p = RetryPolicy::default();
+        let p = defaults();
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(
             p.delay(RetryClass::ConditionNotMet, 0, &mut rng),
@@ -101,7 +100,7 @@ mod tests {
 
     #[test]
     fn transient_failures_back_off_exponentially_with_jitter_up_to_the_cap() {
-        let p = RetryPolicy::default();
+        let p = defaults();
         let mut rng = StdRng::seed_from_u64(7);
         for (streak, ceiling) in [(1, 2), (2, 4), (3, 8), (10, 600), (40, 600)] {
             for _ in 0..100 {

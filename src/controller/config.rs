@@ -6,24 +6,24 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::approval::{ApproverConfig, TurnConfig};
-use crate::external::http::{ExternalConfig, format_duration, parse_duration};
+use crate::external::http::{ExternalArgs, format_duration, parse_duration};
 use crate::retry::RetryPolicy;
-use crate::store::DatabaseConfig;
+use crate::store::DatabaseArgs;
 
-use super::discovery::DiscoverySettings;
-use super::gc::GcSettings;
-use super::reconcile::ReconcileSettings;
-use crate::coordination::CoordinationSettings;
+use super::discovery::DiscoveryConfig;
+use super::gc::GcConfig;
+use super::reconcile::ReconcileConfig;
+use crate::coordination::CoordinationConfig;
 
 /// Arguments of `run`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct RunArgs {
-    /// The database.
+    /// The primary and the optional read replica.
     #[command(flatten)]
-    pub database: DatabaseConfig,
+    pub database: DatabaseArgs,
     /// The external systems.
     #[command(flatten)]
-    pub external: ExternalConfig,
+    pub external: ExternalArgs,
     /// The controller.
     #[command(flatten)]
     pub controller: ControllerArgs,
@@ -127,60 +127,49 @@ pub struct SettingError {
     pub message: &'static str,
 }
 
-/// Validated controller settings.
+/// The validated settings of `run`, built only by [`ControllerArgs::config`],
+/// so every value in it passed the checks that name a flag.
 #[derive(Clone, Debug)]
-pub struct Settings {
-    /// Namespace of the CRs.
+pub struct ControllerConfig {
+    /// Namespace of the CRs, Events and Leases.
     pub namespace: String,
-    /// Replica name.
+    /// This replica's name: the holder in claims and Leases, the reporter of Events.
     pub replica_name: String,
-    /// Health and metrics address.
+    /// Where /healthz, /readyz and /metrics are served.
     pub listen: SocketAddr,
-    /// Reconcile concurrency.
+    /// Reconciles (and so chains) running at once.
     pub concurrency: u16,
-    /// Shutdown grace.
+    /// How long in-flight chains may run after SIGTERM before their claims are released.
     pub shutdown_grace: Duration,
-    /// Cleanser interval.
+    /// Delay between the leader's cleanser passes.
     pub cleanse_interval: Duration,
-    /// Cleanser stuck threshold.
+    /// A claim untouched this long is stuck (at least 3 heartbeats, 2 processing timeouts).
     pub stuck_threshold: Duration,
-    /// Attempt settings.
+    /// Retries, heartbeats and the processing timeout of one attempt.
     pub approver: ApproverConfig,
-    /// Discovery settings.
-    pub discovery: DiscoverySettings,
-    /// Reconcile settings.
-    pub reconcile: ReconcileSettings,
-    /// Lease coordination.
-    pub coordination: CoordinationSettings,
-    /// The CR garbage collector.
-    pub gc: GcSettings,
+    /// The candidate queries and their wake-ups.
+    pub discovery: DiscoveryConfig,
+    /// When a reconcile shows progress and looks again.
+    pub reconcile: ReconcileConfig,
+    /// Shards and Lease timings.
+    pub coordination: CoordinationConfig,
+    /// The leader's CR garbage collector.
+    pub gc: GcConfig,
 }
 
-impl Settings {
-    /// Defaults for a namespace and replica, as `--help` documents them
-    /// (used by tests and the demo).
-    pub fn new(namespace: impl Into<String>, replica_name: impl Into<String>) -> Self {
-        Self {
-            namespace: namespace.into(),
-            replica_name: replica_name.into(),
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
-            concurrency: 16,
-            shutdown_grace: Duration::from_secs(25),
-            cleanse_interval: Duration::from_secs(60),
-            stuck_threshold: Duration::from_secs(300),
-            approver: ApproverConfig::default(),
-            discovery: DiscoverySettings {
-                poll_period: Duration::from_secs(10),
-                backlog_delay: Duration::from_millis(100),
-                notify: true,
-                shard_count: 16,
-                turn: TurnConfig::default(),
-                retry_limit: crate::domain::DEFAULT_RETRY_LIMIT,
-            },
-            reconcile: ReconcileSettings::default(),
-            coordination: CoordinationSettings::default(),
-            gc: GcSettings::default(),
-        }
+impl ControllerConfig {
+    /// The settings `run` starts with when no flag or variable is given, as
+    /// `--help` documents them: the clap defaults are their one source.
+    pub fn defaults(
+        namespace: impl Into<String>,
+        replica_name: impl Into<String>,
+    ) -> Result<Self, SettingError> {
+        let args = crate::cli::defaults_of::<ControllerArgs>().map_err(|error| SettingError {
+            flag: "run",
+            value: error.to_string(),
+            message: "the flags have no valid defaults",
+        })?;
+        args.config(namespace.into(), replica_name.into())
     }
 }
 
@@ -206,12 +195,11 @@ fn positive(flag: &'static str, d: Duration) -> Result<Duration, SettingError> {
 impl ControllerArgs {
     /// Checks every value and builds the settings; `namespace` and
     /// `replica_name` are the resolved defaults when the flags are absent.
-    pub fn settings(
+    pub fn config(
         &self,
         namespace: String,
         replica_name: String,
-    ) -> Result<Settings, SettingError> {
-        let mut s = Settings::new(namespace, replica_name);
+    ) -> Result<ControllerConfig, SettingError> {
         for (flag, limit) in [
             ("--owner-limit", self.owner_limit),
             ("--ad-limit", self.ad_limit),
@@ -280,49 +268,52 @@ impl ControllerArgs {
                 "must be at least --renew-deadline + 2 × --retry-period, or a new holder could claim before the old one stops",
             ));
         }
-        s.listen = self.listen;
-        s.concurrency = self.concurrency;
-        s.shutdown_grace = self.shutdown_grace;
-        s.cleanse_interval = positive("--cleanse-interval", self.cleanse_interval)?;
-        s.stuck_threshold = stuck;
-        s.approver = ApproverConfig {
-            retry: RetryPolicy {
-                condition_interval: positive(
-                    "--condition-retry-interval",
-                    self.condition_retry_interval,
-                )?,
-                transient_base,
-                transient_max,
-                limit: self.retry_limit,
+        Ok(ControllerConfig {
+            namespace,
+            replica_name,
+            listen: self.listen,
+            concurrency: self.concurrency,
+            shutdown_grace: self.shutdown_grace,
+            cleanse_interval: positive("--cleanse-interval", self.cleanse_interval)?,
+            stuck_threshold: stuck,
+            approver: ApproverConfig {
+                retry: RetryPolicy {
+                    condition_interval: positive(
+                        "--condition-retry-interval",
+                        self.condition_retry_interval,
+                    )?,
+                    transient_base,
+                    transient_max,
+                    limit: self.retry_limit,
+                },
+                heartbeat_interval: heartbeat,
+                processing_timeout,
             },
-            heartbeat_interval: heartbeat,
-            processing_timeout,
-        };
-        s.coordination = CoordinationSettings {
-            shard_count: self.shards,
-            lease_duration,
-            renew_deadline,
-            retry_period,
-        };
-        s.gc = GcSettings {
-            interval: positive("--gc-interval", self.gc_interval)?,
-            finished_ttl: self.finished_ttl,
-        };
-        s.discovery = DiscoverySettings {
-            poll_period: positive("--poll-period", self.poll_period)?,
-            backlog_delay: self.backlog_delay,
-            notify: self.notify,
-            shard_count: self.shards,
-            turn: TurnConfig {
-                owner_limit: self.owner_limit,
-                ad_limit: self.ad_limit,
-                window: positive("--window", self.window)?,
-                concurrency: usize::from(self.concurrency),
+            discovery: DiscoveryConfig {
+                poll_period: positive("--poll-period", self.poll_period)?,
+                backlog_delay: self.backlog_delay,
+                notify: self.notify,
+                shard_count: self.shards,
+                turn: TurnConfig {
+                    owner_limit: self.owner_limit,
+                    ad_limit: self.ad_limit,
+                    window: positive("--window", self.window)?,
+                    concurrency: usize::from(self.concurrency),
+                },
+                retry_limit: self.retry_limit,
             },
-            retry_limit: self.retry_limit,
-        };
-        s.reconcile.in_progress_after = self.in_progress_after;
-        Ok(s)
+            reconcile: ReconcileConfig::new(self.in_progress_after),
+            coordination: CoordinationConfig {
+                shard_count: self.shards,
+                lease_duration,
+                renew_deadline,
+                retry_period,
+            },
+            gc: GcConfig {
+                interval: positive("--gc-interval", self.gc_interval)?,
+                finished_ttl: self.finished_ttl,
+            },
+        })
     }
 }
 
@@ -338,26 +329,33 @@ mod tests {
         args: ControllerArgs,
     }
 
-    fn settings(args: &[&str]) -> Result<Settings, SettingError> {
+    fn settings(args: &[&str]) -> Result<ControllerConfig, SettingError> {
         let cli = Cli::try_parse_from(std::iter::once("run").chain(args.iter().copied()))
             .expect("parses");
-        cli.args.settings("ns".into(), "r1".into())
+        cli.args.config("ns".into(), "r1".into())
     }
 
     #[test]
-    fn defaults_are_valid_and_match_settings_new() {
-        let s = settings(&[]).unwrap();
-        let d = Settings::new("ns", "r1");
-        assert_eq!(s.discovery.poll_period, d.discovery.poll_period);
-        assert_eq!(s.discovery.turn.window, Duration::from_secs(30 * 86_400));
-        assert_eq!(s.approver.retry, d.approver.retry);
-        assert_eq!(s.stuck_threshold, d.stuck_threshold);
-        assert!(s.discovery.notify);
-        assert_eq!(s.coordination.lease_duration, d.coordination.lease_duration);
-        assert_eq!(s.coordination.renew_deadline, d.coordination.renew_deadline);
-        assert_eq!(s.coordination.retry_period, d.coordination.retry_period);
-        assert_eq!(s.gc.finished_ttl, d.gc.finished_ttl);
-        assert_eq!(s.approver.processing_timeout, d.approver.processing_timeout);
+    fn the_documented_defaults_are_valid() {
+        let d = ControllerConfig::defaults("ns", "r1").unwrap();
+        assert_eq!(d.namespace, "ns");
+        assert_eq!(d.discovery.poll_period, Duration::from_secs(10));
+        assert_eq!(d.discovery.turn.window, Duration::from_secs(30 * 86_400));
+        assert_eq!(
+            d.approver.retry.condition_interval,
+            Duration::from_secs(600)
+        );
+        assert_eq!(d.approver.retry.limit, crate::domain::DEFAULT_RETRY_LIMIT);
+        assert_eq!(d.stuck_threshold, Duration::from_secs(300));
+        assert!(d.discovery.notify);
+        assert_eq!(d.coordination.shard_count, 16);
+        assert_eq!(d.coordination.lease_duration, Duration::from_secs(15));
+        assert_eq!(d.coordination.renew_deadline, Duration::from_secs(10));
+        assert_eq!(d.coordination.retry_period, Duration::from_secs(2));
+        assert_eq!(d.gc.finished_ttl, Duration::from_secs(3600));
+        assert_eq!(d.approver.processing_timeout, Duration::from_secs(120));
+        let parsed = settings(&[]).unwrap();
+        assert_eq!(parsed.approver.retry, d.approver.retry);
     }
 
     #[test]

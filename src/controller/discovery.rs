@@ -27,7 +27,7 @@ use crate::telemetry::Metrics;
 
 /// Timings and scope of discovery.
 #[derive(Clone, Debug)]
-pub struct DiscoverySettings {
+pub struct DiscoveryConfig {
     /// Delay between the end of one turn and the start of the next.
     pub poll_period: Duration,
     /// Delay after a turn that filled a page: there is a backlog.
@@ -64,8 +64,8 @@ pub struct Discovery {
     pub clock: SharedClock,
     /// Metrics.
     pub metrics: Metrics,
-    /// Settings.
-    pub settings: DiscoverySettings,
+    /// ControllerConfig.
+    pub settings: DiscoveryConfig,
     /// The shards this replica holds: discovery touches no other.
     pub shards: Arc<Shards>,
 }

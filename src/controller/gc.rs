@@ -17,22 +17,13 @@ use crate::clock::SharedClock;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
-/// Settings of the garbage collector.
+/// ControllerConfig of the garbage collector.
 #[derive(Clone, Debug)]
-pub struct GcSettings {
+pub struct GcConfig {
     /// Delay between passes.
     pub interval: Duration,
     /// How long the CR of a finished request stays.
     pub finished_ttl: Duration,
-}
-
-impl Default for GcSettings {
-    fn default() -> Self {
-        Self {
-            interval: Duration::from_secs(60),
-            finished_ttl: Duration::from_secs(3600),
-        }
-    }
 }
 
 /// What one pass deleted.
@@ -56,8 +47,8 @@ pub struct Collector {
     pub clock: SharedClock,
     /// Metrics.
     pub metrics: Metrics,
-    /// Settings.
-    pub settings: GcSettings,
+    /// ControllerConfig.
+    pub settings: GcConfig,
 }
 
 impl Collector {

@@ -32,7 +32,7 @@ use crate::external::ExternalSystems;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
-use self::config::Settings;
+use self::config::ControllerConfig;
 use self::crd::AutoApproval;
 use self::discovery::Discovery;
 use self::gc::Collector;
@@ -68,7 +68,7 @@ pub struct Parts {
 /// Runs the controller until `shutdown` resolves, then stops claiming, lets
 /// in-flight chains finish within the grace period and releases the rest.
 pub async fn run_until(
-    settings: Settings,
+    settings: ControllerConfig,
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {

@@ -48,7 +48,7 @@ pub enum ReconcileError {
 
 /// Timings of reconcile.
 #[derive(Clone, Debug)]
-pub struct ReconcileSettings {
+pub struct ReconcileConfig {
     /// A chain still running after this shows InProgress on the CR (one
     /// status write that fast chains do without).
     pub in_progress_after: Duration,
@@ -62,10 +62,11 @@ pub struct ReconcileSettings {
     pub error_backoff_max: Duration,
 }
 
-impl Default for ReconcileSettings {
-    fn default() -> Self {
+impl ReconcileConfig {
+    /// `--in-progress-after` as given; the rest are fixed, not flags.
+    pub fn new(in_progress_after: Duration) -> Self {
         Self {
-            in_progress_after: Duration::from_secs(1),
+            in_progress_after,
             held_recheck: Duration::from_secs(30),
             malformed_recheck: Duration::from_secs(600),
             error_backoff_base: Duration::from_millis(500),
@@ -89,7 +90,7 @@ pub struct Context {
     /// Metrics.
     pub metrics: Metrics,
     /// Timings.
-    pub settings: ReconcileSettings,
+    pub settings: ReconcileConfig,
     /// True once shutdown began: no new claims.
     pub stopping: watch::Receiver<bool>,
     /// Consecutive errors per CR, for the backoff.

@@ -9,6 +9,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::fence::next_generation;
 use super::lease::{is_member, shard_lease_name, shard_of_lease};
 use super::{Coordinator, balance};
 
@@ -163,36 +164,25 @@ impl Coordinator {
         sent: Instant,
         now: DateTime<Utc>,
     ) {
-        let k = self.settings.shard_count;
         let previous = existing
             .as_ref()
             .and_then(|l| l.spec.as_ref())
             .and_then(|s| s.holder_identity.clone())
             .filter(|h| !h.is_empty());
-        let db_token = match self.cleanser.store().shard_token(k, shard).await {
-            Ok(token) => token.unwrap_or(0),
+        let db_token = match self.db_token(shard).await {
+            Ok(token) => token,
             Err(error) => {
                 warn!(shard, %error, "cannot read the shard's fencing token; not acquiring");
                 return;
             }
         };
-        let lease_generation = existing
-            .as_ref()
-            .and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.lease_transitions)
-            .map_or(0, i64::from);
-        let generation = lease_generation.max(db_token) + 1;
+        let generation = next_generation(existing.as_ref(), db_token);
         let name = shard_lease_name(shard);
         let Some(lease) = self.take(&name, "shard", existing, generation, now).await else {
             return;
         };
         self.mine.insert(name.clone(), lease);
-        let identity = self.identity().to_owned();
-        match self
-            .cleanser
-            .take_over_shard(k, shard, generation, &identity)
-            .await
-        {
+        match self.fence(shard, generation).await {
             Ok(Some(recovered)) => {
                 self.shards.insert(shard, generation, sent);
                 self.metrics.shard_acquired(previous.is_some());

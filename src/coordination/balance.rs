@@ -15,9 +15,9 @@ pub struct Plan {
 /// The view a replica has of the shards and of the live replicas.
 #[derive(Clone, Debug)]
 pub struct View<'a> {
-    /// K.
+    /// K, the number of shards to share out.
     pub shard_count: u32,
-    /// This replica.
+    /// The identity of the replica that decides (its member Lease holder).
     pub me: &'a str,
     /// Live replicas (this one included), each with the shards it holds.
     pub members: BTreeMap<&'a str, Vec<u32>>,

@@ -8,6 +8,7 @@ use kube::api::DeleteParams;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::fence::next_generation;
 use super::lease::{is_member, member_lease_name};
 use super::{Coordinator, LEADER_LEASE};
 
@@ -35,12 +36,7 @@ impl Coordinator {
                 return;
             }
         };
-        let generation = existing
-            .as_ref()
-            .and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.lease_transitions)
-            .map_or(0, i64::from)
-            + 1;
+        let generation = next_generation(existing.as_ref(), 0);
         if let Some(lease) = self.take(&name, "member", existing, generation, now).await {
             info!(lease = %name, "joined as a member");
             self.mine.insert(name, lease);
@@ -77,11 +73,7 @@ impl Coordinator {
         {
             return;
         }
-        let generation = existing
-            .and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.lease_transitions)
-            .map_or(0, i64::from)
-            + 1;
+        let generation = next_generation(existing, 0);
         if let Some(lease) = self
             .take(LEADER_LEASE, "leader", existing.cloned(), generation, now)
             .await

@@ -12,6 +12,7 @@
 
 mod acquire;
 pub mod balance;
+mod fence;
 mod leader;
 mod lease;
 pub mod shards;
@@ -45,8 +46,8 @@ const FIELD_MANAGER: &str = "autoapproval";
 
 /// Lease timings, as controller-runtime names them.
 #[derive(Clone, Debug)]
-pub struct CoordinationSettings {
-    /// K.
+pub struct CoordinationConfig {
+    /// K: requests are split into K shards by id mod K, one Lease each.
     pub shard_count: u32,
     /// How long a Lease stays valid without a renew.
     pub lease_duration: Duration,
@@ -54,17 +55,6 @@ pub struct CoordinationSettings {
     pub renew_deadline: Duration,
     /// Delay between coordination turns.
     pub retry_period: Duration,
-}
-
-impl Default for CoordinationSettings {
-    fn default() -> Self {
-        Self {
-            shard_count: 16,
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        }
-    }
 }
 
 /// When a Lease was last seen to change, by the local clock.
@@ -81,7 +71,7 @@ pub struct Coordinator {
     cleanser: Arc<Cleanser>,
     clock: SharedClock,
     metrics: Metrics,
-    settings: CoordinationSettings,
+    settings: CoordinationConfig,
     leader: watch::Sender<bool>,
     acquired: mpsc::UnboundedSender<u32>,
     seen: HashMap<String, Seen>,
@@ -112,7 +102,7 @@ impl Coordinator {
         cleanser: Arc<Cleanser>,
         clock: SharedClock,
         metrics: Metrics,
-        settings: CoordinationSettings,
+        settings: CoordinationConfig,
     ) -> (Self, Handles) {
         let shards = Shards::new(identity, settings.shard_count, settings.renew_deadline);
         let (leader, leader_rx) = watch::channel(false);

@@ -85,7 +85,7 @@ impl Shards {
         &self.identity
     }
 
-    /// K.
+    /// K, fixed for the replica's life.
     pub fn shard_count(&self) -> u32 {
         self.shard_count
     }

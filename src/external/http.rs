@@ -36,7 +36,7 @@ use super::{
 
 use config::parse_base_url;
 pub use config::{
-    ConfigError, DurationError, ExternalConfig, Secret, format_duration, parse_duration,
+    ConfigError, DurationError, ExternalArgs, Secret, format_duration, parse_duration,
 };
 
 /// Header carrying the idempotency key of a mutation.
@@ -65,7 +65,7 @@ pub struct HttpExternalSystems;
 
 impl HttpExternalSystems {
     /// Validates `config` and builds one client per system.
-    pub fn build(config: &ExternalConfig) -> Result<ExternalSystems, ConfigError> {
+    pub fn build(config: &ExternalArgs) -> Result<ExternalSystems, ConfigError> {
         config.validate()?;
         let endpoint = |system, flag, url: &str, token_flag, token: &Option<Secret>| {
             Endpoint::new(system, flag, url, token_flag, token.as_ref(), config)
@@ -126,7 +126,7 @@ impl Endpoint {
         url: &str,
         token_flag: &'static str,
         token: Option<&Secret>,
-        config: &ExternalConfig,
+        config: &ExternalArgs,
     ) -> Result<Self, ConfigError> {
         let base = parse_base_url(url_flag, url)?;
         let auth = token
@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn base_url_path_is_kept_and_segments_are_encoded() {
-        let config = ExternalConfig::all_at("http://h:1/prefix/");
+        let config = ExternalArgs::all_at("http://h:1/prefix/");
         let endpoint = Endpoint::new(
             System::ESign,
             "--esign-url",

@@ -122,13 +122,13 @@ pub enum ChainError {
 pub struct ChainContext<'a> {
     /// The store (primary re-reads and fenced writes).
     pub store: &'a Store,
-    /// The downstream systems.
+    /// The four external systems, each behind its own concurrency limit.
     pub external: &'a ExternalSystems,
     /// The claim every write carries.
     pub claim: &'a Claim,
-    /// Now.
+    /// The clock every time the step writes is read from (injected for tests).
     pub clock: &'a dyn Clock,
-    /// Counters.
+    /// Where the step counts its external calls and outcomes.
     pub metrics: &'a Metrics,
 }
 

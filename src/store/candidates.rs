@@ -26,7 +26,7 @@ pub struct CandidateQuery {
 /// A subset of the K shards.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardFilter {
-    /// K.
+    /// K, the number of shards requests are split into (id mod K).
     pub shard_count: i64,
     /// The shards wanted, each in `0..shard_count`.
     pub shards: Vec<i64>,

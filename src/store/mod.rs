@@ -26,9 +26,9 @@ pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 
-/// Database settings.
+/// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
-pub struct DatabaseConfig {
+pub struct DatabaseArgs {
     /// PostgreSQL URL of the primary: re-reads, claims and every write [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL")]
     pub database_url: String,
@@ -88,7 +88,7 @@ pub struct Store {
 
 impl Store {
     /// Connects both pools; the read pool is the primary when no replica is set.
-    pub async fn connect(config: &DatabaseConfig) -> Result<Self, StoreError> {
+    pub async fn connect(config: &DatabaseArgs) -> Result<Self, StoreError> {
         if config.db_max_connections == 0 {
             return Err(StoreError::Config {
                 setting: "--db-max-connections",

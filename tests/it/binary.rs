@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
-use autoapproval_sim::{SimOptions, Simulator};
+use autoapproval_sim::{SimConfig, Simulator};
 use kube::api::Api;
 use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
@@ -62,7 +62,7 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
         .await
         .expect("test API server");
     install_crd(&client_for(&server)).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
         .expect("simulator");
     let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));

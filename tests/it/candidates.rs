@@ -1,18 +1,20 @@
 //! The thin candidate query against the seed's reference rows.
 
-use autoapproval::approval::TurnConfig;
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
 use autoapproval::store::{ShardFilter, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{NewRequest, insert_state, t0};
+use crate::support::{NewRequest, defaults, insert_state, t0};
 
 fn query(
     request_type: RequestType,
     shards: Option<ShardFilter>,
 ) -> autoapproval::store::CandidateQuery {
-    TurnConfig::default().query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
+    defaults()
+        .discovery
+        .turn
+        .query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
 }
 
 /// Rows 101–107 of the seed: new; first retry due; twelfth retry due;

@@ -2,7 +2,7 @@
 
 use std::time::Duration as StdDuration;
 
-use autoapproval::approval::{AttemptOutcome, TurnConfig, run_turn};
+use autoapproval::approval::{AttemptOutcome, run_turn};
 use autoapproval::domain::{Candidate, RequestStatus, RequestType};
 use autoapproval::external::{ContractStatus, System};
 use autoapproval::processors::Step;
@@ -10,7 +10,7 @@ use autoapproval::retry::RetryClass;
 use autoapproval_sim::{FaultKind, Faults};
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, fence, request_view};
+use crate::support::{Env, NewRequest, defaults, fence, request_view};
 
 fn owner(id: i64) -> Candidate {
     Candidate {
@@ -24,9 +24,14 @@ fn owner(id: i64) -> Candidate {
 async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(1).insert(&pool).await;
-    let report = run_turn(&env.approver, &TurnConfig::default(), &fence("a", 1), None)
-        .await
-        .unwrap();
+    let report = run_turn(
+        &env.approver,
+        &defaults().discovery.turn,
+        &fence("a", 1),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.outcomes, [(1, AttemptOutcome::Approved)]);
     let view = request_view(&pool, 1).await;
     assert_eq!(view.status, "APPROVED");
@@ -49,9 +54,14 @@ async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     env.sim.add_store(700, true);
     NewRequest::ready_ad(2, 700).insert(&pool).await;
-    let report = run_turn(&env.approver, &TurnConfig::default(), &fence("a", 1), None)
-        .await
-        .unwrap();
+    let report = run_turn(
+        &env.approver,
+        &defaults().discovery.turn,
+        &fence("a", 1),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.outcomes, [(2, AttemptOutcome::Approved)]);
     let view = request_view(&pool, 2).await;
     assert_eq!(

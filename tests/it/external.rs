@@ -4,22 +4,22 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::external::{
     CampaignApproval, ContractStatus, ErrorKind, ExternalSystems, IdempotencyKey, NewOwner,
     NewStore, System,
 };
-use autoapproval_sim::{FaultKind, Faults, SimHandle, SimOptions, SimSystem, Simulator};
+use autoapproval_sim::{FaultKind, Faults, SimConfig, SimHandle, SimSystem, Simulator};
 
 const ANY_PORT: &str = "127.0.0.1:0";
 
-async fn sim(options: SimOptions) -> SimHandle {
+async fn sim(options: SimConfig) -> SimHandle {
     let addr: SocketAddr = ANY_PORT.parse().unwrap();
     Simulator::start(addr, options).await.unwrap()
 }
 
-fn clients(sim: &SimHandle, tweak: impl FnOnce(&mut ExternalConfig)) -> ExternalSystems {
-    let mut config = ExternalConfig::all_at(sim.base_url());
+fn clients(sim: &SimHandle, tweak: impl FnOnce(&mut ExternalArgs)) -> ExternalSystems {
+    let mut config = ExternalArgs::all_at(sim.base_url());
     tweak(&mut config);
     HttpExternalSystems::build(&config).unwrap()
 }
@@ -33,7 +33,7 @@ fn owner(request_id: i64) -> NewOwner {
 
 #[tokio::test]
 async fn a_full_chain_creates_owner_store_and_campaign_once_each() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});
 
     assert_eq!(
@@ -101,7 +101,7 @@ async fn a_full_chain_creates_owner_store_and_campaign_once_each() {
 
 #[tokio::test]
 async fn a_replayed_key_returns_the_first_number_and_creates_once() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});
     let key = IdempotencyKey::new(7, "owner");
 
@@ -124,12 +124,12 @@ async fn a_replayed_key_returns_the_first_number_and_creates_once() {
 
 #[tokio::test]
 async fn twenty_concurrent_calls_with_one_key_create_once() {
-    let sim = sim(SimOptions {
+    let sim = sim(SimConfig {
         faults: Faults {
             latency: Duration::from_millis(20),
             ..Faults::default()
         },
-        ..SimOptions::default()
+        ..SimConfig::default()
     })
     .await;
     let ext = clients(&sim, |_| {});
@@ -154,7 +154,7 @@ async fn twenty_concurrent_calls_with_one_key_create_once() {
 
 #[tokio::test]
 async fn a_500_is_transient() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});
     sim.set_faults(Faults::fail_next(System::ESign, 1, FaultKind::Error))
         .unwrap();
@@ -171,7 +171,7 @@ async fn a_500_is_transient() {
 
 #[tokio::test]
 async fn a_hang_longer_than_the_client_timeout_is_transient_and_keeps_the_creation() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |c| c.external_timeout = Duration::from_millis(200));
     sim.set_faults(Faults {
         hang: Duration::from_secs(30),
@@ -197,12 +197,12 @@ async fn a_hang_longer_than_the_client_timeout_is_transient_and_keeps_the_creati
 
 #[tokio::test]
 async fn a_malformed_answer_is_transient_on_every_operation() {
-    let sim = sim(SimOptions {
+    let sim = sim(SimConfig {
         faults: Faults {
             malformed_rate: 1.0,
             ..Faults::default()
         },
-        ..SimOptions::default()
+        ..SimConfig::default()
     })
     .await;
     let ext = clients(&sim, |_| {});
@@ -245,7 +245,7 @@ async fn a_malformed_answer_is_transient_on_every_operation() {
 
 #[tokio::test]
 async fn a_refused_input_is_permanent_and_a_missing_store_is_none() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});
 
     assert_eq!(ext.store.lookup_store(999).await.unwrap(), None);
@@ -272,7 +272,7 @@ async fn nothing_listening_is_transient() {
     let listener = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let ext = HttpExternalSystems::build(&ExternalConfig::all_at(base)).unwrap();
+    let ext = HttpExternalSystems::build(&ExternalArgs::all_at(base)).unwrap();
 
     let err = ext.esign.contract_status("c").await.unwrap_err();
 
@@ -282,12 +282,12 @@ async fn nothing_listening_is_transient() {
 #[tokio::test]
 async fn a_burst_never_exceeds_the_in_flight_limit() {
     const LIMIT: usize = 4;
-    let sim = sim(SimOptions {
+    let sim = sim(SimConfig {
         faults: Faults {
             latency: Duration::from_millis(20),
             ..Faults::default()
         },
-        ..SimOptions::default()
+        ..SimConfig::default()
     })
     .await;
     let ext = clients(&sim, |c| c.external_concurrency = LIMIT);
@@ -310,9 +310,9 @@ async fn a_burst_never_exceeds_the_in_flight_limit() {
 
 #[tokio::test]
 async fn the_bearer_token_is_sent_and_required() {
-    let sim = sim(SimOptions {
+    let sim = sim(SimConfig {
         require_tokens: vec![autoapproval::external::http::Secret::new("s3cret")],
-        ..SimOptions::default()
+        ..SimConfig::default()
     })
     .await;
     let with = clients(&sim, |c| *c = c.clone().with_token("s3cret"));
@@ -333,7 +333,7 @@ async fn the_bearer_token_is_sent_and_required() {
 
 #[tokio::test]
 async fn fail_next_fails_exactly_the_next_n_calls_of_its_system() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});
     sim.set_faults(Faults::fail_next(System::Owner, 2, FaultKind::Error))
         .unwrap();
@@ -357,7 +357,7 @@ async fn fail_next_fails_exactly_the_next_n_calls_of_its_system() {
 
 #[tokio::test]
 async fn the_admin_api_sets_faults_data_and_resets() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
     let http = reqwest::Client::new();
     let url = |path: &str| format!("{}{path}", sim.base_url());
 
@@ -437,7 +437,7 @@ async fn the_admin_api_sets_faults_data_and_resets() {
 
 #[tokio::test]
 async fn a_mutation_without_idempotency_key_is_refused() {
-    let sim = sim(SimOptions::default()).await;
+    let sim = sim(SimConfig::default()).await;
 
     let answer = reqwest::Client::new()
         .post(format!("{}/owners", sim.base_url()))
@@ -453,13 +453,13 @@ async fn a_mutation_without_idempotency_key_is_refused() {
 
 #[tokio::test]
 async fn shutdown_cuts_a_hanging_call_short() {
-    let sim = sim(SimOptions {
+    let sim = sim(SimConfig {
         faults: Faults {
             timeout_rate: 1.0,
             hang: Duration::from_secs(60),
             ..Faults::default()
         },
-        ..SimOptions::default()
+        ..SimConfig::default()
     })
     .await;
     let ext = clients(&sim, |c| c.external_timeout = Duration::from_secs(30));

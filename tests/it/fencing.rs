@@ -7,16 +7,16 @@ use std::time::Duration;
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::{ClaimOutcome, Completion, Store};
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{Faults, SimOptions, SimSystem, Simulator};
+use autoapproval_sim::{Faults, SimConfig, SimSystem, Simulator};
 use chrono::Utc;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::support::eventually;
-use crate::support::{NewRequest, candidate, request_view, t0};
+use crate::support::{NewRequest, candidate, defaults, request_view, t0};
 
 const K: u32 = 4;
 
@@ -162,7 +162,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         .insert(&pool)
         .await;
     // The owner service answers slowly: replica a is mid-chain when b takes over.
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
         .expect("simulator");
     sim.set_faults(Faults {
@@ -172,7 +172,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
     })
     .expect("faults");
     let approver = |pool: PgPool| {
-        let external = HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))
+        let external = HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()))
             .expect("external clients");
         Arc::new(Approver::new(
             Store::new(pool.clone(), pool),
@@ -181,7 +181,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
             Metrics::new(),
             ApproverConfig {
                 heartbeat_interval: Duration::from_millis(200),
-                ..ApproverConfig::default()
+                ..defaults().approver
             },
         ))
     };

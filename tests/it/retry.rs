@@ -1,6 +1,6 @@
 //! Retry scheduling per class, and the retry limit.
 
-use autoapproval::approval::{AttemptOutcome, TurnConfig, run_turn};
+use autoapproval::approval::{AttemptOutcome, run_turn};
 use autoapproval::clock::Clock;
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
 use autoapproval::external::System;
@@ -9,7 +9,7 @@ use autoapproval_sim::{FaultKind, Faults};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, candidate, fence, insert_state, t0};
+use crate::support::{Env, NewRequest, candidate, defaults, fence, insert_state, t0};
 
 #[sqlx::test]
 async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(pool: PgPool) {
@@ -161,9 +161,14 @@ async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
 
     // Long after the retry time, the request is no longer a candidate.
     env.clock.set(t0() + Duration::hours(1));
-    let report = run_turn(&env.approver, &TurnConfig::default(), &fence("a", 1), None)
-        .await
-        .unwrap();
+    let report = run_turn(
+        &env.approver,
+        &defaults().discovery.turn,
+        &fence("a", 1),
+        None,
+    )
+    .await
+    .unwrap();
     assert_eq!(report.candidates, 0);
     let state = env.store.state(1).await.unwrap().unwrap();
     assert_eq!(

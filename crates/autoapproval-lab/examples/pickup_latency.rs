@@ -9,12 +9,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoapproval::clock::SystemClock;
-use autoapproval::controller::config::Settings;
+use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::{Parts, run_until};
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{SimOptions, Simulator};
+use autoapproval_sim::{SimConfig, Simulator};
 use kube_testserver::{Options, TestServer};
 
 mod common;
@@ -61,9 +61,9 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     let server = TestServer::start(Options::default()).await?;
     let client = common::client(&server)?;
     common::install_crd(&client).await?;
-    let sim = Simulator::start("127.0.0.1:0".parse()?, SimOptions::default()).await?;
-    let external = HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))?;
-    let mut settings = Settings::new("default", "bench-1");
+    let sim = Simulator::start("127.0.0.1:0".parse()?, SimConfig::default()).await?;
+    let external = HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()))?;
+    let mut settings = ControllerConfig::defaults("default", "bench-1")?;
     settings.discovery.notify = notify;
     let parts = Parts {
         client,

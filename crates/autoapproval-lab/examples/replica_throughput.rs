@@ -15,13 +15,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoapproval::clock::SystemClock;
-use autoapproval::controller::config::Settings;
+use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::{Parts, run_until};
 use autoapproval::coordination::SHARD_LEASE_PREFIX;
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{Faults, SimOptions, Simulator};
+use autoapproval_sim::{Faults, SimConfig, Simulator};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
 use kube_testserver::{Options, TestServer};
@@ -79,7 +79,7 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
     let server = TestServer::start(Options::default()).await?;
     let client = common::client(&server)?;
     common::install_crd(&client).await?;
-    let sim = Simulator::start("127.0.0.1:0".parse()?, SimOptions::default()).await?;
+    let sim = Simulator::start("127.0.0.1:0".parse()?, SimConfig::default()).await?;
     sim.set_faults(Faults {
         latency: LATENCY,
         ..Faults::default()
@@ -94,12 +94,12 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
         let parts = Parts {
             client: common::client(&server)?,
             store: Store::new(replica_pool.clone(), replica_pool),
-            external: HttpExternalSystems::build(&ExternalConfig::all_at(sim.base_url()))?,
+            external: HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()))?,
             clock: Arc::new(SystemClock),
             metrics: Metrics::new(),
             health: None,
         };
-        let settings = Settings::new("default", format!("bench-{i}"));
+        let settings = ControllerConfig::defaults("default", format!("bench-{i}"))?;
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         stops.push(stop_tx);
         tasks.push(tokio::spawn(run_until(settings, parts, async move {

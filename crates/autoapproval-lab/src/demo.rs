@@ -13,7 +13,7 @@ use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use autoapproval::domain::RequestType;
 use autoapproval::external::System;
 use autoapproval::external::http::parse_duration;
-use autoapproval_sim::{FaultKind, Faults, SimOptions};
+use autoapproval_sim::{FaultKind, Faults, SimConfig};
 
 /// Arguments of `demo`.
 #[derive(clap::Args, Clone, Debug)]
@@ -161,7 +161,7 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     let out = Out::new();
     out.line("starting PostgreSQL, the test API server and the simulator...");
     // Not raced against Ctrl-C: a start cut short would leave its directory.
-    let mut stack = Stack::start(&args.stack, "demo", SimOptions::default()).await?;
+    let mut stack = Stack::start(&args.stack, "demo", SimConfig::default()).await?;
     let result = if interrupt.caught() {
         Err(DemoError::Interrupted)
     } else {

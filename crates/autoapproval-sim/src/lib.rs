@@ -120,7 +120,7 @@ impl From<EsignDefault> for ContractStatus {
 
 impl SimArgs {
     /// Validated options; the error names the flag.
-    pub fn options(&self) -> Result<SimOptions, SimError> {
+    pub fn config(&self) -> Result<SimConfig, SimError> {
         let faults = Faults {
             latency: self.latency,
             jitter: self.latency_jitter,
@@ -132,7 +132,7 @@ impl SimArgs {
             fail_next: None,
         };
         faults.check_rates(["--error-rate", "--timeout-rate", "--malformed-rate"])?;
-        Ok(SimOptions {
+        Ok(SimConfig {
             faults,
             esign_default: self.esign_default.into(),
             require_tokens: self.require_token.clone(),
@@ -143,7 +143,7 @@ impl SimArgs {
 
 /// How an in-process simulator starts.
 #[derive(Clone, Debug)]
-pub struct SimOptions {
+pub struct SimConfig {
     /// Faults from the start (and after `POST /admin/reset`).
     pub faults: Faults,
     /// Status of e-contracts nobody set.
@@ -154,7 +154,7 @@ pub struct SimOptions {
     pub seed: Option<u64>,
 }
 
-impl Default for SimOptions {
+impl Default for SimConfig {
     fn default() -> Self {
         Self {
             faults: Faults::default(),
@@ -198,7 +198,7 @@ pub enum SimError {
 
 /// `autoapproval-sim`: serves until Ctrl-C or SIGTERM.
 pub async fn run(args: SimArgs) -> Result<(), SimError> {
-    let options = args.options()?;
+    let options = args.config()?;
     let mut termination = Termination::install().map_err(SimError::Signal)?;
     let handle = Simulator::start(args.listen, options).await?;
     info!(addr = %handle.addr(), "simulator listening");
@@ -214,7 +214,7 @@ pub struct Simulator;
 
 impl Simulator {
     /// Binds `addr` (port 0: any free port) and serves in a background task.
-    pub async fn start(addr: SocketAddr, options: SimOptions) -> Result<SimHandle, SimError> {
+    pub async fn start(addr: SocketAddr, options: SimConfig) -> Result<SimHandle, SimError> {
         options.faults.validate()?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await

@@ -1,5 +1,5 @@
 //! Where the external systems live and how hard we may call them: the
-//! `ExternalConfig` flags, credentials that never print, and durations.
+//! `ExternalArgs` flags, credentials that never print, and durations.
 
 use std::fmt;
 use std::str::FromStr;
@@ -9,11 +9,11 @@ use reqwest::Url;
 
 use crate::external::System;
 
-// === impl ExternalConfig ===
+// === impl ExternalArgs ===
 
 /// Where the four external systems live and how hard we may call them.
 #[derive(clap::Args, Clone, Debug)]
-pub struct ExternalConfig {
+pub struct ExternalArgs {
     /// Base URL of the e-sign service.
     #[arg(
         long,
@@ -67,7 +67,7 @@ pub struct ExternalConfig {
     pub external_concurrency: usize,
 }
 
-impl ExternalConfig {
+impl ExternalArgs {
     /// All four systems at one base URL (the simulator), no tokens, default limits.
     pub fn all_at(base_url: impl Into<String>) -> Self {
         let url = base_url.into();
@@ -338,7 +338,7 @@ mod tests {
 
     #[test]
     fn secrets_never_print() {
-        let config = ExternalConfig::all_at("http://x").with_token("hunter2");
+        let config = ExternalArgs::all_at("http://x").with_token("hunter2");
         let printed = format!("{config:?}");
         assert!(!printed.contains("hunter2"), "{printed}");
         assert!(printed.contains("***"), "{printed}");
@@ -346,7 +346,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
-        let mut config = ExternalConfig::all_at("http://127.0.0.1:1");
+        let mut config = ExternalArgs::all_at("http://127.0.0.1:1");
         config.store_url = "ftp://example.com".into();
         let err = config.validate().unwrap_err().to_string();
         assert!(err.starts_with("--store-url"), "{err}");
@@ -360,7 +360,7 @@ mod tests {
                 .starts_with("--store-url")
         );
 
-        let mut config = ExternalConfig::all_at("https://example.com/base/");
+        let mut config = ExternalArgs::all_at("https://example.com/base/");
         config.validate().unwrap();
         config.external_timeout = Duration::ZERO;
         assert!(matches!(config.validate(), Err(ConfigError::ZeroTimeout)));
@@ -378,7 +378,7 @@ mod tests {
         #[derive(clap::Parser)]
         struct Cli {
             #[command(flatten)]
-            external: ExternalConfig,
+            external: ExternalArgs,
         }
         let cli =
             Cli::try_parse_from(["x", "--external-timeout", "500ms", "--ad-token", "t"]).unwrap();

@@ -7,13 +7,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoapproval::clock::SystemClock;
-use autoapproval::controller::config::Settings;
+use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use autoapproval::controller::{Parts, run_until};
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{SimHandle, SimOptions, Simulator};
+use autoapproval_sim::{SimConfig, SimHandle, Simulator};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
@@ -39,10 +39,10 @@ pub struct Cluster {
     task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
 }
 
-/// Settings for tests: a poll period longer than any test, so whatever
+/// ControllerConfig for tests: a poll period longer than any test, so whatever
 /// happens was the doing of NOTIFY, the CR watch or a requeue.
-pub fn test_settings() -> Settings {
-    let mut s = Settings::new(NS, "replica-1");
+pub fn test_settings() -> ControllerConfig {
+    let mut s = super::engine::defaults();
     s.discovery.poll_period = Duration::from_secs(3600);
     s.shutdown_grace = Duration::from_secs(5);
     s
@@ -62,7 +62,7 @@ pub async fn backends() -> (TestServer, Client, SimHandle) {
         .expect("test API server");
     let client = client_for(&server);
     install_crd(&client).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
         .expect("simulator");
     (server, client, sim)
@@ -81,7 +81,7 @@ impl Cluster {
         Self::with(pool, test_settings()).await
     }
 
-    pub async fn with(pool: PgPool, settings: Settings) -> Cluster {
+    pub async fn with(pool: PgPool, settings: ControllerConfig) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             autoapproval::telemetry::init_tracing(false, "info");
         }
@@ -101,8 +101,8 @@ impl Cluster {
     }
 
     /// Starts the replica.
-    fn run(&mut self, settings: Settings) {
-        let external = HttpExternalSystems::build(&ExternalConfig::all_at(self.sim.base_url()))
+    fn run(&mut self, settings: ControllerConfig) {
+        let external = HttpExternalSystems::build(&ExternalArgs::all_at(self.sim.base_url()))
             .expect("external clients");
         let parts = Parts {
             client: self.client.clone(),

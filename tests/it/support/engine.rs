@@ -4,13 +4,14 @@
 
 use std::sync::Arc;
 
-use autoapproval::approval::{Approver, ApproverConfig};
+use autoapproval::approval::Approver;
 use autoapproval::clock::{ManualClock, SharedClock};
+use autoapproval::controller::config::ControllerConfig;
 use autoapproval::domain::{Candidate, Fence, RequestType};
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{SimHandle, SimOptions, Simulator};
+use autoapproval_sim::{SimConfig, SimHandle, Simulator};
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::PgPool;
 
@@ -19,6 +20,12 @@ pub fn t0() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 12, 2, 9, 0, 0)
         .single()
         .expect("valid time")
+}
+
+/// The controller's documented defaults, for replica "replica-1" in the
+/// tests' namespace.
+pub fn defaults() -> ControllerConfig {
+    ControllerConfig::defaults(super::NS, "replica-1").expect("the defaults are valid")
 }
 
 /// Everything a test of the engine needs.
@@ -40,12 +47,12 @@ impl Env {
     /// Like `start`, with the external client settings adjusted.
     pub async fn with_external(
         pool: PgPool,
-        adjust: impl FnOnce(ExternalConfig) -> ExternalConfig,
+        adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
     ) -> Env {
-        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimOptions::default())
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
             .await
             .expect("simulator starts");
-        let config = adjust(ExternalConfig::all_at(sim.base_url()));
+        let config = adjust(ExternalArgs::all_at(sim.base_url()));
         let external = HttpExternalSystems::build(&config).expect("external clients");
         let store = Store::new(pool.clone(), pool.clone());
         let clock = ManualClock::new(t0());
@@ -56,7 +63,7 @@ impl Env {
             external,
             shared,
             metrics.clone(),
-            ApproverConfig::default(),
+            defaults().approver,
         ));
         Env {
             store,

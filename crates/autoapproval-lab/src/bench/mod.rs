@@ -21,7 +21,7 @@ use crate::stack::{
 use autoapproval::domain::RequestType;
 use autoapproval::external::http::parse_duration;
 use autoapproval::shutdown::Termination;
-use autoapproval_sim::{Faults, SimOptions};
+use autoapproval_sim::{Faults, SimConfig};
 
 /// The designs `bench` can run.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -276,12 +276,12 @@ async fn run_design(
     design: Design,
     interrupt: &mut Termination,
 ) -> Result<DesignReport, BenchError> {
-    let sim = SimOptions {
+    let sim = SimConfig {
         faults: Faults {
             latency: args.latency,
             ..Faults::default()
         },
-        ..SimOptions::default()
+        ..SimConfig::default()
     };
     let mut stack = Stack::start(&args.stack, "bench", sim).await?;
     let result = if interrupt.caught() {

@@ -20,12 +20,13 @@ use axum::routing::get;
 use chrono::Utc;
 use tracing::{info, warn};
 
-use autoapproval::approval::{Approver, ApproverConfig, TurnConfig, attempt_all, run_turn};
+use autoapproval::approval::{Approver, TurnConfig, attempt_all, run_turn};
 use autoapproval::clock::SystemClock;
+use autoapproval::controller::config::{ControllerConfig, SettingError};
 use autoapproval::domain::{Candidate, Fence, RequestType};
-use autoapproval::external::http::{ExternalConfig, HttpExternalSystems, parse_duration};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems, parse_duration};
 use autoapproval::shutdown::Termination;
-use autoapproval::store::{DatabaseConfig, Store, StoreError};
+use autoapproval::store::{DatabaseArgs, Store, StoreError};
 use autoapproval::telemetry::Metrics;
 
 use crate::harness::SeedQueue;
@@ -57,10 +58,10 @@ pub struct SeedDesignArgs {
     pub design: SeedDesign,
     /// The database.
     #[command(flatten)]
-    pub database: DatabaseConfig,
+    pub database: DatabaseArgs,
     /// The external systems.
     #[command(flatten)]
-    pub external: ExternalConfig,
+    pub external: ExternalArgs,
     /// This replica's name (the claims' holder).
     #[arg(long, default_value = "seed")]
     pub replica_name: String,
@@ -104,6 +105,9 @@ pub enum SeedDesignError {
     /// The SIGTERM and Ctrl-C handlers could not be installed.
     #[error("installing the SIGTERM and Ctrl-C handlers: {0}")]
     Signal(#[source] std::io::Error),
+    /// The controller's defaults, which the designs share, are invalid.
+    #[error(transparent)]
+    Defaults(#[from] SettingError),
 }
 
 /// The seed's cycle of the old design: 10 minutes; the collector runs 7 minutes in.
@@ -144,28 +148,32 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
             warn!(%error, "metrics endpoint stopped");
         }
     });
+    // The same attempt settings and candidate queries as ours by default.
+    let defaults = ControllerConfig::defaults("", args.replica_name.clone())?;
     let approver = Arc::new(Approver::new(
         store.clone(),
         external,
         Arc::new(SystemClock),
         metrics,
-        ApproverConfig::default(),
+        defaults.approver,
     ));
+    let turn = TurnConfig {
+        concurrency: args.concurrency,
+        ..defaults.discovery.turn
+    };
     // Outside shard coordination, as the seed's workers were.
     let fence = Fence::new(args.replica_name.clone(), 0);
     let scale = |d: Duration| d.div_f64(args.time_scale);
     info!(design = args.design.name(), replica = %args.replica_name, "seed design running");
     let work = async {
         match args.design {
-            SeedDesign::New => {
-                poll_loop(&approver, &fence, scale(args.poll_period), args.concurrency).await
-            }
+            SeedDesign::New => poll_loop(&approver, &fence, scale(args.poll_period), &turn).await,
             SeedDesign::Old => {
                 let queue = SeedQueue::new(store.primary().clone());
                 let cycle = scale(OLD_CYCLE);
                 tokio::try_join!(
                     scheduled(cycle, OLD_COLLECTOR_OFFSET, COLLECTOR_LOCK, &store, || {
-                        collect(&approver, &queue)
+                        collect(&approver, &queue, &turn)
                     }),
                     scheduled(cycle, 0.0, PROCESSOR_LOCK, &store, || {
                         process(&approver, &queue, &fence, args.concurrency)
@@ -187,16 +195,12 @@ async fn poll_loop(
     approver: &Arc<Approver>,
     fence: &Fence,
     period: Duration,
-    concurrency: usize,
+    turn: &TurnConfig,
 ) -> Result<(), SeedDesignError> {
-    let turn = TurnConfig {
-        concurrency,
-        ..TurnConfig::default()
-    };
     tokio::time::sleep(period.mul_f64(rand::random::<f64>())).await;
     loop {
         for _ in 0..MAX_ROUNDS {
-            match run_turn(approver, &turn, fence, None).await {
+            match run_turn(approver, turn, fence, None).await {
                 // Nothing to do, or something claimed: the turn is over.
                 Ok(report) if report.candidates == 0 || report.claimed() > 0 => break,
                 Ok(_) => continue,
@@ -253,11 +257,15 @@ fn until_next(cycle: Duration, offset: f64) -> Duration {
 }
 
 /// The collector: every candidate of every auto-approvable type into the queue.
-async fn collect(approver: &Arc<Approver>, queue: &SeedQueue) -> Result<(), StoreError> {
+async fn collect(
+    approver: &Arc<Approver>,
+    queue: &SeedQueue,
+    turn: &TurnConfig,
+) -> Result<(), StoreError> {
     let turn = TurnConfig {
         owner_limit: 100_000,
         ad_limit: 100_000,
-        ..TurnConfig::default()
+        ..turn.clone()
     };
     let now = Utc::now();
     let mut candidates = Vec::new();

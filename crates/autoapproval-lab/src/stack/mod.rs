@@ -15,7 +15,7 @@ use kube_testserver::{Options, TestServer};
 
 use autoapproval::shutdown::Termination;
 use autoapproval::store::{Store, StoreError};
-use autoapproval_sim::{SimError, SimHandle, SimOptions, Simulator};
+use autoapproval_sim::{SimConfig, SimError, SimHandle, Simulator};
 
 use crate::harness::Harness;
 use postgres::Postgres;
@@ -29,7 +29,7 @@ pub const DATABASE: &str = "autoapproval";
 /// The namespace of the CRs and Leases.
 pub const NAMESPACE: &str = "default";
 
-/// Settings of the stack shared by `demo` and `bench`.
+/// ControllerConfig of the stack shared by `demo` and `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StackArgs {
     /// Directory of PostgreSQL's `initdb` and `postgres` [default: the newest /usr/lib/postgresql/*/bin, else PATH].
@@ -127,7 +127,7 @@ impl Stack {
     pub async fn start(
         args: &StackArgs,
         purpose: &str,
-        sim: SimOptions,
+        sim: SimConfig,
     ) -> Result<Self, StackError> {
         let controller_bin = match &args.controller_bin {
             Some(path) => path.clone(),
@@ -168,7 +168,7 @@ impl Stack {
         }
     }
 
-    async fn bring_up(&mut self, args: &StackArgs, sim: SimOptions) -> Result<(), StackError> {
+    async fn bring_up(&mut self, args: &StackArgs, sim: SimConfig) -> Result<(), StackError> {
         let postgres = Postgres::start(&self.dir.join("pg"), args.pg_bindir.as_deref()).await?;
         let admin = postgres.connect("postgres", "postgres").await?;
         for sql in [

@@ -1,0 +1,78 @@
+//! Fencing tokens: every Lease is written with `leaseTransitions` = a new
+//! generation, and a shard's generation is also raised in the database
+//! (`shard_fence`) before its first claim, so a replica that lost the shard
+//! can neither claim nor write under its older token.
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::Coordinator;
+use crate::store::StoreError;
+
+/// The generation a new holder writes: one above both the Lease's own
+/// (`leaseTransitions`, 0 when absent) and the database's token for it (0
+/// for Leases that fence nothing), so it is strictly newer than any token a
+/// previous holder could still be writing under.
+pub(super) fn next_generation(existing: Option<&Lease>, db_token: i64) -> i64 {
+    let lease_generation = existing
+        .and_then(|l| l.spec.as_ref())
+        .and_then(|s| s.lease_transitions)
+        .map_or(0, i64::from);
+    lease_generation.max(db_token) + 1
+}
+
+// === impl Coordinator ===
+
+impl Coordinator {
+    /// The shard's current token in the database (0 if never fenced).
+    pub(super) async fn db_token(&self, shard: u32) -> Result<i64, StoreError> {
+        let k = self.settings.shard_count;
+        Ok(self
+            .cleanser
+            .store()
+            .shard_token(k, shard)
+            .await?
+            .unwrap_or(0))
+    }
+
+    /// Raises the shard's token to `generation` and recovers the previous
+    /// holder's claims; `None` when it is already fenced at a later one.
+    pub(super) async fn fence(
+        &self,
+        shard: u32,
+        generation: i64,
+    ) -> Result<Option<Vec<i64>>, StoreError> {
+        let k = self.settings.shard_count;
+        self.cleanser
+            .take_over_shard(k, shard, generation, self.identity())
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+
+    use super::*;
+
+    fn lease(transitions: Option<i32>) -> Lease {
+        Lease {
+            spec: Some(LeaseSpec {
+                lease_transitions: transitions,
+                ..LeaseSpec::default()
+            }),
+            ..Lease::default()
+        }
+    }
+
+    #[test]
+    fn a_new_generation_is_above_both_the_lease_and_the_database() {
+        assert_eq!(next_generation(None, 0), 1);
+        assert_eq!(next_generation(Some(&lease(None)), 0), 1);
+        assert_eq!(next_generation(Some(&lease(Some(4))), 0), 5);
+        // The database ran ahead (the Lease was deleted and recreated).
+        assert_eq!(next_generation(Some(&lease(Some(4))), 9), 10);
+        assert_eq!(next_generation(None, 7), 8);
+        // The Lease ran ahead (a holder took it but died before fencing).
+        assert_eq!(next_generation(Some(&lease(Some(12))), 9), 13);
+    }
+}
