@@ -164,13 +164,22 @@ impl ControllerConfig {
         namespace: impl Into<String>,
         replica_name: impl Into<String>,
     ) -> Result<Self, SettingError> {
-        let args = crate::cli::defaults_of::<ControllerArgs>().map_err(|error| SettingError {
+        let args = defaults_of::<ControllerArgs>().map_err(|error| SettingError {
             flag: "run",
             value: error.to_string(),
             message: "the flags have no valid defaults",
         })?;
         args.config(namespace.into(), replica_name.into())
     }
+}
+
+/// The values a group of flags takes when none is given: their clap
+/// defaults, with every environment variable ignored, so that defaults are
+/// written once, in the `#[arg(default_value…)]` that `--help` shows.
+pub fn defaults_of<A: clap::Args + clap::FromArgMatches>() -> Result<A, clap::Error> {
+    let command = A::augment_args(clap::Command::new("defaults"))
+        .mut_args(|arg| arg.env(None::<&'static str>));
+    A::from_arg_matches(&command.try_get_matches_from(["defaults"])?)
 }
 
 fn refuse(flag: &'static str, value: impl ToString, message: &'static str) -> SettingError {

@@ -1,7 +1,7 @@
 //! HTTP implementations of the external-system traits over reqwest, with a
 //! per-call timeout, a per-system in-flight limit and error classification.
 //!
-//! Wire format (camelCase JSON, served by `crate::sim` too):
+//! Wire format (camelCase JSON, served by the `autoapproval-sim` crate too):
 //!
 //! | call | request | 2xx answer |
 //! | --- | --- | --- |
