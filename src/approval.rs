@@ -356,8 +356,7 @@ impl TurnConfig {
         CandidateQuery {
             request_type,
             limit,
-            window_start: now
-                - chrono::Duration::from_std(self.window).unwrap_or(chrono::Duration::MAX),
+            window_start: crate::clock::before(now, self.window),
             now,
             retry_limit,
             shards,

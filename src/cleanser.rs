@@ -72,8 +72,7 @@ impl Cleanser {
     /// One pass.
     pub async fn run_once(&self) -> Result<CleanseReport, StoreError> {
         let now = self.clock.now();
-        let stuck_before =
-            now - chrono::Duration::from_std(self.stuck_threshold).unwrap_or(chrono::Duration::MAX);
+        let stuck_before = crate::clock::before(now, self.stuck_threshold);
         let report = self.store.cleanse(stuck_before, now).await?;
         self.metrics
             .cleansed(report.recovered.len() as u64, report.deleted);

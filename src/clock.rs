@@ -51,3 +51,39 @@ impl Clock for ManualClock {
 
 /// A shared clock handle.
 pub type SharedClock = Arc<dyn Clock>;
+
+/// `at - d`, or the earliest representable instant when that is out of
+/// range: a window or threshold of any size never panics.
+pub fn before(at: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+/// `at + d`, or the latest representable instant when that is out of range.
+pub fn after(at: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| at.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn spans_beyond_the_calendar_saturate_instead_of_panicking() {
+        let now = Utc::now();
+        let huge = Duration::from_secs(99_999_999 * 86_400);
+        assert_eq!(before(now, huge), DateTime::<Utc>::MIN_UTC);
+        assert_eq!(after(now, huge), DateTime::<Utc>::MAX_UTC);
+        assert_eq!(before(now, Duration::MAX), DateTime::<Utc>::MIN_UTC);
+        let minute = Duration::from_secs(60);
+        assert_eq!(before(now, minute), now - chrono::Duration::minutes(1));
+        assert_eq!(after(now, minute), now + chrono::Duration::minutes(1));
+    }
+}

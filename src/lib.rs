@@ -14,6 +14,7 @@ pub mod coordination;
 pub mod domain;
 pub mod endpoints;
 pub mod external;
+pub mod flags;
 pub mod processors;
 pub mod retry;
 pub mod shutdown;

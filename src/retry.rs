@@ -70,7 +70,7 @@ impl RetryPolicy {
         rng: &mut impl Rng,
     ) -> DateTime<Utc> {
         let delay = self.delay(class, streak, rng);
-        now + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX)
+        crate::clock::after(now, delay)
     }
 }
 

@@ -164,22 +164,13 @@ impl ControllerConfig {
         namespace: impl Into<String>,
         replica_name: impl Into<String>,
     ) -> Result<Self, SettingError> {
-        let args = defaults_of::<ControllerArgs>().map_err(|error| SettingError {
+        let args = crate::flags::defaults_of::<ControllerArgs>().map_err(|error| SettingError {
             flag: "run",
             value: error.to_string(),
             message: "the flags have no valid defaults",
         })?;
         args.config(namespace.into(), replica_name.into())
     }
-}
-
-/// The values a group of flags takes when none is given: their clap
-/// defaults, with every environment variable ignored, so that defaults are
-/// written once, in the `#[arg(default_value…)]` that `--help` shows.
-pub fn defaults_of<A: clap::Args + clap::FromArgMatches>() -> Result<A, clap::Error> {
-    let command = A::augment_args(clap::Command::new("defaults"))
-        .mut_args(|arg| arg.env(None::<&'static str>));
-    A::from_arg_matches(&command.try_get_matches_from(["defaults"])?)
 }
 
 fn refuse(flag: &'static str, value: impl ToString, message: &'static str) -> SettingError {
@@ -190,6 +181,21 @@ fn refuse(flag: &'static str, value: impl ToString, message: &'static str) -> Se
     }
 }
 
+/// The longest duration any flag takes: 100 years, beyond the age of any
+/// request, and far inside what a timestamp can hold.
+const LONGEST: Duration = Duration::from_secs(36_500 * 86_400);
+
+fn bounded(flag: &'static str, d: Duration) -> Result<Duration, SettingError> {
+    if d > LONGEST {
+        return Err(refuse(
+            flag,
+            format_duration(d),
+            "must be at most 36500d (100 years)",
+        ));
+    }
+    Ok(d)
+}
+
 fn positive(flag: &'static str, d: Duration) -> Result<Duration, SettingError> {
     if d.is_zero() {
         return Err(refuse(
@@ -198,7 +204,7 @@ fn positive(flag: &'static str, d: Duration) -> Result<Duration, SettingError> {
             "must be greater than zero",
         ));
     }
-    Ok(d)
+    bounded(flag, d)
 }
 
 impl ControllerArgs {
@@ -282,7 +288,7 @@ impl ControllerArgs {
             replica_name,
             listen: self.listen,
             concurrency: self.concurrency,
-            shutdown_grace: self.shutdown_grace,
+            shutdown_grace: bounded("--shutdown-grace", self.shutdown_grace)?,
             cleanse_interval: positive("--cleanse-interval", self.cleanse_interval)?,
             stuck_threshold: stuck,
             approver: ApproverConfig {
@@ -300,7 +306,7 @@ impl ControllerArgs {
             },
             discovery: DiscoveryConfig {
                 poll_period: positive("--poll-period", self.poll_period)?,
-                backlog_delay: self.backlog_delay,
+                backlog_delay: bounded("--backlog-delay", self.backlog_delay)?,
                 notify: self.notify,
                 shard_count: self.shards,
                 turn: TurnConfig {
@@ -311,7 +317,10 @@ impl ControllerArgs {
                 },
                 retry_limit: self.retry_limit,
             },
-            reconcile: ReconcileConfig::new(self.in_progress_after),
+            reconcile: ReconcileConfig::new(bounded(
+                "--in-progress-after",
+                self.in_progress_after,
+            )?),
             coordination: CoordinationConfig {
                 shard_count: self.shards,
                 lease_duration,
@@ -320,7 +329,7 @@ impl ControllerArgs {
             },
             gc: GcConfig {
                 interval: positive("--gc-interval", self.gc_interval)?,
-                finished_ttl: self.finished_ttl,
+                finished_ttl: bounded("--finished-ttl", self.finished_ttl)?,
             },
         })
     }
@@ -389,6 +398,8 @@ mod tests {
             (&["--lease-duration", "10s"], "--lease-duration"),
             (&["--retry-period", "0"], "--retry-period"),
             (&["--gc-interval", "0"], "--gc-interval"),
+            (&["--window", "99999999d"], "--window"),
+            (&["--finished-ttl", "36501d"], "--finished-ttl"),
         ] {
             let err = settings(args).unwrap_err();
             assert_eq!(err.flag, flag, "{args:?}");

@@ -222,28 +222,6 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
     serde_yaml::to_string(&AutoApproval::crd())
 }
 
-/// Installs the CRD (the demo's and the benchmark's stack).
-pub async fn install(client: &kube::Client) -> Result<(), kube::Error> {
-    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    use kube::api::{Api, PostParams};
-    Api::<CustomResourceDefinition>::all(client.clone())
-        .create(&PostParams::default(), &AutoApproval::crd())
-        .await?;
-    Ok(())
-}
-
-/// Every AutoApproval of `namespace` (the demo's progress view).
-pub async fn list(
-    client: &kube::Client,
-    namespace: &str,
-) -> Result<Vec<AutoApproval>, kube::Error> {
-    use kube::api::{Api, ListParams};
-    Ok(Api::<AutoApproval>::namespaced(client.clone(), namespace)
-        .list(&ListParams::default())
-        .await?
-        .items)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

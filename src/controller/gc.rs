@@ -68,8 +68,6 @@ impl Collector {
             .map(|row| (row.request_id, row))
             .collect();
         let now = self.clock.now();
-        let ttl =
-            chrono::Duration::from_std(self.settings.finished_ttl).unwrap_or(chrono::Duration::MAX);
         for cr in &crs {
             let id = cr.spec.request_id;
             let reason = match rows.get(&id) {
@@ -79,7 +77,13 @@ impl Collector {
                 None if self.age(cr, now) < self.settings.interval => continue,
                 None => "vanished",
                 Some(row) => match &row.status {
-                    Ok(status) if !status.is_open() && row.changed_at + ttl <= now => "finished",
+                    Ok(status)
+                        if !status.is_open()
+                            && crate::clock::after(row.changed_at, self.settings.finished_ttl)
+                                <= now =>
+                    {
+                        "finished"
+                    }
                     Ok(_) => continue,
                     Err(error) => {
                         warn!(request_id = id, %error, "cannot tell whether the request is finished; CR kept");

@@ -14,14 +14,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::mpsc;
-use futures::{StreamExt, TryStreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use crate::approval::Approver;
 use crate::cleanser::Cleanser;
@@ -47,6 +47,18 @@ pub enum ControllerError {
     /// Releasing claims at shutdown failed.
     #[error("releasing claims at shutdown: {0}")]
     Release(#[source] StoreError),
+    /// The API server does not serve AutoApprovals: the CRD was never applied.
+    #[error("CRD {0} is not installed: kubectl apply -f crds/")]
+    CrdMissing(String),
+    /// One of the replica's own tasks died; the replica stopped rather than
+    /// run half alive (its claims and Leases were released first).
+    #[error("the {task} task stopped unexpectedly: {reason}")]
+    TaskFailed {
+        /// Which task: coordination, discovery or leader.
+        task: &'static str,
+        /// Its panic message, or that it returned early.
+        reason: String,
+    },
 }
 
 /// What the controller runs on.
@@ -81,6 +93,7 @@ pub async fn run_until(
         health,
     } = parts;
     let api: Api<AutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
+    crd_installed(&api).await?;
     let approver = Arc::new(Approver::new(
         store.clone(),
         external,
@@ -105,7 +118,13 @@ pub async fn run_until(
     );
     let shards = coordination.shards.clone();
     let (release_tx, release_rx) = watch::channel(false);
-    let coordinator = tokio::spawn(coordinator.run(release_rx));
+    // A task that ends before shutdown, by panic or otherwise, stops the replica.
+    let (failed_tx, mut failed_rx) = mpsc::unbounded();
+    let supervise = Supervisor {
+        failed: failed_tx,
+        stopping: stop_rx.clone(),
+    };
+    let coordinator = supervise.spawn("coordination", coordinator.run(release_rx));
 
     // Only spec changes (generation) trigger a reconcile from the watch: our
     // own status writes would otherwise come straight back as work. A
@@ -177,14 +196,20 @@ pub async fn run_until(
         settings: settings.discovery.clone(),
         shards: shards.clone(),
     };
-    let discovery = tokio::spawn(discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired));
-    let leading = tokio::spawn(lead(
-        cleanser,
-        collector,
-        settings.cleanse_interval,
-        coordination.leader,
-        stop_rx,
-    ));
+    let discovery = supervise.spawn(
+        "discovery",
+        discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired),
+    );
+    let leading = supervise.spawn(
+        "leader",
+        lead(
+            cleanser,
+            collector,
+            settings.cleanse_interval,
+            coordination.leader,
+            stop_rx,
+        ),
+    );
 
     info!(
         replica = %settings.replica_name,
@@ -193,8 +218,13 @@ pub async fn run_until(
         "controller started"
     );
     let mut controller = Box::pin(controller);
+    let mut failure = None;
     tokio::select! {
         () = &mut controller => warn!("controller stream ended"),
+        Some((task, reason)) = failed_rx.next() => {
+            error!(task, %reason, "a task of this replica stopped: releasing claims and Leases, then exiting");
+            failure = Some(ControllerError::TaskFailed { task, reason });
+        }
         () = shutdown => {
             info!(grace = ?settings.shutdown_grace, "shutting down: no new claims");
             shards.stop_claiming();
@@ -221,7 +251,56 @@ pub async fn run_until(
         info!(request_id, "claim released at shutdown");
     }
     info!(released = released.len(), "controller stopped");
-    Ok(())
+    failure.map_or(Ok(()), Err)
+}
+
+/// Fails with the fix to apply when the API server has no AutoApproval
+/// resource; any other error is left to the watcher, which retries.
+async fn crd_installed(api: &Api<AutoApproval>) -> Result<(), ControllerError> {
+    use kube::CustomResourceExt;
+    match api.list(&kube::api::ListParams::default().limit(1)).await {
+        Err(kube::Error::Api(e)) if e.code == 404 => Err(ControllerError::CrdMissing(
+            AutoApproval::crd_name().to_owned(),
+        )),
+        _ => Ok(()),
+    }
+}
+
+// === impl Supervisor ===
+
+/// Spawns the replica's long-running tasks and reports the one that ends
+/// while the replica is not stopping, with its panic message.
+struct Supervisor {
+    failed: mpsc::UnboundedSender<(&'static str, String)>,
+    stopping: watch::Receiver<bool>,
+}
+
+impl Supervisor {
+    fn spawn<F>(&self, task: &'static str, work: F) -> tokio::task::JoinHandle<()>
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let failed = self.failed.clone();
+        let stopping = self.stopping.clone();
+        tokio::spawn(async move {
+            let ended = std::panic::AssertUnwindSafe(work).catch_unwind().await;
+            let reason = match ended {
+                Err(panic) => panic_message(panic.as_ref()),
+                Ok(()) if !*stopping.borrow() => "it returned before shutdown".to_owned(),
+                Ok(()) => return,
+            };
+            let _ = failed.unbounded_send((task, reason));
+        })
+    }
+}
+
+fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    let text = panic
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    format!("panicked: {text}")
 }
 
 /// While this replica leads: the cleanser and the CR garbage collector,
@@ -258,5 +337,33 @@ async fn lead(
                 () = discovery::stopped(&mut stopping) => return,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_task_that_panics_or_returns_early_is_reported_and_one_that_stops_is_not() {
+        let (failed, mut reports) = mpsc::unbounded();
+        let (stop, stopping) = watch::channel(false);
+        let supervisor = Supervisor { failed, stopping };
+        supervisor
+            .spawn("discovery", async { panic!("window out of range") })
+            .await
+            .unwrap();
+        supervisor.spawn("leader", async {}).await.unwrap();
+        stop.send(true).unwrap();
+        supervisor.spawn("coordination", async {}).await.unwrap();
+        drop(supervisor);
+        let reports: Vec<_> = reports.by_ref().collect().await;
+        assert_eq!(
+            reports,
+            [
+                ("discovery", "panicked: window out of range".to_owned()),
+                ("leader", "it returned before shutdown".to_owned()),
+            ]
+        );
     }
 }

@@ -460,7 +460,7 @@ mod tests {
 
     #[test]
     fn base_url_path_is_kept_and_segments_are_encoded() {
-        let config = ExternalArgs::all_at("http://h:1/prefix/");
+        let config = ExternalArgs::all_at("http://h:1/prefix/").unwrap();
         let endpoint = Endpoint::new(
             System::ESign,
             "--esign-url",

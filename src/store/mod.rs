@@ -6,15 +6,14 @@
 //! on the primary, because replica lag is exactly what makes a claimed request
 //! still look like a candidate.
 
-use std::time::Duration;
-
-use sqlx::postgres::{PgPool, PgPoolOptions};
+use sqlx::postgres::PgPool;
 use sqlx::{Postgres, Transaction};
 
 use crate::domain::UnknownValue;
 
 mod candidates;
 mod claims;
+mod connect;
 mod ledger;
 mod notify;
 mod recovery;
@@ -22,23 +21,10 @@ mod rows;
 
 pub use candidates::{CandidateQuery, ShardFilter, candidate_sql};
 pub use claims::{ClaimOutcome, Completion, RetryWrite};
+pub use connect::{DatabaseArgs, DatabaseUrl};
 pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
-
-/// The database flags of `run` and `migrate`.
-#[derive(clap::Args, Clone, Debug)]
-pub struct DatabaseArgs {
-    /// PostgreSQL URL of the primary: re-reads, claims and every write [required, no default].
-    #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL")]
-    pub database_url: String,
-    /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].
-    #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL")]
-    pub read_database_url: Option<String>,
-    /// Connections per pool.
-    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
-    pub db_max_connections: u32,
-}
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +57,16 @@ pub enum StoreError {
         /// Why.
         message: String,
     },
+    /// A database named by a URL could not be reached at start-up.
+    #[error("cannot connect to the {role} database at {url}: {reason}")]
+    Connect {
+        /// "primary" or "read replica".
+        role: &'static str,
+        /// The URL with its password hidden.
+        url: String,
+        /// The driver's or the operating system's own words.
+        reason: String,
+    },
 }
 
 fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -87,33 +83,6 @@ pub struct Store {
 // === impl Store ===
 
 impl Store {
-    /// Connects both pools; the read pool is the primary when no replica is set.
-    pub async fn connect(config: &DatabaseArgs) -> Result<Self, StoreError> {
-        if config.db_max_connections == 0 {
-            return Err(StoreError::Config {
-                setting: "--db-max-connections",
-                message: "must be at least 1".into(),
-            });
-        }
-        let options = || {
-            PgPoolOptions::new()
-                .max_connections(config.db_max_connections)
-                .acquire_timeout(Duration::from_secs(10))
-        };
-        let primary = options()
-            .connect(&config.database_url)
-            .await
-            .map_err(db("connect to the primary"))?;
-        let read = match &config.read_database_url {
-            Some(url) => options()
-                .connect(url)
-                .await
-                .map_err(db("connect to the read replica"))?,
-            None => primary.clone(),
-        };
-        Ok(Self { primary, read })
-    }
-
     /// A store over existing pools.
     pub fn new(primary: PgPool, read: PgPool) -> Self {
         Self { primary, read }

@@ -233,3 +233,143 @@ fn help_lists_only_the_controllers_subcommands() {
         .collect();
     assert_eq!(commands, ["migrate", "run", "crd", "help"], "{help}");
 }
+
+/// `autoapproval <args>`'s exit status and stderr, with no `AUTOAPPROVAL_*`
+/// variable of this process leaking in. A binary still running after 60 s
+/// is killed and reported as a failure (a hang detector, not a speed target).
+fn run_binary(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    use std::io::Read;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"));
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("AUTOAPPROVAL_") {
+            command.env_remove(key);
+        }
+    }
+    let mut child = command
+        .args(args)
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("autoapproval starts");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let reader = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = stderr.read_to_string(&mut text);
+        text
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break Some(status);
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let text = reader.join().expect("stderr reader");
+    match status {
+        Some(status) => (status.success(), text),
+        None => (false, format!("{text}[still running after 60 s: killed]")),
+    }
+}
+
+#[test]
+fn a_refused_database_is_named_at_once_without_its_password() {
+    let (ok, stderr) = run_binary(
+        &[
+            "migrate",
+            "--database-url",
+            "postgres://app:hunter2@127.0.0.1:1/contracts",
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "autoapproval: cannot connect to the primary database at \
+         postgres://app:***@127.0.0.1:1/contracts: error communicating with database: \
+         Connection refused (os error 111)\n"
+    );
+}
+
+#[test]
+fn a_window_beyond_any_date_is_refused_before_anything_starts() {
+    let (ok, stderr) = run_binary(
+        &[
+            "run",
+            "--database-url",
+            "postgres://127.0.0.1:1/none",
+            "--window",
+            "99999999d",
+        ],
+        &[],
+    );
+    assert!(!ok);
+    assert_eq!(
+        stderr,
+        "autoapproval: --window 99999999d: must be at most 36500d (100 years)\n"
+    );
+}
+
+#[test]
+fn help_never_prints_a_database_password() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--help"])
+        .env(
+            "AUTOAPPROVAL_DATABASE_URL",
+            "postgres://app:hunter2@db:5432/contracts",
+        )
+        .env(
+            "AUTOAPPROVAL_READ_DATABASE_URL",
+            "postgres://app:hunter3@replica:5432/contracts",
+        )
+        .output()
+        .expect("run --help");
+    let help = String::from_utf8_lossy(&output.stdout);
+    assert!(help.contains("AUTOAPPROVAL_DATABASE_URL"), "{help}");
+    assert!(
+        !help.contains("hunter2") && !help.contains("hunter3"),
+        "{help}"
+    );
+}
+
+#[sqlx::test]
+async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let dir = std::env::temp_dir().join(format!("aa-nocrd-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let url = database_url(&pool);
+    let kubeconfig = kubeconfig.display().to_string();
+    let (ok, stderr) = tokio::task::spawn_blocking(move || {
+        run_binary(
+            &[
+                "run",
+                "--namespace",
+                NS,
+                "--kubeconfig",
+                &kubeconfig,
+                "--listen",
+                "127.0.0.1:0",
+            ],
+            &[("AUTOAPPROVAL_DATABASE_URL", &url)],
+        )
+    })
+    .await
+    .expect("joins");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!ok, "{stderr}");
+    assert!(
+        stderr.ends_with(
+            "autoapproval: CRD autoapprovals.autoapproval.io is not installed: kubectl apply -f crds/\n"
+        ),
+        "{stderr}"
+    );
+}

@@ -19,7 +19,7 @@ async fn sim(options: SimConfig) -> SimHandle {
 }
 
 fn clients(sim: &SimHandle, tweak: impl FnOnce(&mut ExternalArgs)) -> ExternalSystems {
-    let mut config = ExternalArgs::all_at(sim.base_url());
+    let mut config = ExternalArgs::all_at(sim.base_url()).expect("defaults");
     tweak(&mut config);
     HttpExternalSystems::build(&config).unwrap()
 }
@@ -272,7 +272,7 @@ async fn nothing_listening_is_transient() {
     let listener = std::net::TcpListener::bind(ANY_PORT).unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     drop(listener);
-    let ext = HttpExternalSystems::build(&ExternalArgs::all_at(base)).unwrap();
+    let ext = HttpExternalSystems::build(&ExternalArgs::all_at(base).expect("defaults")).unwrap();
 
     let err = ext.esign.contract_status("c").await.unwrap_err();
 

@@ -172,8 +172,9 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
     })
     .expect("faults");
     let approver = |pool: PgPool| {
-        let external = HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()))
-            .expect("external clients");
+        let external =
+            HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
+                .expect("external clients");
         Arc::new(Approver::new(
             Store::new(pool.clone(), pool),
             external,

@@ -62,7 +62,7 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     let client = common::client(&server)?;
     common::install_crd(&client).await?;
     let sim = Simulator::start("127.0.0.1:0".parse()?, SimConfig::default()).await?;
-    let external = HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()))?;
+    let external = HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url())?)?;
     let mut settings = ControllerConfig::defaults("default", "bench-1")?;
     settings.discovery.notify = notify;
     let parts = Parts {

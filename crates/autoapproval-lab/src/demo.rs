@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::harness::{NewRequest, RequestEnd};
 use crate::stack::{NAMESPACE, Program, Stack, StackArgs, StackError, install_termination};
-use autoapproval::controller::crd::{self, AutoApproval, Phase};
+use autoapproval::controller::crd::{AutoApproval, Phase};
 use autoapproval::domain::RequestType;
 use autoapproval::external::System;
 use autoapproval::external::http::parse_duration;
@@ -372,9 +372,11 @@ impl<'a> View<'a> {
             .into_iter()
             .map(|e| (e.request_id, e))
             .collect();
-        let crs: Vec<AutoApproval> = crd::list(client, NAMESPACE)
+        let crs = kube::Api::<AutoApproval>::namespaced(client.clone(), NAMESPACE)
+            .list(&kube::api::ListParams::default())
             .await
-            .map_err(|e| StackError::Kube(format!("listing AutoApprovals: {e}")))?;
+            .map_err(|e| StackError::Kube(format!("listing AutoApprovals: {e}")))?
+            .items;
         let phases: BTreeMap<i64, Phase> = crs
             .into_iter()
             .filter_map(|cr| Some((cr.spec.request_id, cr.status?.phase?)))

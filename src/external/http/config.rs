@@ -68,21 +68,17 @@ pub struct ExternalArgs {
 }
 
 impl ExternalArgs {
-    /// All four systems at one base URL (the simulator), no tokens, default limits.
-    pub fn all_at(base_url: impl Into<String>) -> Self {
+    /// All four systems at one base URL (the simulator), no tokens, the
+    /// documented default limits.
+    pub fn all_at(base_url: impl Into<String>) -> Result<Self, clap::Error> {
         let url = base_url.into();
-        Self {
+        Ok(Self {
             esign_url: url.clone(),
-            esign_token: None,
             owner_url: url.clone(),
-            owner_token: None,
             store_url: url.clone(),
-            store_token: None,
             ad_url: url,
-            ad_token: None,
-            external_timeout: Duration::from_secs(5),
-            external_concurrency: 32,
-        }
+            ..crate::flags::defaults_of::<Self>()?
+        })
     }
 
     /// The same token for all four systems.
@@ -166,6 +162,17 @@ pub(super) fn parse_base_url(flag: &'static str, value: &str) -> Result<Url, Con
     }
     if url.cannot_be_a_base() || url.host_str().is_none() {
         return Err(invalid("no host".to_owned()));
+    }
+    if !url.username().is_empty() || url.password().is_some() {
+        // Credentials in a URL end up in logs; the value is not echoed.
+        let mut shown = url.clone();
+        let _ = shown.set_username("***");
+        let _ = shown.set_password(None);
+        return Err(ConfigError::InvalidUrl {
+            flag,
+            value: shown.to_string(),
+            reason: "credentials in the URL are not allowed: give a bearer token with the system's --*-token flag".to_owned(),
+        });
     }
     Ok(url)
 }
@@ -272,8 +279,16 @@ pub fn parse_duration(input: &str) -> Result<Duration, DurationError> {
 /// Formats a duration so that `parse_duration` reads it back: `30s`, `250ms`.
 pub fn format_duration(d: Duration) -> String {
     let nanos = d.subsec_nanos();
+    let secs = d.as_secs();
     if nanos == 0 {
-        format!("{}s", d.as_secs())
+        // The largest unit that divides it, as a person would write it.
+        match secs {
+            0 => "0s".to_owned(),
+            s if s.is_multiple_of(86_400) => format!("{}d", s / 86_400),
+            s if s.is_multiple_of(3_600) => format!("{}h", s / 3_600),
+            s if s.is_multiple_of(60) => format!("{}m", s / 60),
+            s => format!("{s}s"),
+        }
     } else if nanos.is_multiple_of(1_000_000) {
         format!("{}ms", d.as_millis())
     } else if nanos.is_multiple_of(1_000) {
@@ -334,11 +349,17 @@ mod tests {
             assert_eq!(parse_duration(&format_duration(d)).unwrap(), d);
         }
         assert_eq!(format_duration(Duration::from_millis(250)), "250ms");
+        assert_eq!(format_duration(Duration::from_secs(90)), "90s");
+        assert_eq!(format_duration(Duration::from_secs(600)), "10m");
+        assert_eq!(format_duration(Duration::from_secs(7_200)), "2h");
+        assert_eq!(format_duration(Duration::from_secs(30 * 86_400)), "30d");
     }
 
     #[test]
     fn secrets_never_print() {
-        let config = ExternalArgs::all_at("http://x").with_token("hunter2");
+        let config = ExternalArgs::all_at("http://x")
+            .unwrap()
+            .with_token("hunter2");
         let printed = format!("{config:?}");
         assert!(!printed.contains("hunter2"), "{printed}");
         assert!(printed.contains("***"), "{printed}");
@@ -346,7 +367,7 @@ mod tests {
 
     #[test]
     fn validation_names_the_flag() {
-        let mut config = ExternalArgs::all_at("http://127.0.0.1:1");
+        let mut config = ExternalArgs::all_at("http://127.0.0.1:1").unwrap();
         config.store_url = "ftp://example.com".into();
         let err = config.validate().unwrap_err().to_string();
         assert!(err.starts_with("--store-url"), "{err}");
@@ -360,7 +381,7 @@ mod tests {
                 .starts_with("--store-url")
         );
 
-        let mut config = ExternalArgs::all_at("https://example.com/base/");
+        let mut config = ExternalArgs::all_at("https://example.com/base/").unwrap();
         config.validate().unwrap();
         config.external_timeout = Duration::ZERO;
         assert!(matches!(config.validate(), Err(ConfigError::ZeroTimeout)));

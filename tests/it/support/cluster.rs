@@ -102,8 +102,10 @@ impl Cluster {
 
     /// Starts the replica.
     fn run(&mut self, settings: ControllerConfig) {
-        let external = HttpExternalSystems::build(&ExternalArgs::all_at(self.sim.base_url()))
-            .expect("external clients");
+        let external = HttpExternalSystems::build(
+            &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
+        )
+        .expect("external clients");
         let parts = Parts {
             client: self.client.clone(),
             store: Store::new(self.pool.clone(), self.pool.clone()),

@@ -52,7 +52,7 @@ impl Env {
         let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
             .await
             .expect("simulator starts");
-        let config = adjust(ExternalArgs::all_at(sim.base_url()));
+        let config = adjust(ExternalArgs::all_at(sim.base_url()).expect("defaults"));
         let external = HttpExternalSystems::build(&config).expect("external clients");
         let store = Store::new(pool.clone(), pool.clone());
         let clock = ManualClock::new(t0());

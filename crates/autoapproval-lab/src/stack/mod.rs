@@ -13,9 +13,13 @@ use std::time::Duration;
 
 use kube_testserver::{Options, TestServer};
 
+use autoapproval::controller::crd::AutoApproval;
 use autoapproval::shutdown::Termination;
 use autoapproval::store::{Store, StoreError};
 use autoapproval_sim::{SimConfig, SimError, SimHandle, Simulator};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use kube::api::{Api, PostParams};
 
 use crate::harness::Harness;
 use postgres::Postgres;
@@ -197,7 +201,8 @@ impl Stack {
             .write_kubeconfig(&self.kubeconfig)
             .map_err(|e| StackError::Kube(format!("writing the kubeconfig: {e}")))?;
         self.apiserver = Some(apiserver);
-        autoapproval::controller::crd::install(&self.client()?)
+        Api::<CustomResourceDefinition>::all(self.client()?)
+            .create(&PostParams::default(), &AutoApproval::crd())
             .await
             .map_err(|e| StackError::Kube(format!("applying the CRD: {e}")))?;
         self.sim = Some(Simulator::start(([127, 0, 0, 1], 0).into(), sim).await?);

@@ -1,0 +1,164 @@
+//! Reaching the database: the flags that name it, a URL that never prints
+//! its password, and a start-up connection that fails at once, naming where
+//! it tried and why, instead of waiting out a pool timeout.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use sqlx::ConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+use super::{Store, StoreError};
+
+/// How long one start-up connection attempt may take before it is reported.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The database flags of `run` and `migrate`.
+#[derive(clap::Args, Clone, Debug)]
+pub struct DatabaseArgs {
+    /// PostgreSQL URL of the primary: re-reads, claims and every write [required, no default].
+    #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true)]
+    pub database_url: DatabaseUrl,
+    /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].
+    #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true)]
+    pub read_database_url: Option<DatabaseUrl>,
+    /// Connections per pool.
+    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    pub db_max_connections: u32,
+}
+
+// === impl DatabaseUrl ===
+
+/// A `postgres://` URL, checked when parsed; `Display` and `Debug` show it
+/// with the password replaced by `***`, so it can be logged and reported.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl {
+    url: String,
+    shown: String,
+}
+
+impl DatabaseUrl {
+    /// The URL itself, for the one place that connects with it.
+    pub fn expose(&self) -> &str {
+        &self.url
+    }
+}
+
+impl FromStr for DatabaseUrl {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parsed = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
+        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+            return Err(format!(
+                "scheme {:?} is not postgres:// or postgresql://",
+                parsed.scheme()
+            ));
+        }
+        if parsed.password().is_some() {
+            // Cannot fail: a URL with a password has a host.
+            let _ = parsed.set_password(Some("***"));
+        }
+        Ok(Self {
+            url: s.to_owned(),
+            shown: parsed.to_string(),
+        })
+    }
+}
+
+impl fmt::Display for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+impl fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.shown)
+    }
+}
+
+// === impl Store ===
+
+impl Store {
+    /// Connects both pools; the read pool is the primary when no replica is
+    /// set. Each database is reached once first, so a wrong host, port,
+    /// password or name is reported at once with the driver's own words.
+    pub async fn connect(config: &DatabaseArgs) -> Result<Self, StoreError> {
+        if config.db_max_connections == 0 {
+            return Err(StoreError::Config {
+                setting: "--db-max-connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        let pool = |options| {
+            PgPoolOptions::new()
+                .max_connections(config.db_max_connections)
+                .acquire_timeout(Duration::from_secs(10))
+                .connect_lazy_with(options)
+        };
+        let primary = pool(reach("primary", &config.database_url).await?);
+        let read = match &config.read_database_url {
+            Some(url) => pool(reach("read replica", url).await?),
+            None => primary.clone(),
+        };
+        Ok(Self { primary, read })
+    }
+}
+
+/// One connection to `url`, opened and closed: the options it was made
+/// with, or why it could not be made.
+async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<PgConnectOptions, StoreError> {
+    let refused = |reason: String| StoreError::Connect {
+        role,
+        url: url.to_string(),
+        reason,
+    };
+    let options = PgConnectOptions::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            // Closing is best effort: the pool opens its own connections.
+            let _ = sqlx::Connection::close(connection).await;
+            Ok(options)
+        }
+        Ok(Err(error)) => Err(refused(error.to_string())),
+        Err(_) => Err(refused(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_url_never_shows_its_password() {
+        let url: DatabaseUrl = "postgres://app:hunter2@db.example:5432/contracts"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            url.to_string(),
+            "postgres://app:***@db.example:5432/contracts"
+        );
+        assert_eq!(
+            format!("{url:?}"),
+            "postgres://app:***@db.example:5432/contracts"
+        );
+        assert_eq!(
+            url.expose(),
+            "postgres://app:hunter2@db.example:5432/contracts"
+        );
+        let plain: DatabaseUrl = "postgres://app@db/contracts".parse().unwrap();
+        assert_eq!(plain.to_string(), "postgres://app@db/contracts");
+    }
+
+    #[test]
+    fn a_url_of_another_database_is_refused() {
+        let err = "mysql://root@db/x".parse::<DatabaseUrl>().unwrap_err();
+        assert!(err.contains("not postgres://"), "{err}");
+        assert!("not a url".parse::<DatabaseUrl>().is_err());
+    }
+}
