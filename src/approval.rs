@@ -59,7 +59,7 @@ impl AttemptOutcome {
     }
 }
 
-/// ControllerConfig of the approver.
+/// How one attempt runs: its retry policy, heartbeat and processing timeout.
 #[derive(Clone, Debug)]
 pub struct ApproverConfig {
     /// How long each kind of failure waits, and after how many retries it stops.
@@ -155,7 +155,8 @@ impl Approver {
             }
         };
         self.metrics.claim("won");
-        let result = match self.run_claimed(&claim).await {
+        let current = std::sync::Mutex::new(Step::Owner);
+        let result = match self.run_claimed(&claim, &current).await {
             Ok(outcome) => Ok(outcome),
             Err(ChainError::FenceLost(_)) => {
                 warn!(
@@ -172,7 +173,20 @@ impl Approver {
                 let reason = RetryReason::condition(format!("malformed row: {error}"));
                 self.schedule_retry(&claim, Step::Owner, reason).await
             }
-            Err(ChainError::Store(e)) => Err(e),
+            Err(ChainError::Store(error)) => {
+                // A statement the database refuses fails the same way on
+                // every attempt: released uncounted, it would be claimed and
+                // its external calls repeated every poll, for ever. Counted
+                // as a transient retry, it backs off and the limit ends it.
+                let step = *current.lock().unwrap_or_else(|e| e.into_inner());
+                warn!(request_id = claim.request_id, %step, %error, "a database call after the claim failed; retrying with backoff");
+                let reason = RetryReason::transient(format!("store error: {error}"));
+                match self.schedule_retry(&claim, step, reason).await {
+                    Ok(outcome) => Ok(outcome),
+                    // Unreachable for this too: give the claim back below.
+                    Err(_) => Err(error),
+                }
+            }
         };
         if result.is_err()
             && let Err(release) = self.store.release(&claim, self.clock.now()).await
@@ -182,7 +196,12 @@ impl Approver {
         result
     }
 
-    async fn run_claimed(&self, claim: &Claim) -> Result<AttemptOutcome, ChainError> {
+    /// Runs the chain under `claim`, keeping `current` at the step it is in.
+    async fn run_claimed(
+        &self,
+        claim: &Claim,
+        current: &std::sync::Mutex<Step>,
+    ) -> Result<AttemptOutcome, ChainError> {
         let cx = ChainContext {
             store: &self.store,
             external: &self.external,
@@ -190,7 +209,6 @@ impl Approver {
             clock: self.clock.as_ref(),
             metrics: &self.metrics,
         };
-        let current = std::sync::Mutex::new(Step::Owner);
         let on_step = |step: Step| *current.lock().unwrap_or_else(|e| e.into_inner()) = step;
         let chain = self.chain.run(&cx, &on_step);
         tokio::pin!(chain);

@@ -64,7 +64,7 @@ pub struct Discovery {
     pub clock: SharedClock,
     /// Metrics.
     pub metrics: Metrics,
-    /// ControllerConfig.
+    /// Its timings and scope, validated at start-up.
     pub settings: DiscoveryConfig,
     /// The shards this replica holds: discovery touches no other.
     pub shards: Arc<Shards>,

@@ -17,7 +17,7 @@ use crate::clock::SharedClock;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
-/// ControllerConfig of the garbage collector.
+/// When the leader's garbage collector runs and how long a finished CR stays.
 #[derive(Clone, Debug)]
 pub struct GcConfig {
     /// Delay between passes.
@@ -47,7 +47,7 @@ pub struct Collector {
     pub clock: SharedClock,
     /// Metrics.
     pub metrics: Metrics,
-    /// ControllerConfig.
+    /// Its timings and scope, validated at start-up.
     pub settings: GcConfig,
 }
 

@@ -138,7 +138,9 @@ impl Store {
     }
 
     /// For each of `request_ids` that exists: its status and, when decided,
-    /// when (the decision time, else the last update).
+    /// when (the decision time, else the last update). Read on the primary:
+    /// the garbage collector deletes the CR of a request it does not find,
+    /// and a lagging replica does not have the newest requests yet.
     pub async fn request_statuses(
         &self,
         request_ids: &[i64],
@@ -148,7 +150,7 @@ impl Store {
                FROM approval_request WHERE id = ANY($1)",
         )
         .bind(request_ids)
-        .fetch_all(&self.read)
+        .fetch_all(&self.primary)
         .await
         .map_err(db("read request statuses"))?;
         Ok(rows

@@ -102,3 +102,40 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
             .contains("autoapproval_cleanser_recovered_total 1")
     );
 }
+
+/// The CR garbage collector deletes the CR of a request it cannot find, so
+/// it must look where every request already is: on the primary, not on a
+/// read replica that has not caught up with the newest rows.
+#[sqlx::test]
+async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_replica(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    // A "replica" that lags: the same tables, without the new row.
+    sqlx::query("CREATE SCHEMA lagging")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE lagging.approval_request (LIKE public.approval_request)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let options = (*pool.connect_options())
+        .clone()
+        .options([("search_path", "lagging")]);
+    let replica = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = Store::new(pool.clone(), replica.clone());
+    let (on_replica,): (i64,) = sqlx::query_as("SELECT count(*) FROM approval_request")
+        .fetch_one(&replica)
+        .await
+        .unwrap();
+    assert_eq!(on_replica, 0, "the replica lags");
+
+    let rows = store.request_statuses(&[1]).await.unwrap();
+
+    assert_eq!(rows.len(), 1, "request 1 exists on the primary");
+    assert_eq!(rows[0].request_id, 1);
+    assert!(matches!(rows[0].status, Ok(ref s) if s.is_open()));
+}

@@ -1,12 +1,14 @@
-//! Bad rows are reported and parked; the rest of the turn proceeds.
+//! Bad rows and answers are reported and parked; the rest of the turn proceeds.
 
 use autoapproval::approval::{AttemptOutcome, attempt_all};
+use autoapproval::clock::Clock;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, RequestType};
+use autoapproval::retry::RetryClass;
 use autoapproval::store::CandidateQuery;
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, fence, request_view, t0};
+use crate::support::{Env, NewRequest, candidate, defaults, fence, request_view, t0};
 
 #[sqlx::test]
 async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(pool: PgPool) {
@@ -64,4 +66,78 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(p
     assert_eq!(report.errors, 0);
     assert_eq!(request_view(&pool, 2).await.status, "ON_HOLD");
     assert_eq!(env.sim.stats().created.owners, 2);
+}
+
+/// An answer the database refuses to store (a campaign id with a NUL byte)
+/// fails the same way on every attempt: each failure counts as a transient
+/// retry with backoff, so the limit ends it, instead of the claim being
+/// released uncounted and the external call repeated every poll for ever.
+#[sqlx::test]
+async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: PgPool) {
+    const LIMIT: i32 = 3;
+    let mut config = crate::support::defaults().approver;
+    config.retry.limit = LIMIT;
+    let env = Env::with_approver(pool.clone(), config).await;
+    env.sim.add_store(500, true);
+    env.sim.set_campaign_prefix("cmp\u{0}");
+    NewRequest::ready_ad(7, 500).insert(&pool).await;
+
+    let mut state_id = None;
+    for attempt in 1..=LIMIT {
+        let outcome = env
+            .approver
+            .attempt(&candidate(7, state_id), &fence("a", 1))
+            .await
+            .expect("the refusal is an outcome, not an error");
+        let AttemptOutcome::RetryScheduled {
+            reason,
+            retry_count,
+            next_retry_time,
+            ..
+        } = outcome
+        else {
+            panic!("attempt {attempt}: {outcome:?}");
+        };
+        assert_eq!(reason.class, RetryClass::Transient);
+        assert!(reason.reason.contains("0x00"), "{}", reason.reason);
+        assert_eq!(retry_count, attempt);
+        assert!(next_retry_time > env.clock.now(), "backs off");
+        state_id = env.store.state(7).await.unwrap().map(|s| s.id);
+        env.clock.set(next_retry_time);
+    }
+
+    // At the limit the request is no longer a candidate: it stays, with its
+    // reason, for a person.
+    let query =
+        defaults()
+            .discovery
+            .turn
+            .query(RequestType::AdContract, env.clock.now(), LIMIT, None);
+    assert!(env.store.candidates(&query).await.unwrap().is_empty());
+    let state = env.store.state(7).await.unwrap().expect("state row stays");
+    assert_eq!(
+        (state.status.as_str(), state.retry_count),
+        ("RETRY_WAITING", LIMIT)
+    );
+    assert!(
+        state
+            .last_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("0x00")),
+        "{state:?}"
+    );
+    let memos = env.store.memos(7).await.unwrap();
+    assert_eq!(memos.len(), 1, "one memo for one reason: {memos:?}");
+    assert!(
+        memos[0].starts_with("auto-approval waits: store error:"),
+        "{memos:?}"
+    );
+    assert_eq!(request_view(&pool, 7).await.campaign_id, None);
+    // One call per attempt, one creation (the retries replay its key).
+    let stats = env.sim.stats();
+    assert_eq!(
+        stats.calls_to("POST /campaigns/approvals"),
+        u64::from(LIMIT.unsigned_abs())
+    );
+    assert_eq!(stats.created.campaigns, 1);
 }

@@ -30,6 +30,9 @@
 //!   replaces them (400 on a rate outside [0, 1]).
 //! - `PUT /admin/esign/{ref}` `{"status": "SIGNED"}` → 204.
 //! - `PUT /admin/stores/{n}` `{"open": true}` → 204 (creates or updates).
+//! - `PUT /admin/campaign-prefix` `{"prefix": "cmp-"}` → 204: what new campaign
+//!   ids start with (a prefix a database refuses, such as a NUL byte, makes
+//!   every save of the answer fail).
 //! - `POST /admin/reset` → 204: no data, zero counters, start-up faults.
 
 mod routes;
@@ -292,6 +295,11 @@ impl SimHandle {
     /// Makes store `store_number` known to the store and ad services.
     pub fn add_store(&self, store_number: i64, open: bool) {
         self.shared.lock().set_store(store_number, open);
+    }
+
+    /// Like `PUT /admin/campaign-prefix`: new campaign ids start with `prefix`.
+    pub fn set_campaign_prefix(&self, prefix: &str) {
+        self.shared.lock().set_campaign_prefix(prefix);
     }
 
     /// Like `POST /admin/reset`.

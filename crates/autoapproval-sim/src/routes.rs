@@ -96,6 +96,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/admin/faults", get(get_faults).put(put_faults))
         .route("/admin/esign/{ref}", put(put_contract_status))
         .route("/admin/stores/{n}", put(put_store))
+        .route("/admin/campaign-prefix", put(put_campaign_prefix))
         .route("/admin/reset", post(reset))
         .with_state(shared)
 }
@@ -315,6 +316,19 @@ async fn put_store(
     Json(body): Json<StoreBody>,
 ) -> StatusCode {
     shared.lock().set_store(n, body.open);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct PrefixBody {
+    prefix: String,
+}
+
+async fn put_campaign_prefix(
+    State(shared): State<Arc<Shared>>,
+    Json(body): Json<PrefixBody>,
+) -> StatusCode {
+    shared.lock().set_campaign_prefix(&body.prefix);
     StatusCode::NO_CONTENT
 }
 

@@ -307,6 +307,9 @@ pub(crate) struct FaultPlan {
 pub(crate) struct UnknownStore(pub i64);
 
 /// The simulated systems' data and counters.
+/// The start of every campaign id the ad service makes up.
+const DEFAULT_CAMPAIGN_PREFIX: &str = "cmp-";
+
 pub(crate) struct State {
     initial_faults: Faults,
     pub faults: Faults,
@@ -320,6 +323,8 @@ pub(crate) struct State {
     next_owner: i64,
     next_store: i64,
     next_campaign: u64,
+    /// What new campaign ids start with (`cmp-` unless an admin call set it).
+    campaign_prefix: String,
     pub stats: Stats,
     rng: StdRng,
 }
@@ -338,6 +343,7 @@ impl State {
             next_owner: FIRST_OWNER,
             next_store: FIRST_STORE,
             next_campaign: 1,
+            campaign_prefix: DEFAULT_CAMPAIGN_PREFIX.to_owned(),
             stats: Stats::default(),
             rng: seed.map_or_else(StdRng::from_os_rng, StdRng::seed_from_u64),
         }
@@ -351,6 +357,7 @@ impl State {
         self.owners_by_key.clear();
         self.stores_by_key.clear();
         self.campaigns_by_key.clear();
+        self.campaign_prefix = DEFAULT_CAMPAIGN_PREFIX.to_owned();
         // Calls still in flight will leave; keep counting them.
         let in_flight = self.stats.in_flight;
         self.stats = Stats {
@@ -485,6 +492,12 @@ impl State {
         n
     }
 
+    /// What new campaign ids start with, to make the ad service answer
+    /// ids that a database may refuse (a NUL byte, say).
+    pub fn set_campaign_prefix(&mut self, prefix: &str) {
+        prefix.clone_into(&mut self.campaign_prefix);
+    }
+
     pub fn approve_campaign(
         &mut self,
         key: &str,
@@ -497,7 +510,7 @@ impl State {
         if !self.stores.contains_key(&approval.store_number) {
             return Err(UnknownStore(approval.store_number));
         }
-        let id = format!("cmp-{:06}", self.next_campaign);
+        let id = format!("{}{:06}", self.campaign_prefix, self.next_campaign);
         self.next_campaign += 1;
         self.campaigns_by_key.insert(key.to_owned(), id.clone());
         self.stats.created.campaigns += 1;

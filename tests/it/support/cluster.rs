@@ -39,7 +39,7 @@ pub struct Cluster {
     task: Option<JoinHandle<Result<(), autoapproval::controller::ControllerError>>>,
 }
 
-/// ControllerConfig for tests: a poll period longer than any test, so whatever
+/// The controller's settings for tests: a poll period longer than any test, so whatever
 /// happens was the doing of NOTIFY, the CR watch or a requeue.
 pub fn test_settings() -> ControllerConfig {
     let mut s = super::engine::defaults();

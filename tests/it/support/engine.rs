@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use autoapproval::approval::Approver;
+use autoapproval::approval::{Approver, ApproverConfig};
 use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::domain::{Candidate, Fence, RequestType};
@@ -49,6 +49,19 @@ impl Env {
         pool: PgPool,
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
     ) -> Env {
+        Self::with(pool, adjust, defaults().approver).await
+    }
+
+    /// Like `start`, with the attempt settings given (a lower retry limit, say).
+    pub async fn with_approver(pool: PgPool, config: ApproverConfig) -> Env {
+        Self::with(pool, |c| c, config).await
+    }
+
+    async fn with(
+        pool: PgPool,
+        adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
+        approver_config: ApproverConfig,
+    ) -> Env {
         let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
             .await
             .expect("simulator starts");
@@ -63,7 +76,7 @@ impl Env {
             external,
             shared,
             metrics.clone(),
-            defaults().approver,
+            approver_config,
         ));
         Env {
             store,

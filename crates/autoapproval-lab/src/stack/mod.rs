@@ -33,7 +33,7 @@ pub const DATABASE: &str = "autoapproval";
 /// The namespace of the CRs and Leases.
 pub const NAMESPACE: &str = "default";
 
-/// ControllerConfig of the stack shared by `demo` and `bench`.
+/// Settings of the stack shared by `demo` and `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StackArgs {
     /// Directory of PostgreSQL's `initdb` and `postgres` [default: the newest /usr/lib/postgresql/*/bin, else PATH].
