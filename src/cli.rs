@@ -105,9 +105,11 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     // A SIGTERM during start-up is kept for the loop below, not fatal.
     let mut termination = crate::shutdown::Termination::install().map_err(CliError::Signal)?;
     // Every value is checked before anything is contacted.
-    args.controller.config(String::new(), String::new())?;
+    args.controller
+        .config(String::new(), String::new())?
+        .check_pool(args.database.db_max_connections)?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
-    let client = kube_client(args.controller.kubeconfig.as_deref()).await?;
+    let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref()).await?;
     let namespace = match &args.controller.namespace {
         Some(ns) => ns.clone(),
         None => own_namespace().unwrap_or_else(|| client.default_namespace().to_owned()),
@@ -139,6 +141,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     });
     let parts = Parts {
         client,
+        api_server,
         store,
         external,
         clock: Arc::new(crate::clock::SystemClock),
@@ -149,7 +152,10 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     Ok(())
 }
 
-async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Client, CliError> {
+/// The client, and the API server's URL for the messages about it.
+async fn kube_client(
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<(kube::Client, String), CliError> {
     let config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -162,7 +168,9 @@ async fn kube_client(kubeconfig: Option<&std::path::Path>) -> Result<kube::Clien
             .await
             .map_err(|e| CliError::Kube(e.to_string()))?,
     };
-    kube::Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))
+    let url = config.cluster_url.to_string();
+    let client = kube::Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))?;
+    Ok((client, url))
 }
 
 /// The pod's namespace: `$POD_NAMESPACE`, else the service account's.

@@ -1,10 +1,13 @@
-//! The controller's HTTP endpoints: `/healthz` (the process serves),
-//! `/readyz` (the database and the API server answer and the CR cache has
-//! synced) and `/metrics` (Prometheus text).
+//! The controller's HTTP endpoints: `/healthz` (the process serves and has
+//! heard from the API server recently), `/readyz` (the database and the API
+//! server answer and the CR cache has synced) and `/metrics` (Prometheus text).
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
 
 use axum::Router;
 use axum::extract::State;
@@ -18,13 +21,22 @@ use crate::telemetry::Metrics;
 /// How long a readiness check may take.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// What `/readyz` checks.
+/// What `/healthz` and `/readyz` check.
 #[derive(Clone)]
 pub struct Health {
     store: Store,
     client: kube::Client,
     synced: Arc<AtomicBool>,
     metrics: Metrics,
+    api: Arc<OnceLock<ApiContact>>,
+}
+
+/// When the Lease loop last heard from the API server, and how long
+/// liveness tolerates silence.
+struct ApiContact {
+    last_ok: watch::Receiver<Instant>,
+    address: String,
+    timeout: Duration,
 }
 
 impl Health {
@@ -35,7 +47,35 @@ impl Health {
             client,
             synced: Arc::default(),
             metrics,
+            api: Arc::default(),
         }
+    }
+
+    /// From now on `/healthz` fails when `last_ok` (the Lease loop's last
+    /// answer from the API server at `address`) is older than `timeout`.
+    pub fn watch_api(&self, last_ok: watch::Receiver<Instant>, address: &str, timeout: Duration) {
+        let _ = self.api.set(ApiContact {
+            last_ok,
+            address: address.to_owned(),
+            timeout,
+        });
+    }
+
+    /// `Ok` while alive, else why the kubelet should restart this replica.
+    pub fn live(&self) -> Result<(), String> {
+        let Some(api) = self.api.get() else {
+            return Ok(());
+        };
+        let silent = api.last_ok.borrow().elapsed();
+        if silent > api.timeout {
+            return Err(format!(
+                "no answer from the API server at {} for {} s (--api-liveness-timeout {} s)",
+                api.address,
+                silent.as_secs(),
+                api.timeout.as_secs()
+            ));
+        }
+        Ok(())
     }
 
     /// Marks the CR cache as synced.
@@ -64,10 +104,20 @@ impl Health {
 /// The router of the three endpoints.
 pub fn router(health: Health) -> Router {
     Router::new()
-        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(health)
+}
+
+async fn healthz(State(health): State<Health>) -> impl IntoResponse {
+    match health.live() {
+        Ok(()) => (StatusCode::OK, "ok\n".to_owned()),
+        Err(why) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not live: {why}\n"),
+        ),
+    }
 }
 
 async fn readyz(State(health): State<Health>) -> impl IntoResponse {

@@ -15,6 +15,7 @@ pub mod domain;
 pub mod endpoints;
 pub mod external;
 pub mod flags;
+pub mod outage;
 pub mod processors;
 pub mod retry;
 pub mod shutdown;

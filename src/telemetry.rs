@@ -407,8 +407,11 @@ impl Metrics {
 /// JSON lines when `json` is set.
 pub fn init_tracing(json: bool, default_level: &str) {
     use tracing_subscriber::EnvFilter;
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_level));
+    // kube's client logs every failed request at ERROR before handing the
+    // error back; our callers report it once, naming what they were doing.
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new(format!("{default_level},kube_client::client::builder=off"))
+    });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -113,6 +113,9 @@ pub struct ControllerArgs {
     /// A chain running longer than this shows InProgress on its CR.
     #[arg(long, env = "AUTOAPPROVAL_IN_PROGRESS_AFTER", default_value = "1s", value_parser = parse_duration)]
     pub in_progress_after: Duration,
+    /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; at least --lease-duration.
+    #[arg(long, env = "AUTOAPPROVAL_API_LIVENESS_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
+    pub api_liveness_timeout: Duration,
 }
 
 /// A setting refused at start-up.
@@ -145,6 +148,8 @@ pub struct ControllerConfig {
     pub cleanse_interval: Duration,
     /// A claim untouched this long is stuck (at least 3 heartbeats, 2 processing timeouts).
     pub stuck_threshold: Duration,
+    /// Without an answer from the API server for this long, /healthz fails.
+    pub api_liveness_timeout: Duration,
     /// Retries, heartbeats and the processing timeout of one attempt.
     pub approver: ApproverConfig,
     /// The candidate queries and their wake-ups.
@@ -158,6 +163,21 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
+    /// Refuses a pool that running chains could exhaust: each holds one
+    /// connection at a time, and discovery and the leader's passes need one
+    /// each beside them.
+    pub fn check_pool(&self, db_max_connections: u32) -> Result<(), SettingError> {
+        let needed = u32::from(self.concurrency) + 2;
+        if db_max_connections < needed {
+            return Err(refuse(
+                "--db-max-connections",
+                db_max_connections,
+                "must be at least --concurrency + 2, or chains wait for connections the others hold",
+            ));
+        }
+        Ok(())
+    }
+
     /// The settings `run` starts with when no flag or variable is given, as
     /// `--help` documents them: the clap defaults are their one source.
     pub fn defaults(
@@ -283,6 +303,14 @@ impl ControllerArgs {
                 "must be at least --renew-deadline + 2 × --retry-period, or a new holder could claim before the old one stops",
             ));
         }
+        let api_liveness_timeout = positive("--api-liveness-timeout", self.api_liveness_timeout)?;
+        if api_liveness_timeout < lease_duration {
+            return Err(refuse(
+                "--api-liveness-timeout",
+                format_duration(api_liveness_timeout),
+                "must be at least --lease-duration, or a short outage restarts replicas whose Leases are still valid",
+            ));
+        }
         Ok(ControllerConfig {
             namespace,
             replica_name,
@@ -291,6 +319,7 @@ impl ControllerArgs {
             shutdown_grace: bounded("--shutdown-grace", self.shutdown_grace)?,
             cleanse_interval: positive("--cleanse-interval", self.cleanse_interval)?,
             stuck_threshold: stuck,
+            api_liveness_timeout,
             approver: ApproverConfig {
                 retry: RetryPolicy {
                     condition_interval: positive(
@@ -377,6 +406,15 @@ mod tests {
     }
 
     #[test]
+    fn the_pool_must_outnumber_the_chains_that_can_run() {
+        let d = ControllerConfig::defaults("ns", "r1").unwrap();
+        assert_eq!(d.concurrency, 16);
+        d.check_pool(18).unwrap();
+        let err = d.check_pool(17).unwrap_err();
+        assert_eq!(err.flag, "--db-max-connections");
+    }
+
+    #[test]
     fn bad_values_are_refused_naming_the_flag() {
         for (args, flag) in [
             (&["--poll-period", "0"][..], "--poll-period"),
@@ -399,6 +437,7 @@ mod tests {
             (&["--retry-period", "0"], "--retry-period"),
             (&["--gc-interval", "0"], "--gc-interval"),
             (&["--window", "99999999d"], "--window"),
+            (&["--api-liveness-timeout", "10s"], "--api-liveness-timeout"),
             (&["--finished-ttl", "36501d"], "--finished-ttl"),
         ] {
             let err = settings(args).unwrap_err();

@@ -29,6 +29,7 @@ use crate::clock::SharedClock;
 use crate::coordination::Coordinator;
 use crate::endpoints::Health;
 use crate::external::ExternalSystems;
+use crate::outage::{Outage, Report};
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
@@ -40,6 +41,15 @@ use self::reconcile::Context;
 
 /// The name Events are reported under.
 pub const CONTROLLER_NAME: &str = "autoapproval";
+
+/// Connections of the Lease loop's own pool (fence and token reads, one shard at a time).
+const COORDINATION_CONNECTIONS: u32 = 2;
+
+/// How long shutdown waits for the Leases to be handed back.
+const LEASE_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often a lasting watch failure is logged again.
+const WATCH_OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Errors that stop the controller.
 #[derive(Debug, thiserror::Error)]
@@ -65,6 +75,8 @@ pub enum ControllerError {
 pub struct Parts {
     /// The Kubernetes client.
     pub client: kube::Client,
+    /// The API server's URL, for the messages about it.
+    pub api_server: String,
     /// The store.
     pub store: Store,
     /// The external systems.
@@ -86,6 +98,7 @@ pub async fn run_until(
 ) -> Result<(), ControllerError> {
     let Parts {
         client,
+        api_server,
         store,
         external,
         clock,
@@ -108,10 +121,19 @@ pub async fn run_until(
         metrics.clone(),
         settings.stuck_threshold,
     ));
+    // The Lease loop fences and recovers shards on connections of its own:
+    // a pool busy with chains must not delay a renewal past its deadline.
+    let fencer = Arc::new(Cleanser::new(
+        store.dedicated(COORDINATION_CONNECTIONS),
+        clock.clone(),
+        metrics.clone(),
+        settings.stuck_threshold,
+    ));
     let (coordinator, coordination) = Coordinator::new(
         Api::namespaced(client.clone(), &settings.namespace),
+        &api_server,
         &settings.replica_name,
-        cleanser.clone(),
+        fencer,
         clock.clone(),
         metrics.clone(),
         settings.coordination.clone(),
@@ -164,13 +186,38 @@ pub async fn run_until(
         .reconcile_on(trigger_rx)
         .graceful_shutdown_on(async move { discovery::stopped(&mut stopping).await })
         .run(reconcile::reconcile, reconcile::error_policy, context)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                warn!(%error, "controller");
+        .for_each({
+            // The watcher retries a failing list or watch every few seconds;
+            // one line when it starts failing and one per period after.
+            let mut outage = Outage::new(WATCH_OUTAGE_REPORT_EVERY);
+            let api_server = api_server.clone();
+            move |result| {
+                match result {
+                    Err(controller::Error::QueueError(error)) => {
+                        let lasted = match outage.failed(tokio::time::Instant::now()) {
+                            Report::Began => Some(Duration::ZERO),
+                            Report::Still(lasted) => Some(lasted),
+                            _ => None,
+                        };
+                        if let Some(lasted) = lasted {
+                            warn!(api = %api_server, %error, outage_s = lasted.as_secs(), "cannot list or watch AutoApprovals; retrying");
+                        }
+                    }
+                    Err(error) => warn!(%error, "controller"),
+                    Ok(_) => {
+                        outage.succeeded(tokio::time::Instant::now());
+                    }
+                }
+                futures::future::ready(())
             }
         });
 
     if let Some(health) = health {
+        health.watch_api(
+            coordination.api_ok.clone(),
+            &api_server,
+            settings.api_liveness_timeout,
+        );
         let cache = cache.clone();
         tokio::spawn(async move {
             discovery::wait_ready(&cache).await;
@@ -229,8 +276,18 @@ pub async fn run_until(
             info!(grace = ?settings.shutdown_grace, "shutting down: no new claims");
             shards.stop_claiming();
             let _ = stop_tx.send(true);
-            if tokio::time::timeout(settings.shutdown_grace, &mut controller).await.is_err() {
-                warn!("grace period over with chains still running");
+            // No new claim starts now; wait only for the chains that run.
+            let drained = async {
+                while shards.in_flight() > 0 {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            };
+            tokio::select! {
+                () = &mut controller => {}
+                () = drained => {}
+                () = tokio::time::sleep(settings.shutdown_grace) => {
+                    warn!("grace period over with chains still running");
+                }
             }
         }
     }
@@ -245,7 +302,14 @@ pub async fn run_until(
         .release_all(&settings.replica_name, &shards.tokens(), clock.now())
         .await;
     let _ = release_tx.send(true);
-    let _ = coordinator.await;
+    // An API server that does not answer must not hold the exit: Leases
+    // left behind expire after the lease duration.
+    if tokio::time::timeout(LEASE_RELEASE_TIMEOUT, coordinator)
+        .await
+        .is_err()
+    {
+        warn!(api = %api_server, "the API server did not take the Leases back in time; they will expire");
+    }
     let released = released.map_err(ControllerError::Release)?;
     for request_id in &released {
         info!(request_id, "claim released at shutdown");

@@ -5,8 +5,22 @@
 
 use k8s_openapi::api::coordination::v1::Lease;
 
+use std::future::Future;
+use std::time::Duration;
+
 use super::Coordinator;
 use crate::store::StoreError;
+
+/// Why a shard could not be fenced this turn (it is then not acquired).
+#[derive(Debug, thiserror::Error)]
+pub(super) enum FenceError {
+    /// The database refused or failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The database did not answer within a retry period.
+    #[error("no answer from the database within {0:?}")]
+    Timeout(Duration),
+}
 
 /// The generation a new holder writes: one above both the Lease's own
 /// (`leaseTransitions`, 0 when absent) and the database's token for it (0
@@ -24,14 +38,19 @@ pub(super) fn next_generation(existing: Option<&Lease>, db_token: i64) -> i64 {
 
 impl Coordinator {
     /// The shard's current token in the database (0 if never fenced).
-    pub(super) async fn db_token(&self, shard: u32) -> Result<i64, StoreError> {
+    pub(super) async fn db_token(&self, shard: u32) -> Result<i64, FenceError> {
         let k = self.settings.shard_count;
-        Ok(self
-            .cleanser
-            .store()
-            .shard_token(k, shard)
-            .await?
-            .unwrap_or(0))
+        let read = self.cleanser.store().shard_token(k, shard);
+        Ok(self.bounded(read).await??.unwrap_or(0))
+    }
+
+    /// `call`, or [`FenceError::Timeout`] once it outlasts a retry period:
+    /// a slow database must not hold the turn that renews every Lease.
+    async fn bounded<T>(&self, call: impl Future<Output = T>) -> Result<T, FenceError> {
+        let limit = self.settings.retry_period;
+        tokio::time::timeout(limit, call)
+            .await
+            .map_err(|_| FenceError::Timeout(limit))
     }
 
     /// Raises the shard's token to `generation` and recovers the previous
@@ -40,11 +59,12 @@ impl Coordinator {
         &self,
         shard: u32,
         generation: i64,
-    ) -> Result<Option<Vec<i64>>, StoreError> {
+    ) -> Result<Option<Vec<i64>>, FenceError> {
         let k = self.settings.shard_count;
-        self.cleanser
-            .take_over_shard(k, shard, generation, self.identity())
-            .await
+        let fence = self
+            .cleanser
+            .take_over_shard(k, shard, generation, self.identity());
+        Ok(self.bounded(fence).await??)
     }
 }
 

@@ -26,12 +26,13 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams};
 use tokio::sync::watch;
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 pub use self::lease::{member_lease_name, shard_lease_name};
 pub use self::shards::{ShardGuard, Shards};
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
+use crate::outage::{Outage, Report};
 use crate::telemetry::Metrics;
 
 /// Label on every Lease of the controller, naming its role.
@@ -43,6 +44,8 @@ pub const MEMBER_LEASE_PREFIX: &str = "autoapproval-member-";
 /// Name of the leader Lease.
 pub const LEADER_LEASE: &str = "autoapproval-leader";
 const FIELD_MANAGER: &str = "autoapproval";
+/// How often a lasting API server outage is reported again.
+const OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
 
 /// Lease timings, as controller-runtime names them.
 #[derive(Clone, Debug)]
@@ -80,6 +83,11 @@ pub struct Coordinator {
     /// The last version we wrote of each Lease we hold.
     mine: HashMap<String, Lease>,
     leader_renewed: Option<Instant>,
+    /// The API server's address, for the log lines about it.
+    api_server: String,
+    outage: Outage,
+    /// When a Lease list last succeeded: the liveness probe reads it.
+    api_ok: watch::Sender<Instant>,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -90,6 +98,8 @@ pub struct Handles {
     pub leader: watch::Receiver<bool>,
     /// Shards as they are acquired: their CRs need a reconcile.
     pub acquired: mpsc::UnboundedReceiver<u32>,
+    /// When the API server last answered a Lease list (start-up until then).
+    pub api_ok: watch::Receiver<Instant>,
 }
 
 // === impl Coordinator ===
@@ -98,6 +108,7 @@ impl Coordinator {
     /// A coordinator for `identity` (unique among replicas: the pod name).
     pub fn new(
         api: Api<Lease>,
+        api_server: &str,
         identity: &str,
         cleanser: Arc<Cleanser>,
         clock: SharedClock,
@@ -107,6 +118,7 @@ impl Coordinator {
         let shards = Shards::new(identity, settings.shard_count, settings.renew_deadline);
         let (leader, leader_rx) = watch::channel(false);
         let (acquired, acquired_rx) = mpsc::unbounded();
+        let (api_ok, api_ok_rx) = watch::channel(Instant::now());
         let coordinator = Self {
             api,
             shards: shards.clone(),
@@ -120,11 +132,15 @@ impl Coordinator {
             last_list: None,
             mine: HashMap::new(),
             leader_renewed: None,
+            api_server: api_server.to_owned(),
+            outage: Outage::new(OUTAGE_REPORT_EVERY),
+            api_ok,
         };
         let handles = Handles {
             shards,
             leader: leader_rx,
             acquired: acquired_rx,
+            api_ok: api_ok_rx,
         };
         (coordinator, handles)
     }
@@ -158,11 +174,30 @@ impl Coordinator {
             .api
             .list(&ListParams::default().labels(ROLE_LABEL))
             .await;
+        let api = self.api_server.as_str();
         let leases = match listed {
-            Ok(list) => Some(list.items),
+            Ok(list) => {
+                let _ = self.api_ok.send(sent);
+                if let Report::Ended(after) = self.outage.succeeded(sent) {
+                    info!(
+                        api,
+                        outage_s = after.as_secs(),
+                        "the API server answers again"
+                    );
+                }
+                Some(list.items)
+            }
             Err(error) => {
                 self.metrics.lease_renew_failure();
-                warn!(%error, "cannot list Leases; renewing what is held");
+                match self.outage.failed(sent) {
+                    Report::Began => {
+                        warn!(api, %error, "cannot reach the API server to list Leases; renewing what is held");
+                    }
+                    Report::Still(for_) => {
+                        warn!(api, %error, outage_s = for_.as_secs(), "still cannot reach the API server");
+                    }
+                    _ => debug!(api, %error, "cannot list Leases"),
+                }
                 None
             }
         };

@@ -149,6 +149,11 @@ impl Shards {
             .is_some_and(|h| h.renewed.elapsed() >= self.renew_deadline)
     }
 
+    /// Reconciles running now under a guard, over every shard held.
+    pub fn in_flight(&self) -> usize {
+        self.lock().held.values().map(|h| h.in_flight).sum()
+    }
+
     /// Whether shutdown began.
     pub fn is_stopping(&self) -> bool {
         self.lock().stopping

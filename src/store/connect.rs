@@ -23,8 +23,8 @@ pub struct DatabaseArgs {
     /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].
     #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true)]
     pub read_database_url: Option<DatabaseUrl>,
-    /// Connections per pool.
-    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
+    /// Connections per pool, primary and replica each; `run` needs at least --concurrency + 2 (a chain holds one at a time; discovery and the leader's passes one each). The listener and the Lease loop have connections of their own.
+    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 20)]
     pub db_max_connections: u32,
 }
 

@@ -6,7 +6,7 @@
 //! on the primary, because replica lag is exactly what makes a claimed request
 //! still look like a candidate.
 
-use sqlx::postgres::PgPool;
+use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::{Postgres, Transaction};
 
 use crate::domain::UnknownValue;
@@ -88,7 +88,18 @@ impl Store {
         Self { primary, read }
     }
 
-    /// The primary pool (for LISTEN and for tests' fixtures).
+    /// A store over a pool of its own of `connections` to the same primary
+    /// (read from the primary too), for a caller that must never wait for a
+    /// connection the chains hold: the Lease loop, the listener.
+    pub fn dedicated(&self, connections: u32) -> Store {
+        let pool = PgPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with(self.primary.connect_options().as_ref().clone());
+        Store::new(pool.clone(), pool)
+    }
+
+    /// The primary pool (for tests' fixtures and the listener).
     pub fn primary(&self) -> &PgPool {
         &self.primary
     }

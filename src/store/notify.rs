@@ -87,7 +87,11 @@ impl Store {
 
     /// Listens on the primary for the request-changed notifications.
     pub async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
-        let mut listener = PgListener::connect_with(&self.primary)
+        // PgListener holds its connection for good (and takes a new one
+        // after a reconnect): a one-connection pool of its own, so the
+        // chains' pool keeps every connection it was sized with.
+        let own = self.dedicated(1);
+        let mut listener = PgListener::connect_with(own.primary())
             .await
             .map_err(db("connect listener"))?;
         listener

@@ -373,3 +373,72 @@ async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
         "{stderr}"
     );
 }
+
+/// A replica whose API server refuses every connection says so, naming the
+/// address, without a line every turn; its liveness probe fails once the
+/// silence passes `--api-liveness-timeout`, so the kubelet restarts it; and
+/// SIGTERM ends it at once when nothing runs, not after the grace period.
+#[sqlx::test]
+async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool: PgPool) {
+    let dir = std::env::temp_dir().join(format!("aa-noapi-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    // Port 1 on loopback: nothing listens, every connection is refused.
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    namespace: default\n    user: u\n\
+         current-context: c\nusers:\n- name: u\n  user: {}\n",
+    )
+    .expect("kubeconfig");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--replica-name", "cut-off"])
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
+        .args(["--retry-period", "500ms", "--api-liveness-timeout", "3s"])
+        .args(["--shutdown-grace", "60s"])
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("autoapproval run starts");
+    let pid = child.id().expect("pid");
+
+    let http = reqwest::Client::new();
+    let healthz = format!("http://127.0.0.1:{port}/healthz");
+    let body = eventually("/healthz to fail", || async {
+        let response = http.get(&healthz).send().await.ok()?;
+        (response.status() == 503).then_some(response.text().await.ok()?)
+    })
+    .await
+    .expect("a body");
+    assert!(
+        body.starts_with("not live: no answer from the API server at http://127.0.0.1:1/ for "),
+        "{body}"
+    );
+
+    sigterm(pid);
+    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("exits well within the 60 s grace: nothing was running")
+        .expect("output");
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{logs}");
+    let named = logs
+        .lines()
+        .filter(|l| l.contains("cannot reach the API server") && l.contains("127.0.0.1:1"))
+        .count();
+    assert_eq!(named, 1, "one line when the outage begins: {logs}");
+    let per_turn = logs.lines().filter(|l| l.contains("WARN")).count();
+    assert!(per_turn <= 4, "no line every turn: {logs}");
+}

@@ -352,3 +352,29 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
         "the running chain may have read the old fact: due at once"
     );
 }
+
+/// The LISTEN connection is held for good: it has a pool of its own, so it
+/// never takes one of the connections the chains were given. Here the
+/// chains' pool has one connection, and it stays free while the listener runs.
+#[sqlx::test]
+async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
+    let options = (*pool.connect_options()).clone();
+    let chains = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .acquire_timeout(std::time::Duration::from_secs(2))
+        .connect_with(options)
+        .await
+        .unwrap();
+    let store = Store::new(chains.clone(), chains);
+    let _listening = store.request_changes().await.expect("listening");
+
+    store
+        .ping()
+        .await
+        .expect("the chains' only connection is still free");
+    let dedicated = store.dedicated(1);
+    dedicated
+        .ping()
+        .await
+        .expect("a dedicated store reaches the same primary");
+}

@@ -660,3 +660,38 @@ async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPoo
     assert_eq!(request_status(&pool, 105).await, "APPROVED");
     cluster.stop().await;
 }
+
+/// A database call of the Lease loop that does not return (here: fencing
+/// shard 3 waits on a row lock someone holds) is given up after a retry
+/// period, so the same turn still takes and renews every other shard, and
+/// their requests are approved while shard 3 stays blocked.
+#[sqlx::test]
+async fn a_stuck_fence_of_one_shard_holds_up_no_other(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+         VALUES (16, 3, 0, 'nobody', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+
+    let mut cluster = Cluster::start(pool.clone()).await;
+    // Request 5 is in shard 5, acquired after shard 3 in the same turn.
+    owner_now(5).insert(&pool).await;
+    cluster.wait_phase(5, Phase::Approved).await;
+    let held = metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]);
+    assert_eq!(held, 15.0, "every shard but the blocked one");
+
+    blocker.rollback().await.unwrap();
+    eventually("shard 3 to be acquired once the lock is gone", || async {
+        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            .then_some(())
+    })
+    .await;
+    cluster.stop().await;
+}

@@ -67,6 +67,7 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     settings.discovery.notify = notify;
     let parts = Parts {
         client,
+        api_server: server.url(),
         store: Store::new(pool.clone(), pool.clone()),
         external,
         clock: Arc::new(SystemClock),

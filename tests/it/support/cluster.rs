@@ -108,6 +108,7 @@ impl Cluster {
         .expect("external clients");
         let parts = Parts {
             client: self.client.clone(),
+            api_server: self.server.url(),
             store: Store::new(self.pool.clone(), self.pool.clone()),
             external,
             clock: Arc::new(SystemClock),
