@@ -2,6 +2,7 @@
 //! write the outcome under the fence. Plus the poll turn that feeds attempts
 //! from the candidate queries.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,6 +79,27 @@ pub struct Approver {
     metrics: Metrics,
     config: ApproverConfig,
     chain: Chain,
+    /// Requests with an attempt in this process, from before its claim
+    /// statement until it ends: a claim of ours outside it has no chain.
+    running: std::sync::Mutex<HashSet<i64>>,
+    /// Taken to join `running`, and by the sweep for its whole statement,
+    /// so no claim can start between the sweep's look and its release.
+    joining: tokio::sync::Mutex<()>,
+}
+
+/// Keeps a request in [`Approver`]'s running set while its attempt lasts.
+struct Running<'a> {
+    running: &'a std::sync::Mutex<HashSet<i64>>,
+    request_id: i64,
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.request_id);
+    }
 }
 
 // === impl Approver ===
@@ -98,6 +120,46 @@ impl Approver {
             metrics,
             config,
             chain: Chain::default(),
+            running: std::sync::Mutex::default(),
+            joining: tokio::sync::Mutex::const_new(()),
+        }
+    }
+
+    /// Gives back the claims `holder` holds under `tokens` that no attempt
+    /// of this process is working on: a chain whose outcome could not be
+    /// written (the database failed under it, and then the release too)
+    /// leaves its claim IN_PROGRESS with nobody on it. Due again at once.
+    pub async fn release_idle(&self, holder: &str, tokens: &[i64]) -> Result<Vec<i64>, StoreError> {
+        let _joining = self.joining.lock().await;
+        let running: Vec<i64> = self
+            .running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .copied()
+            .collect();
+        let released = self
+            .store
+            .release_all(holder, tokens, &running, self.clock.now())
+            .await?;
+        for request_id in &released {
+            warn!(
+                request_id,
+                "released a claim no chain was working on; it is due again"
+            );
+        }
+        Ok(released)
+    }
+
+    async fn join_running(&self, request_id: i64) -> Running<'_> {
+        let _joining = self.joining.lock().await;
+        self.running
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(request_id);
+        Running {
+            running: &self.running,
+            request_id,
         }
     }
 
@@ -135,6 +197,7 @@ impl Approver {
         fence: &Fence,
         eligible_at: Option<DateTime<Utc>>,
     ) -> Result<AttemptOutcome, StoreError> {
+        let _running = self.join_running(candidate.request_id).await;
         let now = self.clock.now();
         let claim = match self
             .store
@@ -226,7 +289,7 @@ impl Approver {
                     warn!(request_id = claim.request_id, %step, "chain exceeded the processing timeout");
                     let reason = RetryReason::transient(format!(
                         "processing timed out after {}",
-                        crate::external::http::format_duration(self.config.processing_timeout)
+                        crate::flags::format_duration(self.config.processing_timeout)
                     ));
                     break ChainOutcome::Retry { step, reason };
                 }

@@ -81,7 +81,8 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     crate::telemetry::init_tracing(cli.log_json, "info");
     match cli.command {
         Command::Migrate(args) => {
-            let store = Store::connect(&args.database).await?;
+            // Migrations may wait for locks and build indexes: no session limits.
+            let store = Store::connect(&args.database, None).await?;
             Store::migrate(store.primary()).await?;
             tracing::info!("migrations applied");
             Ok(())
@@ -122,7 +123,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .or_else(|| std::env::var("HOSTNAME").ok())
         .unwrap_or_else(|| "autoapproval".to_owned());
     let settings = args.controller.config(namespace, replica_name)?;
-    let store = Store::connect(&args.database).await?;
+    let store = Store::connect(&args.database, Some(&args.session)).await?;
     let metrics = Metrics::new();
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)

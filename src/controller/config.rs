@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::approval::{ApproverConfig, TurnConfig};
-use crate::external::http::{ExternalArgs, format_duration, parse_duration};
+use crate::external::http::ExternalArgs;
+use crate::flags::{format_duration, parse_duration};
 use crate::retry::RetryPolicy;
-use crate::store::DatabaseArgs;
+use crate::store::{DatabaseArgs, SessionArgs};
 
 use super::discovery::DiscoveryConfig;
 use super::gc::GcConfig;
@@ -21,6 +22,9 @@ pub struct RunArgs {
     /// The primary and the optional read replica.
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// Limits on each of the controller's statements.
+    #[command(flatten)]
+    pub session: SessionArgs,
     /// The external systems.
     #[command(flatten)]
     pub external: ExternalArgs,
@@ -163,16 +167,16 @@ pub struct ControllerConfig {
 }
 
 impl ControllerConfig {
-    /// Refuses a pool that running chains could exhaust: each holds one
-    /// connection at a time, and discovery and the leader's passes need one
-    /// each beside them.
+    /// Refuses a pool that running chains would keep exhausted: a chain
+    /// holds a connection only for its statements, between external calls,
+    /// so half of them at once, plus discovery and the leader's passes.
     pub fn check_pool(&self, db_max_connections: u32) -> Result<(), SettingError> {
-        let needed = u32::from(self.concurrency) + 2;
+        let needed = u32::from(self.concurrency).div_ceil(2) + 2;
         if db_max_connections < needed {
             return Err(refuse(
                 "--db-max-connections",
                 db_max_connections,
-                "must be at least --concurrency + 2, or chains wait for connections the others hold",
+                "must be at least --concurrency / 2 + 2, or chains queue for connections",
             ));
         }
         Ok(())
@@ -409,8 +413,8 @@ mod tests {
     fn the_pool_must_outnumber_the_chains_that_can_run() {
         let d = ControllerConfig::defaults("ns", "r1").unwrap();
         assert_eq!(d.concurrency, 16);
-        d.check_pool(18).unwrap();
-        let err = d.check_pool(17).unwrap_err();
+        d.check_pool(10).unwrap();
+        let err = d.check_pool(9).unwrap_err();
         assert_eq!(err.flag, "--db-max-connections");
     }
 

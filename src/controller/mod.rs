@@ -21,7 +21,7 @@ use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::approval::Approver;
 use crate::cleanser::Cleanser;
@@ -44,6 +44,9 @@ pub const CONTROLLER_NAME: &str = "autoapproval";
 
 /// Connections of the Lease loop's own pool (fence and token reads, one shard at a time).
 const COORDINATION_CONNECTIONS: u32 = 2;
+
+/// How often a replica looks for claims of its own that no chain works on.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for the Leases to be handed back.
 const LEASE_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -233,6 +236,17 @@ pub async fn run_until(
         metrics: metrics.clone(),
         settings: settings.gc.clone(),
     };
+    let sweeper = supervise.spawn(
+        "sweeper",
+        sweep(
+            approver.clone(),
+            shards.clone(),
+            settings.replica_name.clone(),
+            trigger_tx.clone(),
+            settings.namespace.clone(),
+            stop_rx.clone(),
+        ),
+    );
     let discovery = Discovery {
         store: store.clone(),
         api,
@@ -298,8 +312,9 @@ pub async fn run_until(
     drop(controller);
     let _ = discovery.await;
     let _ = leading.await;
+    let _ = sweeper.await;
     let released = store
-        .release_all(&settings.replica_name, &shards.tokens(), clock.now())
+        .release_all(&settings.replica_name, &shards.tokens(), &[], clock.now())
         .await;
     let _ = release_tx.send(true);
     // An API server that does not answer must not hold the exit: Leases
@@ -365,6 +380,41 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "a panic without a message".to_owned());
     format!("panicked: {text}")
+}
+
+/// Every [`SWEEP_EVERY`], gives back this replica's claims that no chain of
+/// it works on (their outcome could not be written, and then neither could
+/// the release), and reconciles their CRs so they run again at once.
+async fn sweep(
+    approver: Arc<Approver>,
+    shards: Arc<crate::coordination::Shards>,
+    holder: String,
+    trigger: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<AutoApproval>>,
+    namespace: String,
+    mut stopping: watch::Receiver<bool>,
+) {
+    let mut every = tokio::time::interval(SWEEP_EVERY);
+    every.set_missed_tick_behavior(MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = every.tick() => {}
+            () = discovery::stopped(&mut stopping) => return,
+        }
+        let tokens = shards.tokens();
+        if tokens.is_empty() {
+            continue;
+        }
+        match approver.release_idle(&holder, &tokens).await {
+            Ok(released) => {
+                for request_id in released {
+                    let key = kube::runtime::reflector::ObjectRef::new(&crd::cr_name(request_id))
+                        .within(&namespace);
+                    let _ = trigger.unbounded_send(key);
+                }
+            }
+            Err(error) => debug!(%error, "cannot look for idle claims; next sweep retries"),
+        }
+    }
 }
 
 /// While this replica leads: the cleanser and the CR garbage collector,

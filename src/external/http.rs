@@ -34,10 +34,9 @@ use super::{
     System,
 };
 
+use crate::flags::format_duration;
 use config::parse_base_url;
-pub use config::{
-    ConfigError, DurationError, ExternalArgs, Secret, format_duration, parse_duration,
-};
+pub use config::{ConfigError, ExternalArgs, Secret};
 
 /// Header carrying the idempotency key of a mutation.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";

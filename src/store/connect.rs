@@ -10,6 +10,7 @@ use sqlx::ConnectOptions;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 use super::{Store, StoreError};
+use crate::flags::parse_duration;
 
 /// How long one start-up connection attempt may take before it is reported.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
@@ -23,9 +24,34 @@ pub struct DatabaseArgs {
     /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].
     #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true)]
     pub read_database_url: Option<DatabaseUrl>,
-    /// Connections per pool, primary and replica each; `run` needs at least --concurrency + 2 (a chain holds one at a time; discovery and the leader's passes one each). The listener and the Lease loop have connections of their own.
-    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 20)]
+    /// Connections per pool, primary and replica each; `run` needs at least --concurrency / 2 + 2. The listener and the Lease loop have connections of their own.
+    #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
     pub db_max_connections: u32,
+}
+
+/// Limits on each statement of the controller's sessions (`run` only;
+/// `migrate` runs without): a business transaction holding a row we write,
+/// or a slow plan, makes our statement fail and be retried instead of
+/// holding a chain, a connection and the row locks we took for ever.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SessionArgs {
+    /// A statement waits at most this long for a lock another transaction holds (PostgreSQL lock_timeout; 0: no limit).
+    #[arg(long, env = "AUTOAPPROVAL_DB_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub db_lock_timeout: Duration,
+    /// A statement runs at most this long (PostgreSQL statement_timeout; 0: no limit).
+    #[arg(long, env = "AUTOAPPROVAL_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub db_statement_timeout: Duration,
+}
+
+impl SessionArgs {
+    /// `options` with these limits set for every session they open.
+    pub fn apply(&self, options: PgConnectOptions) -> PgConnectOptions {
+        let ms = |d: Duration| d.as_millis().to_string();
+        options.options([
+            ("lock_timeout", ms(self.db_lock_timeout)),
+            ("statement_timeout", ms(self.db_statement_timeout)),
+        ])
+    }
 }
 
 // === impl DatabaseUrl ===
@@ -85,7 +111,10 @@ impl Store {
     /// Connects both pools; the read pool is the primary when no replica is
     /// set. Each database is reached once first, so a wrong host, port,
     /// password or name is reported at once with the driver's own words.
-    pub async fn connect(config: &DatabaseArgs) -> Result<Self, StoreError> {
+    pub async fn connect(
+        config: &DatabaseArgs,
+        session: Option<&SessionArgs>,
+    ) -> Result<Self, StoreError> {
         if config.db_max_connections == 0 {
             return Err(StoreError::Config {
                 setting: "--db-max-connections",
@@ -98,9 +127,13 @@ impl Store {
                 .acquire_timeout(Duration::from_secs(10))
                 .connect_lazy_with(options)
         };
-        let primary = pool(reach("primary", &config.database_url).await?);
+        let limited = |options| match session {
+            Some(session) => session.apply(options),
+            None => options,
+        };
+        let primary = pool(limited(reach("primary", &config.database_url).await?));
         let read = match &config.read_database_url {
-            Some(url) => pool(reach("read replica", url).await?),
+            Some(url) => pool(limited(reach("read replica", url).await?)),
             None => primary.clone(),
         };
         Ok(Self { primary, read })

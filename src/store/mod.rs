@@ -21,7 +21,7 @@ mod rows;
 
 pub use candidates::{CandidateQuery, ShardFilter, candidate_sql};
 pub use claims::{ClaimOutcome, Completion, RetryWrite};
-pub use connect::{DatabaseArgs, DatabaseUrl};
+pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;

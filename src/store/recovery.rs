@@ -77,24 +77,29 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives back every claim `holder` still holds under one of `tokens`
-    /// (graceful shutdown): due again at once, no retry counted. Returns the
-    /// requests released.
+    /// Gives back every claim `holder` still holds under one of `tokens`,
+    /// but those of the requests in `running`: due again at once, no retry
+    /// counted. At shutdown nothing runs any more; while running, these are
+    /// claims whose chain ended without writing its outcome (the database
+    /// failed under it). Returns the requests released.
     pub async fn release_all(
         &self,
         holder: &str,
         tokens: &[i64],
+        running: &[i64],
         now: DateTime<Utc>,
     ) -> Result<Vec<i64>, StoreError> {
         let rows: Vec<(i64,)> = sqlx::query_as(
             "UPDATE auto_approve_state
                 SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = $3
               WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = ANY($2)
+                AND request_id <> ALL($4)
              RETURNING request_id",
         )
         .bind(holder)
         .bind(tokens)
         .bind(now)
+        .bind(running)
         .fetch_all(&self.primary)
         .await
         .map_err(db("release held claims"))?;

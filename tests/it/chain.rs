@@ -7,10 +7,11 @@ use autoapproval::domain::{Candidate, RequestStatus, RequestType};
 use autoapproval::external::{ContractStatus, System};
 use autoapproval::processors::Step;
 use autoapproval::retry::RetryClass;
+use autoapproval::store::SessionArgs;
 use autoapproval_sim::{FaultKind, Faults};
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, defaults, fence, request_view};
+use crate::support::{Env, NewRequest, candidate, defaults, fence, request_view};
 
 fn owner(id: i64) -> Candidate {
     Candidate {
@@ -232,4 +233,55 @@ async fn work_already_done_is_skipped(pool: PgPool) {
     let stats = env.sim.stats();
     assert_eq!((stats.created.owners, stats.created.stores), (0, 1));
     assert_eq!(request_view(&pool, 7).await.owner_number, Some(4242));
+}
+
+/// A business transaction that holds the request row does not hold the
+/// chain: our write waits `--db-lock-timeout`, fails, and counts as a
+/// transient retry; once the business commits, the retry approves.
+#[sqlx::test]
+async fn a_business_transaction_holding_the_row_delays_the_approval_without_holding_us(
+    pool: PgPool,
+) {
+    let session = SessionArgs {
+        db_lock_timeout: std::time::Duration::from_millis(300),
+        db_statement_timeout: std::time::Duration::from_secs(30),
+    };
+    let env = Env::with_session(pool.clone(), &session).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let mut business = pool.begin().await.unwrap();
+    sqlx::query("UPDATE approval_request SET business_name = 'Renamed' WHERE id = 1")
+        .execute(&mut *business)
+        .await
+        .unwrap();
+
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        env.approver.attempt(&candidate(1, None), &fence("a", 1)),
+    )
+    .await
+    .expect("the attempt does not wait for the business transaction")
+    .expect("an outcome");
+    let AttemptOutcome::RetryScheduled {
+        reason,
+        next_retry_time,
+        ..
+    } = outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(reason.reason.contains("lock timeout"), "{}", reason.reason);
+    business.commit().await.unwrap();
+
+    env.clock.set(next_retry_time);
+    let state_id = env.store.state(1).await.unwrap().map(|s| s.id);
+    let outcome = env
+        .approver
+        .attempt(&candidate(1, state_id), &fence("a", 1))
+        .await
+        .unwrap();
+    assert_eq!(outcome, AttemptOutcome::Approved);
+    let view = request_view(&pool, 1).await;
+    assert_eq!(view.status, "APPROVED");
+    // The owner made before the timeout was replayed, not made twice.
+    assert_eq!(env.sim.stats().created.owners, 1);
 }

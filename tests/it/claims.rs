@@ -378,3 +378,77 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
         .await
         .expect("a dedicated store reaches the same primary");
 }
+
+/// A claim of ours with no attempt working on it (its outcome and then its
+/// release failed: the database went away under the chain) is given back by
+/// the sweep, due at once; a claim whose chain is still running is not.
+#[sqlx::test]
+async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPool) {
+    use autoapproval::approval::AttemptOutcome;
+    use autoapproval::clock::Clock;
+    use autoapproval_sim::Faults;
+
+    let env = crate::support::Env::start(pool.clone()).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    NewRequest::ready_owner(2).insert(&pool).await;
+    let mine = fence("r1", 7);
+    // 1: claimed, and its chain is gone.
+    let orphan = env
+        .store
+        .claim(
+            &crate::support::candidate(1, None),
+            &mine,
+            env.clock.now(),
+            DEFAULT_RETRY_LIMIT,
+        )
+        .await
+        .unwrap();
+    assert!(matches!(orphan, ClaimOutcome::Won(_)));
+    // 2: its chain runs, slowed down by the owner system.
+    env.sim
+        .set_faults(Faults {
+            latency: std::time::Duration::from_secs(2),
+            ..Faults::default()
+        })
+        .unwrap();
+    let approver = env.approver.clone();
+    let running = tokio::spawn({
+        let mine = mine.clone();
+        async move {
+            approver
+                .attempt(&crate::support::candidate(2, None), &mine)
+                .await
+        }
+    });
+    crate::support::eventually("request 2 to be claimed", || async {
+        env.store.state(2).await.unwrap().map(|_| ())
+    })
+    .await;
+
+    let released = env.approver.release_idle("r1", &[7]).await.unwrap();
+
+    assert_eq!(released, [1]);
+    let state = env.store.state(1).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            state.status.as_str(),
+            state.next_retry_time,
+            state.retry_count
+        ),
+        ("RETRY_WAITING", Some(env.clock.now()), 0)
+    );
+    assert_eq!(
+        env.store.state(2).await.unwrap().unwrap().status.as_str(),
+        "IN_PROGRESS",
+        "a running chain keeps its claim"
+    );
+    // Another holder's or another generation's claims are not ours to give.
+    assert!(
+        env.approver
+            .release_idle("r2", &[7])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(running.await.unwrap().unwrap(), AttemptOutcome::Approved);
+}

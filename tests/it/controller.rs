@@ -684,13 +684,64 @@ async fn a_stuck_fence_of_one_shard_holds_up_no_other(pool: PgPool) {
     // Request 5 is in shard 5, acquired after shard 3 in the same turn.
     owner_now(5).insert(&pool).await;
     cluster.wait_phase(5, Phase::Approved).await;
-    let held = metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]);
-    assert_eq!(held, 15.0, "every shard but the blocked one");
+    let held = || metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]);
+    eventually("every shard but the blocked one to be held", || async {
+        (held() == 15.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        held(),
+        15.0,
+        "shard 3 cannot be fenced while the lock is held"
+    );
 
     blocker.rollback().await.unwrap();
     eventually("shard 3 to be acquired once the lock is gone", || async {
         (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
             .then_some(())
+    })
+    .await;
+    cluster.stop().await;
+}
+
+/// A claim this replica holds with no chain running for it (a chain whose
+/// outcome and release both failed while the database was away) is given
+/// back within seconds and the request approved, not left IN_PROGRESS under
+/// a live replica until the 5-minute stuck threshold.
+#[sqlx::test]
+async fn a_claim_left_without_a_chain_is_resumed_within_seconds(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let held = || metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]);
+    eventually("the replica to hold all 16 shards", || async {
+        (held() == 16.0).then_some(())
+    })
+    .await;
+    // Request 21 is in shard 5; its claim carries the shard's current token.
+    let (token,): (i64,) =
+        sqlx::query_as("SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 5")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    let mut waiting = owner_now(21);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    cluster.wait_phase(21, Phase::RetryWaiting).await;
+    // A chain of this replica claimed it and died without a word: the
+    // claim is ours, under the current token, and nobody works on it.
+    sqlx::query(
+        "UPDATE auto_approve_state
+            SET status = 'IN_PROGRESS', holder = 'replica-1', fencing_token = $1,
+                modified_at = now()
+          WHERE request_id = 21",
+    )
+    .bind(token)
+    .execute(&pool)
+    .await
+    .unwrap();
+    set(&pool, 21, "documents_released = true").await;
+
+    eventually("request 21 to be approved", || async {
+        (request_status(&pool, 21).await == "APPROVED").then_some(())
     })
     .await;
     cluster.stop().await;

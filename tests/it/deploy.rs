@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use autoapproval::external::http::parse_duration;
+use autoapproval::flags::parse_duration;
 use serde::Deserialize;
 use serde_json::Value;
 

@@ -12,7 +12,7 @@ use crate::stack::{NAMESPACE, Program, Stack, StackArgs, StackError, install_ter
 use autoapproval::controller::crd::{AutoApproval, Phase};
 use autoapproval::domain::RequestType;
 use autoapproval::external::System;
-use autoapproval::external::http::parse_duration;
+use autoapproval::flags::parse_duration;
 use autoapproval_sim::{FaultKind, Faults, SimConfig};
 
 /// Arguments of `demo`.

@@ -43,7 +43,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use autoapproval::external::ContractStatus;
-use autoapproval::external::http::{Secret, parse_duration};
+use autoapproval::external::http::Secret;
+use autoapproval::flags::parse_duration;
 use autoapproval::shutdown::Termination;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;

@@ -209,7 +209,7 @@ mod duration_text {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use autoapproval::external::http::{format_duration, parse_duration};
+    use autoapproval::flags::{format_duration, parse_duration};
 
     pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&format_duration(*d))

@@ -9,11 +9,12 @@ use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::Store;
+use autoapproval::store::{SessionArgs, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{SimConfig, SimHandle, Simulator};
 use chrono::{DateTime, TimeZone, Utc};
 use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
 
 /// A fixed "now" for tests, so fixtures can be placed relative to it.
 pub fn t0() -> DateTime<Utc> {
@@ -55,6 +56,16 @@ impl Env {
     /// Like `start`, with the attempt settings given (a lower retry limit, say).
     pub async fn with_approver(pool: PgPool, config: ApproverConfig) -> Env {
         Self::with(pool, |c| c, config).await
+    }
+
+    /// Like `start`, the store's sessions limited as `run` limits them.
+    pub async fn with_session(pool: PgPool, session: &SessionArgs) -> Env {
+        let limited = PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(session.apply((*pool.connect_options()).clone()))
+            .await
+            .expect("a limited pool");
+        Self::with(limited, |c| c, defaults().approver).await
     }
 
     async fn with(

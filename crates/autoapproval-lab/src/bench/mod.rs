@@ -19,7 +19,7 @@ use crate::stack::{
     NAMESPACE, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
 };
 use autoapproval::domain::RequestType;
-use autoapproval::external::http::parse_duration;
+use autoapproval::flags::parse_duration;
 use autoapproval::shutdown::Termination;
 use autoapproval_sim::{Faults, SimConfig};
 

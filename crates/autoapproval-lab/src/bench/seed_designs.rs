@@ -24,9 +24,10 @@ use autoapproval::approval::{Approver, TurnConfig, attempt_all, run_turn};
 use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::{ControllerConfig, SettingError};
 use autoapproval::domain::{Candidate, Fence, RequestType};
-use autoapproval::external::http::{ExternalArgs, HttpExternalSystems, parse_duration};
+use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
+use autoapproval::flags::parse_duration;
 use autoapproval::shutdown::Termination;
-use autoapproval::store::{DatabaseArgs, Store, StoreError};
+use autoapproval::store::{DatabaseArgs, SessionArgs, Store, StoreError};
 use autoapproval::telemetry::Metrics;
 
 use crate::harness::SeedQueue;
@@ -133,7 +134,14 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
             flag: "--*-url",
             message: e.to_string(),
         })?;
-    let store = Store::connect(&args.database).await?;
+    // The same session limits as ours, at their defaults.
+    let session = autoapproval::flags::defaults_of::<SessionArgs>().map_err(|e| {
+        SeedDesignError::Setting {
+            flag: "--db-*-timeout",
+            message: e.to_string(),
+        }
+    })?;
+    let store = Store::connect(&args.database, Some(&session)).await?;
     let metrics = Metrics::new();
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
