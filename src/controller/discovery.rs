@@ -227,6 +227,12 @@ impl Discovery {
             shard_count: i64::from(self.shards.shard_count()),
             shards: held.into_iter().map(i64::from).collect(),
         };
+        // The wakes the business system recorded become due retries before
+        // the candidate queries look for them.
+        let woken = self.store.apply_wakes(Some(&filter), now).await?;
+        if !woken.is_empty() {
+            debug!(woken = woken.len(), "woken requests due again");
+        }
         for request_type in RequestType::AUTO_APPROVABLE {
             let query = self.settings.turn.query(
                 request_type,

@@ -79,17 +79,25 @@ impl Store {
             .fetch_optional(&self.primary)
             .await
             .map_err(db("claim new request"))?,
+            // The chain reads the facts after this claim: a wake recorded
+            // before it is consumed here (migration 0010), not left to make
+            // the retry it schedules due at once.
             Some(state_id) => sqlx::query_as(
-                "UPDATE auto_approve_state
-                    SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5,
-                        woken_at = NULL
-                  WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
-                    AND next_retry_time <= $5 AND retry_count < $6
-                    AND ($7::int IS NULL OR EXISTS (
-                        SELECT 1 FROM shard_fence f
-                         WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
-                           FOR SHARE))
-                 RETURNING id, retry_count, transient_streak",
+                "WITH claimed AS (
+                     UPDATE auto_approve_state
+                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5,
+                            woken_at = NULL
+                      WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
+                        AND next_retry_time <= $5 AND retry_count < $6
+                        AND ($7::int IS NULL OR EXISTS (
+                            SELECT 1 FROM shard_fence f
+                             WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
+                               FOR SHARE))
+                     RETURNING id, request_id, retry_count, transient_streak
+                 ), consumed AS (
+                     DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
+                 )
+                 SELECT id, retry_count, transient_streak FROM claimed",
             )
             .bind(state_id)
             .bind(candidate.request_id)
@@ -148,14 +156,23 @@ impl Store {
     ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError> {
         let row: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
             "WITH old AS (
-                 SELECT id, last_reason FROM auto_approve_state
+                 SELECT id, request_id, last_reason FROM auto_approve_state
                   WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
                     FOR UPDATE
+             ), woken AS (
+                 -- Woken while the chain ran (migration 0010): it may have
+                 -- read the old fact, so the retry is due at once.
+                 DELETE FROM auto_approve_wake w USING old
+                  WHERE w.request_id = old.request_id
+                 RETURNING w.request_id
              ), upd AS (
                  UPDATE auto_approve_state s
                     SET status = 'RETRY_WAITING', retry_count = s.retry_count + 1,
                         transient_streak = CASE WHEN $5 THEN s.transient_streak + 1 ELSE 0 END,
-                        next_retry_time = CASE WHEN s.woken_at IS NULL THEN $4 ELSE LEAST($4, $8) END,
+                        next_retry_time = CASE
+                            WHEN s.woken_at IS NULL
+                                 AND NOT EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = s.request_id)
+                            THEN $4 ELSE LEAST($4, $8) END,
                         woken_at = NULL, last_reason = $6, step = $7, modified_at = $8
                    FROM old WHERE s.id = old.id
                  RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
@@ -187,7 +204,25 @@ impl Store {
         claim: &Claim,
         now: DateTime<Utc>,
     ) -> Result<Completion, StoreError> {
+        // The request row first, then its state row: the order every
+        // transaction takes them in (migration 0010), so none deadlocks
+        // with the business system's, which takes the request row.
         let mut tx = self.begin("complete").await?;
+        let approved = sqlx::query(
+            "UPDATE approval_request
+                SET status = 'APPROVED', decided_at = $2, decided_by = 'autoapproval', updated_at = $2
+              WHERE id = $1 AND status IN ('ING', 'PENDING', 'RETRY')
+                AND EXISTS (SELECT 1 FROM auto_approve_state
+                             WHERE id = $3 AND status = 'IN_PROGRESS' AND holder = $4 AND fencing_token = $5)",
+        )
+        .bind(claim.request_id)
+        .bind(now)
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("complete: approve request"))?;
         let deleted = sqlx::query(DELETE_FENCED)
             .bind(claim.state_id)
             .bind(&claim.fence.holder)
@@ -196,18 +231,9 @@ impl Store {
             .await
             .map_err(db("complete: delete state"))?;
         if deleted.rows_affected() == 0 {
+            // Fenced out meanwhile: the approval is rolled back with the transaction.
             return Ok(Completion::Stale);
         }
-        let approved = sqlx::query(
-            "UPDATE approval_request
-                SET status = 'APPROVED', decided_at = $2, decided_by = 'autoapproval', updated_at = $2
-              WHERE id = $1 AND status IN ('ING', 'PENDING', 'RETRY')",
-        )
-        .bind(claim.request_id)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("complete: approve request"))?;
         tx.commit().await.map_err(db("complete: commit"))?;
         Ok(if approved.rows_affected() == 1 {
             Completion::Approved

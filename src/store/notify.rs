@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
 
-use super::{Store, StoreError, db};
+use super::{ShardFilter, Store, StoreError, db};
 
 /// The NOTIFY channel of migration 0004: payload is the request id as text.
 pub const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
@@ -82,6 +82,43 @@ impl Store {
         .fetch_all(&self.primary)
         .await
         .map_err(db("wake waiting requests"))?;
+        Ok(rows.into_iter().map(|(id,)| id).collect())
+    }
+
+    /// Makes due now the waiting requests of `shards` that the business
+    /// system woke (the rows its trigger appended, migration 0010), and
+    /// removes those rows, and those of requests with no claim left; a
+    /// running claim's rows stay for the retry it schedules. Returns the
+    /// requests made due.
+    pub async fn apply_wakes(
+        &self,
+        shards: Option<&ShardFilter>,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<i64>, StoreError> {
+        let (shards, shard_count) = match shards {
+            Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
+            None => (None, 1),
+        };
+        let rows: Vec<(i64,)> = sqlx::query_as(
+            "WITH woken AS (
+                 DELETE FROM auto_approve_wake w
+                  WHERE ($2::bigint[] IS NULL OR w.request_id % $3 = ANY($2::bigint[]))
+                    AND NOT EXISTS (SELECT 1 FROM auto_approve_state s
+                                     WHERE s.request_id = w.request_id AND s.status = 'IN_PROGRESS')
+                 RETURNING w.request_id
+             )
+             UPDATE auto_approve_state
+                SET next_retry_time = $1
+              WHERE request_id IN (SELECT request_id FROM woken)
+                AND status = 'RETRY_WAITING' AND next_retry_time > $1
+             RETURNING request_id",
+        )
+        .bind(now)
+        .bind(shards)
+        .bind(shard_count)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("apply wakes"))?;
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 

@@ -278,8 +278,9 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
     );
 }
 
-/// The change's own transaction records the wake (migration 0009), with no
-/// listener at all: a waiting retry is due at once, a running chain's retry
+/// The change's own transaction records the wake (migration 0010: a row
+/// appended, nothing of ours locked), with no listener at all: the next
+/// discovery turn makes a waiting retry due at once, a running chain's retry
 /// is scheduled due at once, and a change to a column no filter reads wakes
 /// nothing.
 #[sqlx::test]
@@ -340,6 +341,18 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     ] {
         sqlx::query(sql).execute(&pool).await.unwrap();
     }
+    let (recorded,): (Vec<i64>,) =
+        sqlx::query_as("SELECT array_agg(request_id ORDER BY request_id) FROM auto_approve_wake")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, [51, 53], "recorded in the changing transaction");
+    assert!(!due(51).await, "the business side touched no row of ours");
+    assert_eq!(
+        store.apply_wakes(None, chrono::Utc::now()).await.unwrap(),
+        [51],
+        "the turn makes the waiting request due; the running one keeps its row"
+    );
     assert!(due(51).await, "a waiting request is due at once");
     assert!(!due(52).await, "no fact changed: it keeps its interval");
     let scheduled = store

@@ -1,6 +1,7 @@
 //! The integration tests, one binary: a module per area.
 
 mod binary;
+mod business;
 mod candidates;
 mod chain;
 mod claims;
