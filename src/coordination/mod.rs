@@ -88,6 +88,11 @@ pub struct Coordinator {
     outage: Outage,
     /// When a Lease list last succeeded: the liveness probe reads it.
     api_ok: watch::Sender<Instant>,
+    /// When the database last answered the loop's ping.
+    db_ok: Instant,
+    db_outage: Outage,
+    /// Every Lease was given back because the database does not answer.
+    withdrawn: bool,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -135,6 +140,9 @@ impl Coordinator {
             api_server: api_server.to_owned(),
             outage: Outage::new(OUTAGE_REPORT_EVERY),
             api_ok,
+            db_ok: Instant::now(),
+            db_outage: Outage::new(OUTAGE_REPORT_EVERY),
+            withdrawn: false,
         };
         let handles = Handles {
             shards,
@@ -166,8 +174,22 @@ impl Coordinator {
     }
 
     /// One turn: membership, renewals, then acquisitions and hand-backs.
+    /// A replica that has not reached the database for the renew deadline
+    /// holds nothing: it could claim nothing, and its shards would wait for
+    /// their Leases to expire while the others can work them.
     pub async fn turn(&mut self) {
         let sent = Instant::now();
+        if !self.database_answers(sent).await {
+            if !self.withdrawn {
+                warn!(
+                    "no answer from the database for the renew deadline: giving every Lease back until it answers"
+                );
+                self.release_all().await;
+                self.withdrawn = true;
+            }
+            return;
+        }
+        self.withdrawn = false;
         let now = self.clock.now();
         self.renew_member(now).await;
         let listed = self
@@ -220,6 +242,37 @@ impl Coordinator {
         self.leader
             .send_if_modified(|l| std::mem::replace(l, leading) != leading);
         self.metrics.coordination(self.shards.held().len(), leading);
+    }
+
+    /// Pings the database (bounded by a retry period); false once it has
+    /// not answered for the renew deadline. Outages are logged as the API
+    /// server's are: when they begin, every 30 s, when they end.
+    async fn database_answers(&mut self, sent: Instant) -> bool {
+        let ping = self.cleanser.store().ping();
+        let answered = tokio::time::timeout(self.settings.retry_period, ping).await;
+        match answered {
+            Ok(Ok(())) => {
+                if let Report::Ended(after) = self.db_outage.succeeded(sent) {
+                    info!(outage_s = after.as_secs(), "the database answers again");
+                }
+                self.db_ok = sent;
+                true
+            }
+            failed => {
+                let error = match failed {
+                    Ok(Err(error)) => error.to_string(),
+                    _ => "no answer within a retry period".to_owned(),
+                };
+                match self.db_outage.failed(sent) {
+                    Report::Began => warn!(%error, "cannot reach the database"),
+                    Report::Still(lasted) => {
+                        warn!(%error, outage_s = lasted.as_secs(), "still cannot reach the database");
+                    }
+                    _ => debug!(%error, "database ping failed"),
+                }
+                sent.duration_since(self.db_ok) < self.settings.renew_deadline
+            }
+        }
     }
 
     /// Records when each Lease last changed. A change seen now happened

@@ -18,7 +18,7 @@ use rand::Rng;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
-use crate::support::{NS, backends, eventually};
+use crate::support::{CutProxy, NS, backends, eventually};
 use crate::support::{database_url, sigterm};
 
 const SHARDS: u32 = 16;
@@ -30,6 +30,8 @@ struct Replica {
     name: String,
     port: u16,
     child: Option<Child>,
+    /// Its database URL when not the test database's own (a proxy, say).
+    database_url: Option<String>,
 }
 
 /// Three (or more) replicas and everything they talk to.
@@ -72,6 +74,7 @@ impl Fleet {
                 name: format!("r{i}"),
                 port: 0,
                 child: None,
+                database_url: None,
             });
             fleet.spawn(i);
         }
@@ -116,7 +119,13 @@ impl Fleet {
                 "2s",
             ])
             .args(["--shutdown-grace", "5s"])
-            .env("AUTOAPPROVAL_DATABASE_URL", database_url(&self.pool))
+            .env(
+                "AUTOAPPROVAL_DATABASE_URL",
+                replica
+                    .database_url
+                    .clone()
+                    .unwrap_or_else(|| database_url(&self.pool)),
+            )
             .env("AUTOAPPROVAL_ESIGN_URL", self.sim.base_url())
             .env("AUTOAPPROVAL_OWNER_URL", self.sim.base_url())
             .env("AUTOAPPROVAL_STORE_URL", self.sim.base_url())
@@ -585,4 +594,72 @@ async fn api_server_failures_then_closed_watches_lose_and_double_nothing(pool: P
     for i in 0..3 {
         fleet.stop(i).await;
     }
+}
+
+/// A replica that still reaches the API server but no longer the database
+/// could renew its Leases for ever and claim nothing: it gives every Lease
+/// back once the database has not answered for the renew deadline, so the
+/// replica that can work takes its shards, and every request is approved
+/// once, by it.
+#[sqlx::test]
+async fn a_replica_cut_from_the_database_hands_its_shards_over(pool: PgPool) {
+    let target = {
+        let options = pool.connect_options();
+        let host = options.get_host().to_owned();
+        let host = if host.starts_with('/') {
+            "127.0.0.1".to_owned()
+        } else {
+            host
+        };
+        tokio::net::lookup_host((host.as_str(), options.get_port()))
+            .await
+            .expect("the database host")
+            .next()
+            .expect("an address")
+    };
+    let proxy = CutProxy::start(target).await;
+    let mut fleet = Fleet::start(pool.clone(), 1, LEASE_DURATION).await;
+    fleet.replicas.push(Replica {
+        name: "cut".into(),
+        port: 0,
+        child: None,
+        database_url: Some(proxy.url(&pool)),
+    });
+    fleet.spawn(1);
+    fleet.wait_balanced().await;
+
+    proxy.cut();
+    let cut_at = Utc::now();
+    insert_requests(&pool, 1, 200, None, true).await;
+
+    let holders = eventually("r0 to hold every shard", || async {
+        let holders = fleet.shard_holders().await;
+        (holders.len() == SHARDS as usize && holders.values().all(|(h, _)| h == "r0"))
+            .then_some(holders)
+    })
+    .await
+    .expect("holders");
+    let latest = holders.values().map(|(_, at)| *at).max().expect("a shard");
+    let moved = (latest - cut_at).to_std().unwrap_or_default();
+    println!("shards of the cut replica moved within {moved:?} of the cut");
+    // The cut replica gives up after its renew deadline; the bound is a hang
+    // detector with room for a loaded machine (held by it, they never move).
+    assert!(
+        moved <= LEASE_DURATION * 2,
+        "moved within two lease durations: {moved:?}"
+    );
+    eventually("every request to be approved", || async {
+        let open = fleet
+            .count("SELECT count(*) FROM approval_request WHERE status <> 'APPROVED'")
+            .await;
+        (open == 0).then_some(())
+    })
+    .await;
+    assert_nothing_doubled(&fleet.sim);
+    let log = fleet.log(1);
+    assert!(
+        log.contains("giving every Lease back until it answers"),
+        "{log}"
+    );
+    fleet.stop(0).await;
 }

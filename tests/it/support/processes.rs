@@ -46,3 +46,61 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
         })
         .sum()
 }
+
+/// A TCP proxy on loopback in front of a server, that can be cut: from
+/// then on every connection through it is closed and new ones are refused,
+/// as a network partition between one replica and its database would.
+pub struct CutProxy {
+    addr: std::net::SocketAddr,
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+impl CutProxy {
+    /// Forwards a free loopback port to `target`.
+    pub async fn start(target: std::net::SocketAddr) -> CutProxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("proxy port");
+        let addr = listener.local_addr().expect("proxy address");
+        let (cut, mut cut_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    accepted = listener.accept() => accepted,
+                    // Dropping the listener refuses new connections.
+                    _ = cut_rx.wait_for(|c| *c) => return,
+                };
+                let Ok((mut inbound, _)) = accepted else {
+                    continue;
+                };
+                let mut cut = cut_rx.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = cut.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        CutProxy { addr, cut }
+    }
+
+    /// `url` (a `postgres://` URL of the target) through the proxy.
+    pub fn url(&self, pool: &PgPool) -> String {
+        let options = pool.connect_options();
+        format!(
+            "postgres://{}@{}/{}",
+            options.get_username(),
+            self.addr,
+            options.get_database().expect("a database name")
+        )
+    }
+
+    /// Closes every connection through the proxy and refuses new ones.
+    pub fn cut(&self) {
+        let _ = self.cut.send(true);
+    }
+}
