@@ -69,27 +69,21 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let port = free_port();
 
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["run", "--namespace", NS, "--replica-name", "bin-1"])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
-        .env("AUTOAPPROVAL_ESIGN_URL", sim.base_url())
-        .env("AUTOAPPROVAL_OWNER_URL", sim.base_url())
-        .env("AUTOAPPROVAL_STORE_URL", sim.base_url())
-        .env("AUTOAPPROVAL_AD_URL", sim.base_url())
-        .env("RUST_LOG", "info")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("autoapproval run starts");
+    let sim_url = sim.base_url();
+    let child = spawn_run(
+        &kubeconfig,
+        port,
+        &pool,
+        &["--namespace", NS, "--replica-name", "bin-1"],
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
+            ("AUTOAPPROVAL_STORE_URL", &sim_url),
+            ("AUTOAPPROVAL_AD_URL", &sim_url),
+        ],
+    );
     let pid = child.id().expect("pid");
 
     let http = reqwest::Client::new();
@@ -391,26 +385,27 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool
          current-context: c\nusers:\n- name: u\n  user: {}\n",
     )
     .expect("kubeconfig");
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["run", "--replica-name", "cut-off"])
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(["--lease-duration", "3s", "--renew-deadline", "2s"])
-        .args(["--retry-period", "500ms", "--api-liveness-timeout", "3s"])
-        .args(["--shutdown-grace", "60s"])
-        .env("AUTOAPPROVAL_DATABASE_URL", database_url(&pool))
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("autoapproval run starts");
+    let port = free_port();
+    let child = spawn_run(
+        &kubeconfig,
+        port,
+        &pool,
+        &[
+            "--replica-name",
+            "cut-off",
+            "--lease-duration",
+            "3s",
+            "--renew-deadline",
+            "2s",
+            "--retry-period",
+            "500ms",
+            "--api-liveness-timeout",
+            "3s",
+            "--shutdown-grace",
+            "60s",
+        ],
+        &[("NO_COLOR", "1")],
+    );
     let pid = child.id().expect("pid");
 
     let http = reqwest::Client::new();
@@ -441,4 +436,37 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool
     assert_eq!(named, 1, "one line when the outage begins: {logs}");
     let per_turn = logs.lines().filter(|l| l.contains("WARN")).count();
     assert!(per_turn <= 4, "no line every turn: {logs}");
+}
+
+/// A port free on loopback now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `autoapproval run` on the test's database with `kubeconfig`, serving its
+/// endpoints on `port`, logging at info, its output captured.
+fn spawn_run(
+    kubeconfig: &std::path::Path,
+    port: u16,
+    pool: &PgPool,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(pool))
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("autoapproval run starts")
 }
