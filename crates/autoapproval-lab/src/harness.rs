@@ -245,6 +245,38 @@ impl Harness {
         Ok(n)
     }
 
+    /// The claim held longest among those still IN_PROGRESS: its request and
+    /// its age in seconds, in the database's clock (from `harness_claim`).
+    pub async fn oldest_running_claim(&self) -> Result<Option<(i64, f64)>, StoreError> {
+        sqlx::query_as(
+            "SELECT s.request_id, extract(epoch FROM clock_timestamp() - max(c.claimed_at))::float8
+               FROM auto_approve_state s
+               JOIN harness_claim c ON c.request_id = s.request_id
+              WHERE s.status = 'IN_PROGRESS'
+              GROUP BY s.request_id
+              ORDER BY 2 DESC
+              LIMIT 1",
+        )
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(db("read the oldest running claim"))
+    }
+
+    /// Terminates every backend of `role` (`pg_terminate_backend`, what an
+    /// operator or a failover does to sessions); returns how many were ended.
+    pub async fn terminate_backends(&self, role: &str) -> Result<i64, StoreError> {
+        let (ended,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+               FROM pg_stat_activity
+              WHERE usename = $1 AND pid <> pg_backend_pid()",
+        )
+        .bind(role)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("terminate the backends"))?;
+        Ok(ended)
+    }
+
     /// Whether `pg_stat_statements` is loaded; creates the extension if so.
     pub async fn enable_statement_counts(&self) -> Result<bool, StoreError> {
         let (loaded,): (bool,) = sqlx::query_as(

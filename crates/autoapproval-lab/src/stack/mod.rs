@@ -264,6 +264,16 @@ impl Stack {
         self.counts_statements
     }
 
+    /// Restarts PostgreSQL (fast shutdown, down for `down`, then start on
+    /// the same port and data), as an operator's restart or a failover does
+    /// to the replicas.
+    pub async fn restart_postgres(&mut self, down: Duration) -> Result<(), StackError> {
+        match self.postgres.as_mut() {
+            Some(pg) => pg.restart(down).await,
+            None => Err(StackError::Postgres("not running".into())),
+        }
+    }
+
     /// The URL the replicas connect with.
     pub fn worker_url(&self) -> Result<String, StackError> {
         Ok(self.postgres()?.url(WORKER_ROLE, DATABASE))

@@ -19,6 +19,9 @@ pub struct Postgres {
     child: Child,
     port: u16,
     log: PathBuf,
+    bindir: PathBuf,
+    dir: PathBuf,
+    owner: Option<(u32, u32)>,
 }
 
 // === impl Postgres ===
@@ -62,39 +65,28 @@ impl Postgres {
             )));
         }
         let port = free_port()?;
-        let mut server = command(&bindir.join("postgres"), owner);
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(dir)
-            .args(["-p", &port.to_string()])
-            .args(["-c", "listen_addresses=127.0.0.1"])
-            .args(["-c", "max_connections=200"])
-            // Throwaway data: durability only costs time here.
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
-            .args(["-c", "full_page_writes=off"]);
-        let stat_statements = bindir
-            .parent()
-            .map(|p| p.join("lib/pg_stat_statements.so"))
-            .is_some_and(|lib| lib.exists());
-        if stat_statements {
-            server.args([
-                "-c",
-                "shared_preload_libraries=pg_stat_statements",
-                "-c",
-                "pg_stat_statements.track=top",
-            ]);
-        }
-        let log_file = std::fs::File::create(&log).map_err(io("creating the server log"))?;
-        let child = server
-            .stdout(Stdio::null())
-            .stderr(log_file)
-            .spawn()
-            .map_err(io(format!("starting {}/postgres", bindir.display())))?;
-        let mut pg = Self { child, port, log };
+        std::fs::File::create(&log).map_err(io("creating the server log"))?;
+        let child = spawn_server(&bindir, dir, port, &log, owner)?;
+        let mut pg = Self {
+            child,
+            port,
+            log,
+            bindir,
+            dir: dir.to_path_buf(),
+            owner,
+        };
         pg.wait_ready().await?;
         Ok(pg)
+    }
+
+    /// Stops the server the way an operator's restart does (fast shutdown:
+    /// every session is ended), leaves it down for `down`, and starts it
+    /// again on the same port and data; returns once it accepts connections.
+    pub async fn restart(&mut self, down: Duration) -> Result<(), StackError> {
+        self.shut_down().await;
+        tokio::time::sleep(down).await;
+        self.child = spawn_server(&self.bindir, &self.dir, self.port, &self.log, self.owner)?;
+        self.wait_ready().await
     }
 
     async fn wait_ready(&mut self) -> Result<(), StackError> {
@@ -137,6 +129,10 @@ impl Postgres {
 
     /// Fast shutdown (SIGINT: running sessions are ended), SIGKILL after 10 s.
     pub async fn stop(mut self) {
+        self.shut_down().await;
+    }
+
+    async fn shut_down(&mut self) {
         if let Some(pid) = self.child.id() {
             super::process::signal(pid, "INT");
         }
@@ -147,6 +143,49 @@ impl Postgres {
             let _ = self.child.kill().await;
         }
     }
+}
+
+/// Starts `postgres` on the cluster under `dir`, its log appended to `log`.
+fn spawn_server(
+    bindir: &Path,
+    dir: &Path,
+    port: u16,
+    log: &Path,
+    owner: Option<(u32, u32)>,
+) -> Result<Child, StackError> {
+    let mut server = command(&bindir.join("postgres"), owner);
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-p", &port.to_string()])
+        .args(["-c", "listen_addresses=127.0.0.1"])
+        .args(["-c", "max_connections=200"])
+        // Throwaway data: durability only costs time here.
+        .args(["-c", "fsync=off", "-c", "synchronous_commit=off"])
+        .args(["-c", "full_page_writes=off"]);
+    let stat_statements = bindir
+        .parent()
+        .map(|p| p.join("lib/pg_stat_statements.so"))
+        .is_some_and(|lib| lib.exists());
+    if stat_statements {
+        server.args([
+            "-c",
+            "shared_preload_libraries=pg_stat_statements",
+            "-c",
+            "pg_stat_statements.track=top",
+        ]);
+    }
+    let log_file = std::fs::OpenOptions::new()
+        .append(true)
+        .open(log)
+        .map_err(io("opening the server log"))?;
+    server
+        .stdout(Stdio::null())
+        .stderr(log_file)
+        .spawn()
+        .map_err(io(format!("starting {}/postgres", bindir.display())))
 }
 
 /// The newest `/usr/lib/postgresql/<version>/bin` (Debian's layout), else
@@ -177,7 +216,12 @@ fn find_bindir() -> Option<PathBuf> {
 fn run_as() -> Result<Option<(u32, u32)>, StackError> {
     use std::os::unix::fs::MetadataExt;
     // Our own uid, read off a file we just created: no libc call needed.
-    let probe = std::env::temp_dir().join(format!("autoapproval-uid-{}", std::process::id()));
+    // Unique per call: two stacks of one process may start at once.
+    let probe = std::env::temp_dir().join(format!(
+        "autoapproval-uid-{}-{:08x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
     std::fs::write(&probe, b"").map_err(io("probing the user id"))?;
     let uid = std::fs::metadata(&probe).map(|m| m.uid());
     let _ = std::fs::remove_file(&probe);

@@ -3,6 +3,7 @@
 //! `cargo test --workspace` builds (the product's own tests need it).
 
 mod demo;
+mod outages;
 
 /// Sends `SIG<name>` to `pid`.
 pub fn signal(pid: u32, name: &str) {
