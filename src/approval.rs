@@ -295,7 +295,7 @@ impl Approver {
                 }
                 _ = ticker.tick() => {
                     let step = *current.lock().unwrap_or_else(|e| e.into_inner());
-                    if !self.store.heartbeat(claim, step.as_str(), self.clock.now()).await? {
+                    if !self.store.heartbeat(claim, step.as_str()).await? {
                         return Err(ChainError::FenceLost(claim.request_id));
                     }
                 }
@@ -303,7 +303,7 @@ impl Approver {
         };
         let step = *current.lock().unwrap_or_else(|e| e.into_inner());
         let result = match outcome {
-            ChainOutcome::Success => match self.store.complete(claim, self.clock.now()).await? {
+            ChainOutcome::Success => match self.store.complete(claim).await? {
                 Completion::Approved => {
                     info!(request_id = claim.request_id, "approved");
                     AttemptOutcome::Approved

@@ -72,8 +72,7 @@ impl Cleanser {
     /// One pass.
     pub async fn run_once(&self) -> Result<CleanseReport, StoreError> {
         let now = self.clock.now();
-        let stuck_before = crate::clock::before(now, self.stuck_threshold);
-        let report = self.store.cleanse(stuck_before, now).await?;
+        let report = self.store.cleanse(self.stuck_threshold, now).await?;
         self.metrics
             .cleansed(report.recovered.len() as u64, report.deleted);
         for request_id in &report.recovered {

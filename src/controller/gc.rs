@@ -78,9 +78,7 @@ impl Collector {
                 None => "vanished",
                 Some(row) => match &row.status {
                     Ok(status)
-                        if !status.is_open()
-                            && crate::clock::after(row.changed_at, self.settings.finished_ttl)
-                                <= now =>
+                        if !status.is_open() && row.unchanged_for >= self.settings.finished_ttl =>
                     {
                         "finished"
                     }

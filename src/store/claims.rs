@@ -62,7 +62,7 @@ impl Store {
             None => sqlx::query_as(
                 "INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, $5
+                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, now()
                   WHERE $6::int IS NULL OR EXISTS (
                         SELECT 1 FROM shard_fence f
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
@@ -85,7 +85,7 @@ impl Store {
             Some(state_id) => sqlx::query_as(
                 "WITH claimed AS (
                      UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = $5,
+                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = now(),
                             woken_at = NULL
                       WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                         AND next_retry_time <= $5 AND retry_count < $6
@@ -122,22 +122,17 @@ impl Store {
         })
     }
 
-    /// Touches the claim so the cleanser sees it is alive; false when the
-    /// fence no longer matches (the claim is lost: stop writing).
-    pub async fn heartbeat(
-        &self,
-        claim: &Claim,
-        step: &str,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
+    /// Touches the claim so the cleanser sees it is alive (in the database's
+    /// clock, which the cleanser compares with); false when the fence no
+    /// longer matches (the claim is lost: stop writing).
+    pub async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = $4, step = $5
+            "UPDATE auto_approve_state SET modified_at = now(), step = $4
               WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
-        .bind(now)
         .bind(step)
         .execute(&self.primary)
         .await
@@ -173,7 +168,7 @@ impl Store {
                             WHEN s.woken_at IS NULL
                                  AND NOT EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = s.request_id)
                             THEN $4 ELSE LEAST($4, $8) END,
-                        woken_at = NULL, last_reason = $6, step = $7, modified_at = $8
+                        woken_at = NULL, last_reason = $6, step = $7, modified_at = now()
                    FROM old WHERE s.id = old.id
                  RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
              ), memo AS (
@@ -199,24 +194,21 @@ impl Store {
 
     /// Approves the request and deletes the state row, in one transaction,
     /// only while the fence matches.
-    pub async fn complete(
-        &self,
-        claim: &Claim,
-        now: DateTime<Utc>,
-    ) -> Result<Completion, StoreError> {
+    pub async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
         // The request row first, then its state row: the order every
         // transaction takes them in (migration 0010), so none deadlocks
-        // with the business system's, which takes the request row.
+        // with the business system's, which takes the request row. NOWAIT:
+        // a row the business holds fails at once (see SAVE_OWNER_NUMBER).
         let mut tx = self.begin("complete").await?;
         let approved = sqlx::query(
-            "UPDATE approval_request
-                SET status = 'APPROVED', decided_at = $2, decided_by = 'autoapproval', updated_at = $2
-              WHERE id = $1 AND status IN ('ING', 'PENDING', 'RETRY')
+            "UPDATE approval_request r
+                SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
+               FROM (SELECT id FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT) AS free
+              WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
                 AND EXISTS (SELECT 1 FROM auto_approve_state
-                             WHERE id = $3 AND status = 'IN_PROGRESS' AND holder = $4 AND fencing_token = $5)",
+                             WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4)",
         )
         .bind(claim.request_id)
-        .bind(now)
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
@@ -260,7 +252,7 @@ impl Store {
     pub async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $4, modified_at = $4
+                SET status = 'RETRY_WAITING', next_retry_time = $4, modified_at = now()
               WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
         )
         .bind(claim.state_id)
@@ -330,18 +322,25 @@ const DELETE_FENCED: &str = "\
 DELETE FROM auto_approve_state
  WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3";
 
-// A result is saved only while the claim is still ours.
+// A result is saved only while the claim is still ours, and never waits
+// for the request row: a business transaction holding it fails the
+// statement at once (55P03, `StoreError::RowLocked`) and the attempt is
+// retried with backoff, instead of a connection of the chains' pool waiting
+// out the lock timeout (16 such waits starve the whole pool).
 const SAVE_OWNER_NUMBER: &str = "\
-UPDATE approval_request SET owner_number = $4, updated_at = now()
- WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+UPDATE approval_request r SET owner_number = $4, updated_at = now()
+  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
+ WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
      WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
 const SAVE_STORE_NUMBER: &str = "\
-UPDATE approval_request SET store_number = $4, updated_at = now()
- WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+UPDATE approval_request r SET store_number = $4, updated_at = now()
+  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
+ WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
      WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
 const SAVE_CAMPAIGN_ID: &str = "\
-UPDATE approval_request SET campaign_id = $4, updated_at = now()
- WHERE id = $5 AND EXISTS (SELECT 1 FROM auto_approve_state
+UPDATE approval_request r SET campaign_id = $4, updated_at = now()
+  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
+ WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
      WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
 
 enum ResultValue<'a> {

@@ -38,6 +38,15 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// A row we write is locked by another transaction (the business
+    /// system's, in practice); the statement did not wait for it.
+    #[error(
+        "{operation}: the row is locked by another transaction (the business system's); retried later"
+    )]
+    RowLocked {
+        /// What the store was doing.
+        operation: &'static str,
+    },
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
@@ -70,7 +79,11 @@ pub enum StoreError {
 }
 
 fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Database { operation, source }
+    move |source| match source.as_database_error().and_then(|e| e.code()) {
+        // lock_not_available: a NOWAIT lock (or lock_timeout) found the row held.
+        Some(code) if code == "55P03" => StoreError::RowLocked { operation },
+        _ => StoreError::Database { operation, source },
+    }
 }
 
 /// Access to the request, ledger, memo and state tables.

@@ -22,17 +22,22 @@ impl Store {
     /// and retry_count + 1, so a request that kills its worker every time
     /// still reaches the limit), then rows of terminal or vanished requests
     /// deleted. Rows at the retry limit match neither and stay.
+    ///
+    /// "Untouched for `stuck_for`" is judged in the database's clock, the
+    /// one every claim and heartbeat stamps `modified_at` with: replicas'
+    /// clocks may disagree, the database's is one. `now` is the due time
+    /// given to what is recovered.
     pub async fn cleanse(
         &self,
-        stuck_before: DateTime<Utc>,
+        stuck_for: std::time::Duration,
         now: DateTime<Utc>,
     ) -> Result<CleanseReport, StoreError> {
         let recovered: Vec<(i64,)> = sqlx::query_as(
             "WITH stuck AS (
                  UPDATE auto_approve_state
-                    SET status = 'RETRY_WAITING', next_retry_time = $2, modified_at = $2,
+                    SET status = 'RETRY_WAITING', next_retry_time = $2, modified_at = now(),
                         retry_count = retry_count + 1, last_reason = 'recovered: claim was stuck'
-                  WHERE status = 'IN_PROGRESS' AND modified_at < $1
+                  WHERE status = 'IN_PROGRESS' AND modified_at < now() - make_interval(secs => $1)
                  RETURNING request_id, holder
              ), memo AS (
                  INSERT INTO approval_request_memo (request_id, created_at, author, message)
@@ -42,7 +47,7 @@ impl Store {
              )
              SELECT request_id FROM stuck ORDER BY request_id",
         )
-        .bind(stuck_before)
+        .bind(stuck_for.as_secs_f64())
         .bind(now)
         .fetch_all(&self.primary)
         .await
@@ -91,7 +96,7 @@ impl Store {
     ) -> Result<Vec<i64>, StoreError> {
         let rows: Vec<(i64,)> = sqlx::query_as(
             "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = $3
+                SET status = 'RETRY_WAITING', next_retry_time = $3, modified_at = now()
               WHERE status = 'IN_PROGRESS' AND holder = $1 AND fencing_token = ANY($2)
                 AND request_id <> ALL($4)
              RETURNING request_id",
@@ -161,7 +166,7 @@ impl Store {
         let recovered: Vec<(i64,)> = sqlx::query_as(
             "WITH orphaned AS (
                  UPDATE auto_approve_state
-                    SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = $5,
+                    SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = now(),
                         retry_count = retry_count + 1,
                         last_reason = 'recovered: shard ' || $2 || ' moved to ' || $4
                   WHERE status = 'IN_PROGRESS' AND request_id % $1 = $2

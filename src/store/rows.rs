@@ -14,8 +14,9 @@ pub struct RequestStatusRow {
     pub request_id: i64,
     /// Its status, or why it cannot be read.
     pub status: Result<RequestStatus, StoreError>,
-    /// When it was decided, else last updated.
-    pub changed_at: DateTime<Utc>,
+    /// How long ago it was decided, else last updated, in the database's
+    /// clock (zero if that lies in the future).
+    pub unchanged_for: std::time::Duration,
 }
 
 #[derive(FromRow)]
@@ -145,8 +146,11 @@ impl Store {
         &self,
         request_ids: &[i64],
     ) -> Result<Vec<RequestStatusRow>, StoreError> {
-        let rows: Vec<(i64, String, DateTime<Utc>)> = sqlx::query_as(
-            "SELECT id, status, COALESCE(decided_at, updated_at)
+        // The age is taken in the database's clock, which wrote the times:
+        // a replica whose clock runs ahead would collect CRs early.
+        let rows: Vec<(i64, String, f64)> = sqlx::query_as(
+            "SELECT id, status,
+                    GREATEST(extract(epoch FROM now() - COALESCE(decided_at, updated_at)), 0)::float8
                FROM approval_request WHERE id = ANY($1)",
         )
         .bind(request_ids)
@@ -155,12 +159,12 @@ impl Store {
         .map_err(db("read request statuses"))?;
         Ok(rows
             .into_iter()
-            .map(|(request_id, status, changed_at)| RequestStatusRow {
+            .map(|(request_id, status, seconds)| RequestStatusRow {
                 request_id,
                 status: status
                     .parse()
                     .map_err(|error| StoreError::Malformed { request_id, error }),
-                changed_at,
+                unchanged_for: std::time::Duration::try_from_secs_f64(seconds).unwrap_or_default(),
             })
             .collect())
     }

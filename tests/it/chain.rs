@@ -236,14 +236,15 @@ async fn work_already_done_is_skipped(pool: PgPool) {
 }
 
 /// A business transaction that holds the request row does not hold the
-/// chain: our write waits `--db-lock-timeout`, fails, and counts as a
-/// transient retry; once the business commits, the retry approves.
+/// chain: our write takes the row with NOWAIT, fails at once, and counts as
+/// a transient retry; once the business commits, the retry approves. No
+/// lock timeout is set, so only NOWAIT can keep the attempt from waiting.
 #[sqlx::test]
 async fn a_business_transaction_holding_the_row_delays_the_approval_without_holding_us(
     pool: PgPool,
 ) {
     let session = SessionArgs {
-        db_lock_timeout: std::time::Duration::from_millis(300),
+        db_lock_timeout: std::time::Duration::ZERO,
         db_statement_timeout: std::time::Duration::from_secs(30),
     };
     let env = Env::with_session(pool.clone(), &session).await;
@@ -255,7 +256,7 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
         .unwrap();
 
     let outcome = tokio::time::timeout(
-        std::time::Duration::from_secs(30),
+        std::time::Duration::from_secs(10),
         env.approver.attempt(&candidate(1, None), &fence("a", 1)),
     )
     .await
@@ -269,7 +270,13 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
     else {
         panic!("{outcome:?}");
     };
-    assert!(reason.reason.contains("lock timeout"), "{}", reason.reason);
+    assert!(
+        reason
+            .reason
+            .contains("the row is locked by another transaction"),
+        "{}",
+        reason.reason
+    );
     business.commit().await.unwrap();
 
     env.clock.set(next_retry_time);
@@ -284,4 +291,54 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
     assert_eq!(view.status, "APPROVED");
     // The owner made before the timeout was replayed, not made twice.
     assert_eq!(env.sim.stats().created.owners, 1);
+}
+
+/// The e-contract ledger is the business system's too; an upsert cannot
+/// say NOWAIT, so `--db-lock-timeout` bounds its wait for a row the
+/// business holds: the attempt becomes a transient retry naming the lock.
+#[sqlx::test]
+async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the_lock_timeout(
+    pool: PgPool,
+) {
+    let session = SessionArgs {
+        db_lock_timeout: std::time::Duration::from_millis(300),
+        db_statement_timeout: std::time::Duration::from_secs(30),
+    };
+    let env = Env::with_session(pool.clone(), &session).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    sqlx::query(
+        "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ('EC-1', 'SENT', now())",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut business = pool.begin().await.unwrap();
+    sqlx::query("UPDATE econtract SET synced_at = now() WHERE contract_ref = 'EC-1'")
+        .execute(&mut *business)
+        .await
+        .unwrap();
+
+    let outcome = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        env.approver.attempt(&candidate(1, None), &fence("a", 1)),
+    )
+    .await
+    .expect("the attempt waits only the lock timeout")
+    .expect("an outcome");
+    let AttemptOutcome::RetryScheduled { reason, .. } = outcome else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        reason.reason.contains("sync e-contract"),
+        "{}",
+        reason.reason
+    );
+    assert!(
+        reason
+            .reason
+            .contains("the row is locked by another transaction"),
+        "{}",
+        reason.reason
+    );
+    business.commit().await.unwrap();
 }

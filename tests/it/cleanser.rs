@@ -4,16 +4,20 @@ use std::sync::Arc;
 
 use autoapproval::cleanser::Cleanser;
 use autoapproval::clock::ManualClock;
-use autoapproval::store::Store;
+use autoapproval::store::{ClaimOutcome, Store};
 use autoapproval::telemetry::Metrics;
-use chrono::Duration;
+use chrono::{Duration, Utc};
 use sqlx::PgPool;
 
-use crate::support::{NewRequest, insert_state, state_count, t0};
+use crate::support::{NewRequest, candidate, fence, insert_state, state_count, t0};
 
+/// Stuck is judged in the database's clock, which stamps every claim and
+/// heartbeat: the rows' times are set relative to it, and the cleanser's own
+/// clock (the tests' t0, a day behind) only gives the recovered their due time.
 #[sqlx::test]
 async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgPool) {
     let now = t0();
+    let db_now = Utc::now();
     // Stuck: IN_PROGRESS, untouched for 20 minutes.
     NewRequest::ready_owner(1).insert(&pool).await;
     insert_state(
@@ -22,12 +26,20 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
         "IN_PROGRESS",
         None,
         2,
-        now - Duration::minutes(20),
+        db_now - Duration::minutes(20),
     )
     .await;
     // Alive: IN_PROGRESS, heartbeat a minute ago.
     NewRequest::ready_owner(2).insert(&pool).await;
-    insert_state(&pool, 2, "IN_PROGRESS", None, 0, now - Duration::minutes(1)).await;
+    insert_state(
+        &pool,
+        2,
+        "IN_PROGRESS",
+        None,
+        0,
+        db_now - Duration::minutes(1),
+    )
+    .await;
     // Finished by a person, and vanished altogether.
     NewRequest::ready_owner(3)
         .status("APPROVED")
@@ -138,4 +150,58 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
     assert_eq!(rows.len(), 1, "request 1 exists on the primary");
     assert_eq!(rows[0].request_id, 1);
     assert!(matches!(rows[0].status, Ok(ref s) if s.is_open()));
+}
+
+/// A replica whose clock runs an hour ahead of the others runs the
+/// cleanser: a claim made and heartbeat a moment ago is alive in the
+/// database's clock, and stays with its holder.
+#[sqlx::test]
+async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool.clone());
+    let ClaimOutcome::Won(claim) = store
+        .claim(&candidate(1, None), &fence("a", 1), Utc::now(), 300)
+        .await
+        .unwrap()
+    else {
+        panic!("the claim wins");
+    };
+    assert!(store.heartbeat(&claim, "owner").await.unwrap());
+    let ahead = Utc::now() + Duration::hours(1);
+    let cleanser = Cleanser::new(
+        store.clone(),
+        Arc::new(ManualClock::new(ahead)),
+        Metrics::new(),
+        std::time::Duration::from_secs(600),
+    );
+
+    let report = cleanser.run_once().await.unwrap();
+
+    assert_eq!(report.recovered, Vec::<i64>::new(), "the live claim stays");
+    let state = store.state(1).await.unwrap().unwrap();
+    assert_eq!(
+        (state.status.as_str(), state.holder.as_str()),
+        ("IN_PROGRESS", "a")
+    );
+}
+
+/// The garbage collector ages a finished request in the database's clock,
+/// which wrote its decision time, not in the replica's, which may disagree.
+#[sqlx::test]
+async fn the_garbage_collector_ages_a_decision_in_the_database_clock(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    sqlx::query(
+        "UPDATE approval_request
+            SET status = 'APPROVED', decided_by = 'a person', decided_at = now() - interval '2 minutes'
+          WHERE id = 1",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = Store::new(pool.clone(), pool.clone());
+
+    let rows = store.request_statuses(&[1]).await.unwrap();
+
+    let age = rows[0].unchanged_for.as_secs_f64();
+    assert!((120.0..180.0).contains(&age), "decided {age} s ago");
 }

@@ -64,7 +64,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
     // memo; the manual claim is left alone.
     let recovered = store.fence_shard(K, 1, 2, "b", t0()).await.unwrap();
     assert_eq!(recovered, Some(vec![1]));
-    assert!(store.heartbeat(&claim_manual, "OWNER", t0()).await.unwrap());
+    assert!(store.heartbeat(&claim_manual, "OWNER").await.unwrap());
     assert_eq!(
         store.fence_shard(K, 1, 2, "a", t0()).await.unwrap(),
         None,
@@ -73,13 +73,10 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
     assert_eq!(store.shard_token(K, 1).await.unwrap(), Some(2));
 
     // Everything "a" tries now is refused.
-    assert!(!store.heartbeat(&claim_a, "OWNER", t0()).await.unwrap());
+    assert!(!store.heartbeat(&claim_a, "OWNER").await.unwrap());
     assert!(!store.save_owner_number(&claim_a, 77).await.unwrap());
     assert!(!store.release(&claim_a, t0()).await.unwrap());
-    assert_eq!(
-        store.complete(&claim_a, t0()).await.unwrap(),
-        Completion::Stale
-    );
+    assert_eq!(store.complete(&claim_a).await.unwrap(), Completion::Stale);
     assert_eq!(
         store
             .claim(&candidate(5, None), &a, t0(), DEFAULT_RETRY_LIMIT)
@@ -103,7 +100,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
         panic!("b claims the recovered request");
     };
     assert_eq!(
-        store.complete(&claim_b, t0()).await.unwrap(),
+        store.complete(&claim_b).await.unwrap(),
         Completion::Approved
     );
     assert_eq!(

@@ -663,3 +663,89 @@ async fn a_replica_cut_from_the_database_hands_its_shards_over(pool: PgPool) {
     );
     fleet.stop(0).await;
 }
+
+/// The business system holds one request row of every shard in a
+/// transaction left open for up to 30 s, while half the shards change hands
+/// (a second replica joins, and each shard it takes is fenced). The held
+/// requests already have their owner and store (a resubmission), so each
+/// chain goes straight to its completion and meets the held row. Our
+/// statements wait at most `--db-lock-timeout` and take the request row
+/// before the state row, so no fence and no Lease renewal waits behind the
+/// business: no shard is lost, every other request is approved while the
+/// transaction is still open, and the held ones once it commits.
+#[sqlx::test]
+async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_request(pool: PgPool) {
+    const HOLD: Duration = Duration::from_secs(30);
+    let held = i64::from(SHARDS);
+    insert_requests(&pool, 1, held, None, true).await;
+    sqlx::query(
+        "UPDATE approval_request SET owner_number = 1000 + id, store_number = 2000 + id
+          WHERE id <= $1",
+    )
+    .bind(held)
+    .execute(&pool)
+    .await
+    .expect("owner and store already made");
+    let mut business = pool.begin().await.expect("business transaction");
+    sqlx::query(
+        "UPDATE approval_request SET business_name = business_name || ' (edited)' WHERE id <= $1",
+    )
+    .bind(held)
+    .execute(&mut *business)
+    .await
+    .expect("the business holds the rows");
+    let opened = tokio::time::Instant::now();
+
+    let mut fleet = Fleet::start(pool.clone(), 1, LEASE_DURATION).await;
+    fleet.wait_balanced().await;
+    fleet.replicas.push(Replica {
+        name: "r1".into(),
+        port: 0,
+        child: None,
+        database_url: None,
+    });
+    fleet.spawn(1);
+    fleet.wait_balanced().await;
+    insert_requests(&pool, 101, 300, None, true).await;
+
+    let others_open = loop {
+        let open = fleet
+            .count("SELECT count(*) FROM approval_request WHERE id > 100 AND status <> 'APPROVED'")
+            .await;
+        if open == 0 || opened.elapsed() > HOLD {
+            break open;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let held_open = fleet
+        .count("SELECT count(*) FROM approval_request WHERE id <= 16 AND status <> 'APPROVED'")
+        .await;
+    let losses = [
+        fleet.metric(0, "autoapproval_shard_losses_total").await,
+        fleet.metric(1, "autoapproval_shard_losses_total").await,
+    ];
+    let waited = opened.elapsed();
+    business.commit().await.expect("the business commits");
+    assert_eq!(
+        others_open,
+        0,
+        "requests still open after the business held its rows {waited:?}: {}",
+        fleet.log(0)
+    );
+    assert_eq!(held_open, held, "the held requests wait for the business");
+    assert_eq!(losses, [0.0, 0.0], "no replica lost a shard it held");
+    println!("200 other requests approved {waited:?} into the business transaction");
+    eventually(
+        "the held requests to be approved once it commits",
+        || async {
+            let open = fleet
+                .count("SELECT count(*) FROM approval_request WHERE status <> 'APPROVED'")
+                .await;
+            (open == 0).then_some(())
+        },
+    )
+    .await;
+    assert_nothing_doubled(&fleet.sim);
+    fleet.stop(1).await;
+    fleet.stop(0).await;
+}
