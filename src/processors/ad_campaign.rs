@@ -32,11 +32,12 @@ impl Processor for AdCampaignProcessor {
         cx: &ChainContext<'_>,
         request: &Request,
     ) -> Result<Transition, ChainError> {
-        if request.campaign_id.is_some() {
-            return Ok(Transition::Success);
-        }
+        // The gates first, on every attempt (see the owner step).
         if let Some(wait) = run_filters(&self.filters, Step::AdCampaign, cx, request).await? {
             return Ok(Transition::Retry(wait));
+        }
+        if request.campaign_id.is_some() {
+            return Ok(Transition::Success);
         }
         let Some(store_number) = request.target_store_number else {
             return Ok(Transition::Retry(RetryReason::condition("no target store")));

@@ -32,7 +32,8 @@ pub enum Step {
 
 impl Step {
     /// Where the chain starts for a request type; `None` when not auto-approvable.
-    /// A retry always starts here again; skip-if-done makes that cheap.
+    /// A retry always starts here again: every gate runs again, and only
+    /// the creations whose results are stored are skipped.
     pub fn first_for(request_type: RequestType) -> Option<Step> {
         match request_type {
             RequestType::OwnerContract => Some(Step::Owner),

@@ -32,11 +32,14 @@ impl Processor for OwnerProcessor {
         cx: &ChainContext<'_>,
         request: &Request,
     ) -> Result<Transition, ChainError> {
-        if request.owner_number.is_some() {
-            return Ok(Transition::Next(Step::Store));
-        }
+        // Every gate on every attempt: a hold placed, or a request
+        // resubmitted, after its owner was made is checked again. Only the
+        // creation is skipped when its result is stored.
         if let Some(wait) = run_filters(&self.filters, Step::Owner, cx, request).await? {
             return Ok(Transition::Retry(wait));
+        }
+        if request.owner_number.is_some() {
+            return Ok(Transition::Next(Step::Store));
         }
         let key = IdempotencyKey::new(request.id, Step::Owner.as_str());
         let owner = NewOwner {

@@ -32,7 +32,11 @@ impl Processor for StoreProcessor {
         cx: &ChainContext<'_>,
         request: &Request,
     ) -> Result<Transition, ChainError> {
-        // A number present means the store exists: done.
+        // The gates first, on every attempt (see the owner step); a number
+        // present then means the store exists: done.
+        if let Some(wait) = run_filters(&self.filters, Step::Store, cx, request).await? {
+            return Ok(Transition::Retry(wait));
+        }
         if request.store_number.is_some() {
             return Ok(Transition::Success);
         }
@@ -41,9 +45,6 @@ impl Processor for StoreProcessor {
                 "owner not created",
             )));
         };
-        if let Some(wait) = run_filters(&self.filters, Step::Store, cx, request).await? {
-            return Ok(Transition::Retry(wait));
-        }
         let key = IdempotencyKey::new(request.id, Step::Store.as_str());
         let store = NewStore {
             request_id: request.id,

@@ -342,3 +342,80 @@ async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the
     );
     business.commit().await.unwrap();
 }
+
+/// The owner is made, the store call fails, and then the business puts the
+/// documents back in review (a gate of the owner step only): the retry runs
+/// every gate again, so it waits for the documents instead of skipping past
+/// the made owner to the store and the approval.
+#[sqlx::test]
+async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    NewRequest::ready_owner(21).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next(System::Store, 1, FaultKind::Error))
+        .unwrap();
+    let first = env
+        .approver
+        .attempt(&owner(21), &fence("a", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, AttemptOutcome::RetryScheduled { .. }),
+        "{first:?}"
+    );
+    assert!(request_view(&pool, 21).await.owner_number.is_some());
+    sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 21")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let state = env.store.state(21).await.unwrap().unwrap();
+    env.clock.set(state.next_retry_time.unwrap());
+    let retry = env
+        .approver
+        .attempt(&candidate(21, Some(state.id)), &fence("a", 1))
+        .await
+        .unwrap();
+
+    let AttemptOutcome::RetryScheduled { reason, .. } = retry else {
+        panic!("the withdrawn documents must stop the retry: {retry:?}");
+    };
+    assert!(reason.reason.contains("documents"), "{}", reason.reason);
+    assert_eq!(request_view(&pool, 21).await.status, "PENDING");
+    assert_eq!(
+        env.sim.stats().created.stores,
+        0,
+        "no store made without documents"
+    );
+}
+
+/// A request rejected and resubmitted keeps the owner and store numbers of
+/// its first run; its documents are back in review. Every gate runs again:
+/// it waits for the documents instead of being approved on old results.
+#[sqlx::test]
+async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    let mut request = NewRequest::ready_owner(22);
+    request.documents_released = false;
+    request.insert(&pool).await;
+    sqlx::query(
+        "UPDATE approval_request SET owner_number = 7001, store_number = 8001 WHERE id = 22",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let outcome = env
+        .approver
+        .attempt(&owner(22), &fence("a", 1))
+        .await
+        .unwrap();
+
+    let AttemptOutcome::RetryScheduled { reason, .. } = outcome else {
+        panic!("old results must not approve it: {outcome:?}");
+    };
+    assert!(reason.reason.contains("documents"), "{}", reason.reason);
+    assert_eq!(request_view(&pool, 22).await.status, "PENDING");
+    let stats = env.sim.stats();
+    assert_eq!((stats.created.owners, stats.created.stores), (0, 0));
+}
