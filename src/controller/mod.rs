@@ -63,6 +63,26 @@ pub enum ControllerError {
     /// The API server does not serve AutoApprovals: the CRD was never applied.
     #[error("CRD {0} is not installed: kubectl apply -f crds/")]
     CrdMissing(String),
+    /// The database records another number of shards than this replica's.
+    #[error(
+        "--shards {requested} disagrees with the {in_force} shards in force (recorded by {set_by} at {set_at}): \
+         start with --shards {in_force}, or change the number for every replica: stop them all, \
+         run DELETE FROM shard_layout as the controller's role, and start them with --shards {requested} \
+         (README: Changing the number of shards)"
+    )]
+    ShardCount {
+        /// This replica's `--shards`.
+        requested: u32,
+        /// The K in the database.
+        in_force: u32,
+        /// Who recorded it.
+        set_by: String,
+        /// When.
+        set_at: chrono::DateTime<chrono::Utc>,
+    },
+    /// The start-up check of the shard count could not read the database.
+    #[error("checking the number of shards: {0}")]
+    Layout(#[source] StoreError),
     /// One of the replica's own tasks died; the replica stopped rather than
     /// run half alive (its claims and Leases were released first).
     #[error("the {task} task stopped unexpectedly: {reason}")]
@@ -110,6 +130,7 @@ pub async fn run_until(
     } = parts;
     let api: Api<AutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
     crd_installed(&api).await?;
+    shards_agree(&store, &settings).await?;
     let approver = Arc::new(Approver::new(
         store.clone(),
         external,
@@ -331,6 +352,25 @@ pub async fn run_until(
     }
     info!(released = released.len(), "controller stopped");
     failure.map_or(Ok(()), Err)
+}
+
+/// Fails, saying which value is in force and how to change it, when the
+/// database records another K than this replica's `--shards`.
+async fn shards_agree(store: &Store, settings: &ControllerConfig) -> Result<(), ControllerError> {
+    let requested = settings.coordination.shard_count;
+    let layout = store
+        .agree_shard_count(requested, &settings.replica_name)
+        .await
+        .map_err(ControllerError::Layout)?;
+    if layout.shard_count != requested {
+        return Err(ControllerError::ShardCount {
+            requested,
+            in_force: layout.shard_count,
+            set_by: layout.set_by,
+            set_at: layout.set_at,
+        });
+    }
+    Ok(())
 }
 
 /// Fails with the fix to apply when the API server has no AutoApproval

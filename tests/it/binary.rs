@@ -470,3 +470,84 @@ fn spawn_run(
         .spawn()
         .expect("autoapproval run starts")
 }
+
+/// Two replicas started with different `--shards` would both own one
+/// request (shard 3 of 16 and shard 3 of 8 share request 19): the first
+/// records its K in the database, and the second refuses to start, naming
+/// the value in force and how to change it.
+#[sqlx::test]
+async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let dir = std::env::temp_dir().join(format!("aa-k-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let first = spawn_run(
+        &kubeconfig,
+        free_port(),
+        &pool,
+        &[
+            "--namespace",
+            NS,
+            "--replica-name",
+            "first",
+            "--shards",
+            "16",
+        ],
+        &[],
+    );
+    eventually("the first replica to record its K", || async {
+        sqlx::query_as::<_, (i32,)>("SELECT shard_count FROM shard_layout")
+            .fetch_optional(&pool)
+            .await
+            .ok()
+            .flatten()
+    })
+    .await;
+
+    let second = spawn_run(
+        &kubeconfig,
+        free_port(),
+        &pool,
+        &[
+            "--namespace",
+            NS,
+            "--replica-name",
+            "second",
+            "--shards",
+            "8",
+        ],
+        &[],
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(30), second.wait_with_output())
+        .await
+        .expect("the second replica exits")
+        .expect("output");
+    sigterm(first.id().expect("pid"));
+    let stopped = tokio::time::timeout(Duration::from_secs(30), first.wait_with_output())
+        .await
+        .expect("the first replica stops on SIGTERM")
+        .expect("output");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains(
+            "autoapproval: --shards 8 disagrees with the 16 shards in force (recorded by first at "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr.trim_end().ends_with(
+            "start with --shards 16, or change the number for every replica: stop them all, \
+             run DELETE FROM shard_layout as the controller's role, and start them with --shards 8 \
+             (README: Changing the number of shards)"
+        ),
+        "{stderr}"
+    );
+    assert!(stopped.status.success(), "the first replica ran on");
+}
