@@ -326,22 +326,24 @@ DELETE FROM auto_approve_state
 // for the request row: a business transaction holding it fails the
 // statement at once (55P03, `StoreError::RowLocked`) and the attempt is
 // retried with backoff, instead of a connection of the chains' pool waiting
-// out the lock timeout (16 such waits starve the whole pool).
+// out the lock timeout (16 such waits starve the whole pool). FOR SHARE on
+// the state row: a fence recovering it meanwhile makes the check see the
+// recovered row (not ours any more), so nothing is written after a takeover.
 const SAVE_OWNER_NUMBER: &str = "\
 UPDATE approval_request r SET owner_number = $4, updated_at = now()
   FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
  WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
 const SAVE_STORE_NUMBER: &str = "\
 UPDATE approval_request r SET store_number = $4, updated_at = now()
   FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
  WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
 const SAVE_CAMPAIGN_ID: &str = "\
 UPDATE approval_request r SET campaign_id = $4, updated_at = now()
   FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
  WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3)";
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
 
 enum ResultValue<'a> {
     Int(i64),

@@ -20,7 +20,9 @@ impl Store {
     }
 
     /// Records what the e-sign system says about a contract, synced by the
-    /// chain of `request_id`.
+    /// chain of `request_id`. A signature is never taken back by a stale
+    /// answer: SIGNED does not go back to PENDING (it may become REJECTED,
+    /// a voided contract).
     pub async fn sync_econtract(
         &self,
         request_id: i64,
@@ -34,7 +36,8 @@ impl Store {
         sqlx::query(
             "INSERT INTO econtract (contract_ref, status, synced_at)
              SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
-             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at",
+             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
+              WHERE NOT (econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
         )
         .bind(contract_ref)
         .bind(status)

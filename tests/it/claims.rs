@@ -459,3 +459,34 @@ async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPo
     );
     assert_eq!(running.await.unwrap().unwrap(), AttemptOutcome::Approved);
 }
+
+/// A stale answer of the e-sign system never takes a signature back: the
+/// ledger stays SIGNED when a sync says PENDING, and a voided contract may
+/// still become REJECTED.
+#[sqlx::test]
+async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
+    NewRequest::ready_owner(1).insert(&pool).await;
+    let store = Store::new(pool.clone(), pool.clone());
+    store
+        .sync_econtract(1, "EC-1", "SIGNED", t0())
+        .await
+        .unwrap();
+
+    store
+        .sync_econtract(1, "EC-1", "PENDING", t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.econtract_status("EC-1").await.unwrap().as_deref(),
+        Some("SIGNED")
+    );
+
+    store
+        .sync_econtract(1, "EC-1", "REJECTED", t0())
+        .await
+        .unwrap();
+    assert_eq!(
+        store.econtract_status("EC-1").await.unwrap().as_deref(),
+        Some("REJECTED")
+    );
+}
