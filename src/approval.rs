@@ -20,6 +20,11 @@ use crate::store::{
 };
 use crate::telemetry::Metrics;
 
+/// How often a running chain checks that its shard is still held: the
+/// longest it can run on after the loss, far below the margin between the
+/// renew deadline and the Lease's expiry (at least 2 × --retry-period).
+const STANDING_CHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -186,16 +191,19 @@ impl Approver {
         candidate: &Candidate,
         fence: &Fence,
     ) -> Result<AttemptOutcome, StoreError> {
-        self.attempt_since(candidate, fence, None).await
+        self.attempt_since(candidate, fence, None, &|| true).await
     }
 
     /// Like [`Approver::attempt`]; a won claim also records the pickup
-    /// latency from `eligible_at` (when the request became workable).
+    /// latency from `eligible_at` (when the request became workable), and
+    /// the chain stops at its next await point, and calls nothing more,
+    /// once `held` says the fence's shard was lost or its renewal is overdue.
     pub async fn attempt_since(
         &self,
         candidate: &Candidate,
         fence: &Fence,
         eligible_at: Option<DateTime<Utc>>,
+        held: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<AttemptOutcome, StoreError> {
         let _running = self.join_running(candidate.request_id).await;
         let now = self.clock.now();
@@ -219,12 +227,23 @@ impl Approver {
         };
         self.metrics.claim("won");
         let current = std::sync::Mutex::new(Step::Owner);
-        let result = match self.run_claimed(&claim, &current).await {
+        let result = match self.run_claimed(&claim, &current, held).await {
             Ok(outcome) => Ok(outcome),
             Err(ChainError::FenceLost(_)) => {
                 warn!(
                     request_id = claim.request_id,
                     "claim taken over mid-chain; stopping"
+                );
+                return Ok(AttemptOutcome::FenceLost);
+            }
+            Err(ChainError::ShardLost(_)) => {
+                // The claim stays as it is: the shard's next holder fences
+                // and recovers it, or, when only the renewal was late, the
+                // sweep gives it back.
+                self.metrics.chain_cancelled();
+                warn!(
+                    request_id = claim.request_id,
+                    "shard lost or its renewal overdue mid-chain; stopped before any further call"
                 );
                 return Ok(AttemptOutcome::FenceLost);
             }
@@ -264,6 +283,7 @@ impl Approver {
         &self,
         claim: &Claim,
         current: &std::sync::Mutex<Step>,
+        held: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<AttemptOutcome, ChainError> {
         let cx = ChainContext {
             store: &self.store,
@@ -271,6 +291,7 @@ impl Approver {
             claim,
             clock: self.clock.as_ref(),
             metrics: &self.metrics,
+            held,
         };
         let on_step = |step: Step| *current.lock().unwrap_or_else(|e| e.into_inner()) = step;
         let chain = self.chain.run(&cx, &on_step);
@@ -279,9 +300,19 @@ impl Approver {
         ticker.tick().await;
         let deadline = tokio::time::sleep(self.config.processing_timeout);
         tokio::pin!(deadline);
+        let mut standing = tokio::time::interval(STANDING_CHECK_EVERY);
+        standing.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let outcome = loop {
             tokio::select! {
                 outcome = &mut chain => break outcome?,
+                // Dropping the chain cancels its call in flight: a shard
+                // lost, or overdue (another replica may take it once its
+                // Lease expires), must not keep calling external systems.
+                _ = standing.tick() => {
+                    if !held() {
+                        return Err(ChainError::ShardLost(claim.request_id));
+                    }
+                }
                 // Dropping the chain abandons its call in flight; the
                 // idempotency key makes the retry's call safe.
                 () = &mut deadline => {
@@ -368,6 +399,7 @@ impl Approver {
         let write = RetryWrite {
             next_retry_time,
             transient,
+            counted: reason.counted,
             reason: &reason.reason,
             step: step.as_str(),
         };

@@ -59,6 +59,7 @@ pub struct Metrics {
     leader: Gauge,
     shard_acquisitions: Family<KindLabel, Counter>,
     shard_losses: Counter,
+    chains_cancelled: Counter,
     lease_renew_failures: Counter,
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
@@ -192,6 +193,12 @@ impl Metrics {
             "Shards lost to another replica without handing them back",
             shard_losses.clone(),
         );
+        let chains_cancelled = Counter::default();
+        registry.register(
+            "chains_cancelled",
+            "Chains stopped mid-way, before any further external call, because their shard was lost or its renewal overdue",
+            chains_cancelled.clone(),
+        );
         let lease_renew_failures = Counter::default();
         registry.register(
             "lease_renew_failures",
@@ -216,6 +223,7 @@ impl Metrics {
             leader,
             shard_acquisitions,
             shard_losses,
+            chains_cancelled,
             lease_renew_failures,
             leadership_losses,
             crs_collected,
@@ -373,6 +381,11 @@ impl Metrics {
     /// Counts a shard lost to another replica.
     pub fn shard_lost(&self) {
         self.shard_losses.inc();
+    }
+
+    /// A chain was stopped because its shard was lost or overdue.
+    pub fn chain_cancelled(&self) {
+        self.chains_cancelled.inc();
     }
 
     /// Counts a failed Lease call.

@@ -69,7 +69,7 @@ pub struct ControllerArgs {
     /// Reconciles (and so chains) running at once.
     #[arg(long, env = "AUTOAPPROVAL_CONCURRENCY", default_value_t = 16)]
     pub concurrency: u16,
-    /// Retries after which a request is Exhausted.
+    /// Failed attempts after which a request is Exhausted (waits for a condition do not count; a change of the request's facts revives it).
     #[arg(long, env = "AUTOAPPROVAL_RETRY_LIMIT", default_value_t = crate::domain::DEFAULT_RETRY_LIMIT)]
     pub retry_limit: i32,
     /// Wait after an unmet condition (documents, signature, hold…).
@@ -81,7 +81,7 @@ pub struct ControllerArgs {
     /// Longest backoff after transient external failures.
     #[arg(long, env = "AUTOAPPROVAL_TRANSIENT_RETRY_MAX", default_value = "10m", value_parser = parse_duration)]
     pub transient_retry_max: Duration,
-    /// How often a running chain touches its claim.
+    /// How often a running chain touches its claim (the cleanser's sign of life; a lost shard stops the chain sooner, see --renew-deadline).
     #[arg(long, env = "AUTOAPPROVAL_HEARTBEAT_INTERVAL", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
     /// K: requests are split into K shards by request_id mod K.
@@ -99,7 +99,7 @@ pub struct ControllerArgs {
     /// A shard or leader Lease not renewed for this long may be taken by another replica (at least --renew-deadline + 2 × --retry-period).
     #[arg(long, env = "AUTOAPPROVAL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
-    /// A replica that could not renew a Lease for this long stops claiming under it.
+    /// A replica that could not renew a Lease for this long stops claiming under it, and its chains in that shard stop within 100 ms, before any further external call: at least 2 × --retry-period before another replica may take the shard (--lease-duration).
     #[arg(long, env = "AUTOAPPROVAL_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub renew_deadline: Duration,
     /// Delay between coordination turns (renew, acquire, balance).

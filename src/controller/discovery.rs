@@ -229,7 +229,10 @@ impl Discovery {
         };
         // The wakes the business system recorded become due retries before
         // the candidate queries look for them.
-        let woken = self.store.apply_wakes(Some(&filter), now).await?;
+        let woken = self
+            .store
+            .apply_wakes(Some(&filter), now, self.settings.retry_limit)
+            .await?;
         if !woken.is_empty() {
             debug!(woken = woken.len(), "woken requests due again");
         }

@@ -245,10 +245,13 @@ impl Reconcile<'_> {
         candidate: &Candidate,
         eligible_at: DateTime<Utc>,
     ) -> Result<AttemptOutcome, ReconcileError> {
-        let attempt =
-            self.ctx
-                .approver
-                .attempt_since(candidate, self.guard.fence(), Some(eligible_at));
+        let held = || self.guard.holds();
+        let attempt = self.ctx.approver.attempt_since(
+            candidate,
+            self.guard.fence(),
+            Some(eligible_at),
+            &held,
+        );
         tokio::pin!(attempt);
         let outcome = tokio::select! {
             outcome = &mut attempt => outcome,

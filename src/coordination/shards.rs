@@ -51,6 +51,16 @@ impl ShardGuard {
     pub fn fence(&self) -> &Fence {
         &self.fence
     }
+
+    /// Whether the shard is still held at this guard's token and renewed
+    /// within the renew deadline: once false, another replica may take the
+    /// shard when its Lease expires, so work under the guard must stop.
+    /// Draining and shutdown do not end it: both wait for running chains.
+    pub fn holds(&self) -> bool {
+        self.shards.lock().held.get(&self.shard).is_some_and(|h| {
+            h.token == self.fence.token && h.renewed.elapsed() < self.shards.renew_deadline
+        })
+    }
 }
 
 impl Drop for ShardGuard {

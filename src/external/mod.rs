@@ -69,7 +69,10 @@ pub struct ExternalError {
 pub struct IdempotencyKey(String);
 
 impl IdempotencyKey {
-    /// The key for `step` (e.g. `owner`) of request `request_id`.
+    /// The key for `step` (e.g. `owner`) of request `request_id`. `step`
+    /// names the creation with the inputs that define it (the campaign's
+    /// store: `campaign:store-7`); the owner and the store are one per
+    /// request, whatever their names.
     pub fn new(request_id: i64, step: &str) -> Self {
         Self(format!("{request_id}:{step}"))
     }

@@ -42,11 +42,15 @@ impl Processor for AdCampaignProcessor {
         let Some(store_number) = request.target_store_number else {
             return Ok(Transition::Retry(RetryReason::condition("no target store")));
         };
-        let key = IdempotencyKey::new(request.id, "campaign");
+        // The store defines the campaign: after a lost answer and a change
+        // of target store, the retry is a new campaign, not a replay of the
+        // one made for the old store.
+        let key = IdempotencyKey::new(request.id, &format!("campaign:store-{store_number}"));
         let approval = CampaignApproval {
             request_id: request.id,
             store_number,
         };
+        cx.ensure_held()?;
         let campaign_id = match cx.record(
             System::Ad,
             cx.external.ad.approve_campaign(&key, &approval).await,

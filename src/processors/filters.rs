@@ -116,6 +116,7 @@ impl Filter for EContractSigned {
         if cx.store.econtract_status(contract).await?.as_deref() == Some("SIGNED") {
             return Ok(Verdict::Pass);
         }
+        cx.ensure_held()?;
         let status = match cx.record(
             System::ESign,
             cx.external.esign.contract_status(contract).await,
@@ -215,6 +216,7 @@ impl Filter for TargetStoreOpen {
         let Some(number) = r.target_store_number else {
             return Ok(Verdict::Wait(RetryReason::condition("no target store")));
         };
+        cx.ensure_held()?;
         Ok(
             match cx.record(System::Store, cx.external.store.lookup_store(number).await) {
                 Ok(Some(store)) => verdict(store.open, &format!("store {number} is closed")),

@@ -65,6 +65,10 @@ pub struct RetryReason {
     pub class: RetryClass,
     /// A short human reason, e.g. `documents not released`.
     pub reason: String,
+    /// Whether it counts towards the retry limit: failures do (a
+    /// downstream or our database failing, a refusal), waits for a
+    /// condition the business system will change do not.
+    pub counted: bool,
 }
 
 impl RetryReason {
@@ -73,6 +77,7 @@ impl RetryReason {
         Self {
             class: RetryClass::ConditionNotMet,
             reason: reason.into(),
+            counted: false,
         }
     }
 
@@ -81,6 +86,7 @@ impl RetryReason {
         Self {
             class: RetryClass::Transient,
             reason: reason.into(),
+            counted: true,
         }
     }
 
@@ -90,9 +96,12 @@ impl RetryReason {
             ErrorKind::Transient => RetryClass::Transient,
             ErrorKind::Permanent => RetryClass::ConditionNotMet,
         };
+        // A refusal waits the long interval but counts: the same call
+        // would be refused every ten minutes for the whole window.
         Self {
             class,
             reason: error.to_string(),
+            counted: true,
         }
     }
 }
@@ -117,6 +126,10 @@ pub enum ChainError {
     /// Our fence no longer matches: another worker holds the request now.
     #[error("claim on request {0} was lost")]
     FenceLost(i64),
+    /// The claim's shard was lost, or its renewal is overdue: another
+    /// replica may take it, so the chain stops before any further call.
+    #[error("the shard of request {0} was lost or its renewal is overdue")]
+    ShardLost(i64),
 }
 
 /// What a processor gets to work with.
@@ -131,9 +144,22 @@ pub struct ChainContext<'a> {
     pub clock: &'a dyn Clock,
     /// Where the step counts its external calls and outcomes.
     pub metrics: &'a Metrics,
+    /// Whether the claim's shard is still held and renewed: checked before
+    /// every external call, so a chain whose shard was lost calls nothing.
+    pub held: &'a (dyn Fn() -> bool + Send + Sync),
 }
 
 impl ChainContext<'_> {
+    /// Fails with [`ChainError::ShardLost`] when the claim's shard is no
+    /// longer held or its renewal is overdue; call before an external call.
+    pub fn ensure_held(&self) -> Result<(), ChainError> {
+        if (self.held)() {
+            Ok(())
+        } else {
+            Err(ChainError::ShardLost(self.claim.request_id))
+        }
+    }
+
     /// Counts an external call's result and passes it through.
     pub fn record<T>(
         &self,

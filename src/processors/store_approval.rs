@@ -51,6 +51,7 @@ impl Processor for StoreProcessor {
             owner_number,
             store_name: request.business_name.clone(),
         };
+        cx.ensure_held()?;
         let store_number = match cx.record(
             System::Store,
             cx.external.store.create_store(&key, &store).await,

@@ -36,6 +36,8 @@ pub struct RetryWrite<'a> {
     pub next_retry_time: DateTime<Utc>,
     /// Whether the failure was transient (grows the backoff streak).
     pub transient: bool,
+    /// Whether it counts towards the retry limit (a failure, not a wait).
+    pub counted: bool,
     /// Why, for the CR status and the memo.
     pub reason: &'a str,
     /// The step that asked for it.
@@ -140,7 +142,8 @@ impl Store {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Moves a claimed request to RETRY_WAITING with retry_count + 1 and
+    /// Moves a claimed request to RETRY_WAITING, with retry_count + 1 when
+    /// the retry is `counted` (a failure; a wait for a condition is not), and
     /// appends a memo when the reason changed. Returns the new retry count,
     /// `None` when the fence no longer matches.
     pub async fn schedule_retry(
@@ -162,7 +165,8 @@ impl Store {
                  RETURNING w.request_id
              ), upd AS (
                  UPDATE auto_approve_state s
-                    SET status = 'RETRY_WAITING', retry_count = s.retry_count + 1,
+                    SET status = 'RETRY_WAITING',
+                        retry_count = s.retry_count + CASE WHEN $9 THEN 1 ELSE 0 END,
                         transient_streak = CASE WHEN $5 THEN s.transient_streak + 1 ELSE 0 END,
                         next_retry_time = CASE
                             WHEN s.woken_at IS NULL
@@ -186,6 +190,7 @@ impl Store {
         .bind(retry.reason)
         .bind(retry.step)
         .bind(now)
+        .bind(retry.counted)
         .fetch_optional(&self.primary)
         .await
         .map_err(db("schedule retry"))?;

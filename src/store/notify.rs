@@ -89,11 +89,14 @@ impl Store {
     /// system woke (the rows its trigger appended, migration 0010), and
     /// removes those rows, and those of requests with no claim left; a
     /// running claim's rows stay for the retry it schedules. Returns the
-    /// requests made due.
+    /// requests made due. A woken request at `retry_limit` (Exhausted) is
+    /// revived: its count starts again from zero, because the fact the
+    /// business changed may be what made it fail.
     pub async fn apply_wakes(
         &self,
         shards: Option<&ShardFilter>,
         now: DateTime<Utc>,
+        retry_limit: i32,
     ) -> Result<Vec<i64>, StoreError> {
         let (shards, shard_count) = match shards {
             Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
@@ -108,14 +111,17 @@ impl Store {
                  RETURNING w.request_id
              )
              UPDATE auto_approve_state
-                SET next_retry_time = $1
+                SET next_retry_time = LEAST(next_retry_time, $1),
+                    retry_count = CASE WHEN retry_count >= $4 THEN 0 ELSE retry_count END,
+                    transient_streak = CASE WHEN retry_count >= $4 THEN 0 ELSE transient_streak END
               WHERE request_id IN (SELECT request_id FROM woken)
-                AND status = 'RETRY_WAITING' AND next_retry_time > $1
+                AND status = 'RETRY_WAITING' AND (next_retry_time > $1 OR retry_count >= $4)
              RETURNING request_id",
         )
         .bind(now)
         .bind(shards)
         .bind(shard_count)
+        .bind(retry_limit)
         .fetch_all(&self.primary)
         .await
         .map_err(db("apply wakes"))?;

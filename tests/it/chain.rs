@@ -419,3 +419,52 @@ async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPo
     let stats = env.sim.stats();
     assert_eq!((stats.created.owners, stats.created.stores), (0, 0));
 }
+
+/// The ad service approves a campaign for store 700 and the answer is lost;
+/// the business then corrects the target store to 701. The store defines
+/// the campaign, so the retry makes one for 701 instead of replaying the
+/// campaign of 700 under the old key (which a strict downstream would
+/// refuse as a key reused with another body).
+#[sqlx::test]
+async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    env.sim.add_store(700, true);
+    env.sim.add_store(701, true);
+    NewRequest::ready_ad(31, 700).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next(System::Ad, 1, FaultKind::Malformed))
+        .unwrap();
+    let ad = Candidate {
+        request_id: 31,
+        request_type: RequestType::AdContract,
+        state_id: None,
+    };
+    let first = env.approver.attempt(&ad, &fence("a", 1)).await.unwrap();
+    assert!(
+        matches!(first, AttemptOutcome::RetryScheduled { .. }),
+        "{first:?}"
+    );
+    let lost = env.sim.stats().created.campaigns;
+    assert_eq!(lost, 1, "the campaign for 700 was made, its answer lost");
+    sqlx::query("UPDATE approval_request SET target_store_number = 701 WHERE id = 31")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let state = env.store.state(31).await.unwrap().unwrap();
+    env.clock.set(state.next_retry_time.unwrap());
+    let retry = Candidate {
+        state_id: Some(state.id),
+        ..ad
+    };
+    assert_eq!(
+        env.approver.attempt(&retry, &fence("a", 1)).await.unwrap(),
+        AttemptOutcome::Approved
+    );
+
+    let stats = env.sim.stats();
+    assert_eq!(stats.key_conflicts, 0, "no key reused with another body");
+    assert_eq!(stats.idempotent_replays, 0, "nothing of store 700 replayed");
+    assert_eq!(stats.for_request(31).campaign, 2, "one campaign per store");
+    assert!(request_view(&pool, 31).await.campaign_id.is_some());
+}

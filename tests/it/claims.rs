@@ -205,6 +205,7 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool:
     assert_eq!(store.wake(&[31], t0()).await.unwrap(), [31]);
     let later = t0() + Duration::minutes(10);
     let write = RetryWrite {
+        counted: true,
         next_retry_time: later,
         transient: false,
         reason: "documents not released",
@@ -287,6 +288,7 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     let now = chrono::Utc::now().trunc_subsecs(6);
     let later = now + Duration::minutes(10);
     let write = RetryWrite {
+        counted: true,
         next_retry_time: later,
         transient: false,
         reason: "documents not released",
@@ -343,7 +345,10 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     assert_eq!(recorded, [51, 53], "recorded in the changing transaction");
     assert!(!due(51).await, "the business side touched no row of ours");
     assert_eq!(
-        store.apply_wakes(None, chrono::Utc::now()).await.unwrap(),
+        store
+            .apply_wakes(None, chrono::Utc::now(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap(),
         [51],
         "the turn makes the waiting request due; the running one keeps its row"
     );

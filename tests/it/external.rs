@@ -478,3 +478,31 @@ async fn shutdown_cuts_a_hanging_call_short() {
     let err = call.await.unwrap().unwrap_err();
     assert_eq!(err.kind, ErrorKind::Transient);
 }
+
+/// Two creations for one request worked on at once (two chains) are an
+/// overlap in `/stats`; for two requests, or one after the other, they are not.
+#[tokio::test]
+async fn creations_for_one_request_at_once_are_counted_as_overlapping() {
+    let sim = sim(SimConfig::default()).await;
+    sim.set_faults(Faults {
+        latency: Duration::from_millis(300),
+        ..Faults::default()
+    })
+    .unwrap();
+    let ext = clients(&sim, |_| {});
+    let (key1, key2) = (
+        IdempotencyKey::new(1, "owner"),
+        IdempotencyKey::new(2, "owner"),
+    );
+    let (owner1, owner2) = (owner(1), owner(2));
+    let (a, b, c) = tokio::join!(
+        ext.owner.create_owner(&key1, &owner1),
+        ext.owner.create_owner(&key1, &owner1),
+        ext.owner.create_owner(&key2, &owner2),
+    );
+    assert!(a.is_ok() && b.is_ok() && c.is_ok());
+    assert_eq!(sim.stats().overlapping_creations, 1);
+    ext.owner.create_owner(&key1, &owner1).await.unwrap();
+    assert_eq!(sim.stats().overlapping_creations, 1, "one after the other");
+    sim.shutdown().await.unwrap();
+}

@@ -239,6 +239,9 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
     let created = sim.stats().for_request(1);
     assert_eq!((created.owner, created.store), (1, 1), "{created:?}");
     assert!(created.campaign <= 1, "{created:?}");
+    // The instrument that sees two chains: a's owner call, which no shard
+    // check stops here, was still being worked on when b's arrived.
+    assert_eq!(sim.stats().overlapping_creations, 1);
     let (approvals,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM write_audit WHERE tbl = 'approval_request' AND app = 'replica-b'",
     )
@@ -246,4 +249,93 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
     .await
     .unwrap();
     assert!(approvals >= 1);
+}
+
+/// Replica a is waiting on the e-sign system when its shard is lost (its
+/// renewal went overdue, say); b fences the shard and approves. a's chain
+/// is cancelled at its next await point, so it makes no further external
+/// call: before, its e-sign answer arrived, it synced the ledger and called
+/// the owner service a second time, after b, until the fenced save stopped it.
+#[sqlx::test]
+async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool) {
+    NewRequest::ready_owner(1)
+        .sorted_at(Utc::now())
+        .insert(&pool)
+        .await;
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
+        .await
+        .expect("simulator");
+    sim.set_faults(Faults {
+        latency: Duration::from_millis(1500),
+        system: Some(SimSystem::Esign),
+        ..Faults::default()
+    })
+    .expect("faults");
+    let external = || {
+        HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
+            .expect("external clients")
+    };
+    let approver = |metrics: Metrics| {
+        Arc::new(Approver::new(
+            Store::new(pool.clone(), pool.clone()),
+            external(),
+            Arc::new(SystemClock),
+            metrics,
+            defaults().approver,
+        ))
+    };
+    let a_metrics = Metrics::new();
+    let replica_a = approver(a_metrics.clone());
+    let replica_b = approver(Metrics::new());
+    let store = Store::new(pool.clone(), pool.clone());
+    store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
+    let a_holds = Arc::new(std::sync::atomic::AtomicBool::new(true));
+
+    let a = tokio::spawn({
+        let (replica_a, a_holds) = (replica_a.clone(), a_holds.clone());
+        async move {
+            let held = move || a_holds.load(std::sync::atomic::Ordering::SeqCst);
+            replica_a
+                .attempt_since(&candidate(1, None), &Fence::sharded("a", 1, K), None, &held)
+                .await
+        }
+    });
+    eventually("replica a to be asking the e-sign system", || async {
+        (sim.stats().in_flight.esign > 0).then_some(())
+    })
+    .await;
+
+    a_holds.store(false, std::sync::atomic::Ordering::SeqCst);
+    let recovered = store.fence_shard(K, 1, 2, "b", Utc::now()).await.unwrap();
+    assert_eq!(recovered, Some(vec![1]));
+    sim.set_faults(Faults::default()).expect("faults");
+    let state = store.state(1).await.unwrap().expect("recovered row");
+    let b_outcome = replica_b
+        .attempt(&candidate(1, Some(state.id)), &Fence::sharded("b", 2, K))
+        .await
+        .unwrap();
+    assert_eq!(b_outcome, AttemptOutcome::Approved);
+    let a_outcome = a.await.expect("joins").unwrap();
+    assert_eq!(a_outcome, AttemptOutcome::FenceLost);
+    // a's e-sign answer would have come by now; let it, if it still ran.
+    tokio::time::sleep(Duration::from_millis(1700)).await;
+
+    let stats = sim.stats();
+    assert_eq!(
+        (
+            stats.calls_to("POST /owners"),
+            stats.calls_to("POST /stores")
+        ),
+        (1, 1),
+        "only b called the owner and store services: {:?}",
+        stats.calls
+    );
+    assert_eq!(request_view(&pool, 1).await.status, "APPROVED");
+    assert!(
+        a_metrics
+            .encode()
+            .contains("autoapproval_chains_cancelled_total 1"),
+        "{}",
+        a_metrics.encode()
+    );
 }

@@ -289,6 +289,11 @@ fn assert_nothing_doubled(sim: &SimHandle) {
         .filter(|(_, c)| c.owner > 1 || c.store > 1 || c.campaign > 1)
         .collect();
     assert!(doubled.is_empty(), "created twice: {doubled:?}");
+    assert_eq!(stats.key_conflicts, 0, "a key reused with another body");
+    assert_eq!(
+        stats.overlapping_creations, 0,
+        "two chains worked on one request at once"
+    );
 }
 
 #[sqlx::test]

@@ -33,9 +33,10 @@ async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(pool: PgPo
     };
     assert_eq!(reason.class, RetryClass::ConditionNotMet);
     assert_eq!(reason.reason, "documents not released");
+    // A wait is not a failure: the limit's count stays at zero.
     assert_eq!(
         (next_retry_time, retry_count),
-        (t0() + Duration::minutes(10), 1)
+        (t0() + Duration::minutes(10), 0)
     );
     let state = env.store.state(1).await.unwrap().unwrap();
     assert_eq!(
@@ -104,12 +105,13 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     let mut state_id = None;
     expect_retry(&env, &mut state_id, RetryClass::Transient, 2, 1).await;
     expect_retry(&env, &mut state_id, RetryClass::Transient, 4, 2).await;
-    // An unmet condition waits the long interval and ends the streak…
+    // An unmet condition waits the long interval, counts nothing towards
+    // the limit, and ends the streak…
     sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 1")
         .execute(&pool)
         .await
         .unwrap();
-    expect_retry(&env, &mut state_id, RetryClass::ConditionNotMet, 600, 3).await;
+    expect_retry(&env, &mut state_id, RetryClass::ConditionNotMet, 600, 2).await;
     // …so the next transient failure starts again at the base.
     sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 1")
         .execute(&pool)
@@ -118,7 +120,7 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
         .unwrap();
-    expect_retry(&env, &mut state_id, RetryClass::Transient, 2, 4).await;
+    expect_retry(&env, &mut state_id, RetryClass::Transient, 2, 3).await;
     // Then the owner service is healthy again and the request is approved.
     let outcome = env
         .approver
@@ -131,9 +133,11 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
 #[sqlx::test]
 async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
-    let mut r = NewRequest::ready_owner(1);
-    r.operational_hold = true;
-    r.insert(&pool).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    // The 300th failure: the owner service fails the call.
+    env.sim
+        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
+        .unwrap();
     let state_id = insert_state(
         &pool,
         1,
@@ -174,5 +178,109 @@ async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
     assert_eq!(
         (state.status.as_str(), state.retry_count),
         ("RETRY_WAITING", 300)
+    );
+}
+
+/// A request whose documents wait from day 1 to day 3 is tried every ten
+/// minutes, 432 times, more than the limit of 300: waits are not failures,
+/// so it is never Exhausted, and the release on day 3 approves it.
+#[sqlx::test]
+async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    let mut r = NewRequest::ready_owner(1);
+    r.documents_released = false;
+    r.insert(&pool).await;
+    let mut state_id = None;
+    let mut waits = 0;
+    while env.clock.now() < t0() + Duration::days(3) {
+        let outcome = env
+            .approver
+            .attempt(&candidate(1, state_id), &fence("a", 1))
+            .await
+            .unwrap();
+        let AttemptOutcome::RetryScheduled {
+            next_retry_time,
+            retry_count,
+            ..
+        } = outcome
+        else {
+            panic!("wait {waits}: {outcome:?}");
+        };
+        assert_eq!(retry_count, 0, "a wait counts nothing");
+        waits += 1;
+        state_id = env.store.state(1).await.unwrap().map(|s| s.id);
+        env.clock.set(next_retry_time);
+    }
+    assert!(waits > DEFAULT_RETRY_LIMIT, "{waits} waits");
+    sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let outcome = env
+        .approver
+        .attempt(&candidate(1, state_id), &fence("a", 1))
+        .await
+        .unwrap();
+    assert_eq!(outcome, AttemptOutcome::Approved);
+}
+
+/// Two failures exhaust a request at a limit of 2; then the business
+/// changes one of its facts (a corrected e-contract). The change revives
+/// it: its count starts again and it is due at once, and it is approved.
+#[sqlx::test]
+async fn a_fact_change_revives_an_exhausted_request(pool: PgPool) {
+    const LIMIT: i32 = 2;
+    let mut config = defaults().approver;
+    config.retry.limit = LIMIT;
+    let env = crate::support::Env::with_approver(pool.clone(), config).await;
+    NewRequest::ready_owner(1).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next(System::Owner, 2, FaultKind::Error))
+        .unwrap();
+    let mut state_id = None;
+    for _ in 0..LIMIT {
+        let outcome = env
+            .approver
+            .attempt(&candidate(1, state_id), &fence("a", 1))
+            .await
+            .unwrap();
+        let AttemptOutcome::RetryScheduled {
+            next_retry_time, ..
+        } = outcome
+        else {
+            panic!("{outcome:?}");
+        };
+        state_id = env.store.state(1).await.unwrap().map(|s| s.id);
+        env.clock.set(next_retry_time);
+    }
+    assert_eq!(
+        env.approver
+            .attempt(&candidate(1, state_id), &fence("a", 1))
+            .await
+            .unwrap(),
+        AttemptOutcome::NotClaimed,
+        "exhausted"
+    );
+
+    sqlx::query("UPDATE approval_request SET econtract_ref = 'EC-1-corrected' WHERE id = 1")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let woken = env
+        .store
+        .apply_wakes(None, env.clock.now(), LIMIT)
+        .await
+        .unwrap();
+    assert_eq!(woken, [1], "the wake revives it");
+    let state = env.store.state(1).await.unwrap().unwrap();
+    assert_eq!(state.retry_count, 0);
+
+    assert_eq!(
+        env.approver
+            .attempt(&candidate(1, Some(state.id)), &fence("a", 1))
+            .await
+            .unwrap(),
+        AttemptOutcome::Approved
     );
 }

@@ -132,6 +132,28 @@ impl Drop for InFlight {
     }
 }
 
+/// A creation for one request being worked on (latency and work, not the
+/// hang of a timeout fault), until dropped.
+struct Working {
+    shared: Arc<Shared>,
+    system: SimSystem,
+    request_id: i64,
+}
+
+impl Drop for Working {
+    fn drop(&mut self) {
+        self.shared.lock().end_work(self.system, self.request_id);
+    }
+}
+
+/// The request id of a creation's JSON body, if it has one.
+fn request_id_of(body: &[u8]) -> Option<i64> {
+    serde_json::from_slice::<serde_json::Value>(body)
+        .ok()?
+        .get("requestId")?
+        .as_i64()
+}
+
 /// Counts the call, checks the token, then applies latency and faults.
 async fn serve_system_call(
     State(ctx): State<Ctx>,
@@ -162,6 +184,23 @@ async fn serve_system_call(
         };
         (state.plan(ctx.system), guard)
     };
+    // A creation is read first, so that two calls working on one request
+    // at once (two chains) are seen: `overlapping_creations` in /stats.
+    let (request, _working) = if request.method() == axum::http::Method::POST {
+        let (parts, body) = request.into_parts();
+        let bytes = to_bytes(body, MAX_BODY).await.unwrap_or_default();
+        let working = request_id_of(&bytes).map(|request_id| {
+            ctx.shared.lock().begin_work(ctx.system, request_id);
+            Working {
+                shared: ctx.shared.clone(),
+                system: ctx.system,
+                request_id,
+            }
+        });
+        (Request::from_parts(parts, Body::from(bytes)), working)
+    } else {
+        (request, None)
+    };
     debug!(%endpoint, latency_ms = plan.latency.as_millis() as u64, fault = ?plan.fault, "simulator call");
     ctx.shared.pause(plan.latency).await;
     match plan.fault {
@@ -170,6 +209,7 @@ async fn serve_system_call(
         Some(FaultKind::Timeout) => {
             // The work happens; only the answer is lost.
             drop(next.run(request).await);
+            drop(_working);
             ctx.shared.pause(plan.hang).await;
             error(StatusCode::GATEWAY_TIMEOUT, "injected timeout")
         }

@@ -267,6 +267,12 @@ pub struct Stats {
     pub created: Creations,
     /// Mutations answered from an earlier call with the same idempotency key.
     pub idempotent_replays: u64,
+    /// Creations that arrived while another for the same request and system
+    /// was still being worked on: two chains on one request at once.
+    pub overlapping_creations: u64,
+    /// Replays whose body differs from the first call's: a strict downstream
+    /// (Stripe's, say) refuses them; this one answers the first result.
+    pub key_conflicts: u64,
     /// Creations per request id, e.g. `{"42": {"owner": 1, "store": 1, "campaign": 1}}`.
     pub per_request: BTreeMap<i64, RequestCreations>,
     /// Calls being served right now, per system.
@@ -316,9 +322,10 @@ pub(crate) struct State {
     esign_default: ContractStatus,
     contracts: HashMap<String, ContractStatus>,
     stores: BTreeMap<i64, bool>,
-    owners_by_key: HashMap<String, i64>,
-    stores_by_key: HashMap<String, i64>,
-    campaigns_by_key: HashMap<String, String>,
+    // Each key's result and the body it was made from.
+    owners_by_key: HashMap<String, (i64, String)>,
+    stores_by_key: HashMap<String, (i64, String)>,
+    campaigns_by_key: HashMap<String, (String, String)>,
     // Never reset, so numbers stay unique across resets.
     next_owner: i64,
     next_store: i64,
@@ -327,6 +334,8 @@ pub(crate) struct State {
     campaign_prefix: String,
     pub stats: Stats,
     rng: StdRng,
+    /// Creations being worked on now, per system and request.
+    working: HashMap<(SimSystem, i64), u32>,
 }
 
 impl State {
@@ -346,6 +355,7 @@ impl State {
             campaign_prefix: DEFAULT_CAMPAIGN_PREFIX.to_owned(),
             stats: Stats::default(),
             rng: seed.map_or_else(StdRng::from_os_rng, StdRng::seed_from_u64),
+            working: HashMap::new(),
         }
     }
 
@@ -377,6 +387,26 @@ impl State {
         let now = *now;
         let max = self.stats.in_flight_max.get_mut(system);
         *max = (*max).max(now);
+    }
+
+    /// A creation for `request_id` starts: counted as overlapping when
+    /// another for the same request and system is still being worked on.
+    pub fn begin_work(&mut self, system: SimSystem, request_id: i64) {
+        let working = self.working.entry((system, request_id)).or_default();
+        if *working > 0 {
+            self.stats.overlapping_creations += 1;
+        }
+        *working += 1;
+    }
+
+    /// The creation for `request_id` is done (or abandoned).
+    pub fn end_work(&mut self, system: SimSystem, request_id: i64) {
+        if let Some(working) = self.working.get_mut(&(system, request_id)) {
+            *working = working.saturating_sub(1);
+            if *working == 0 {
+                self.working.remove(&(system, request_id));
+            }
+        }
     }
 
     pub fn leave(&mut self, system: SimSystem) {
@@ -453,14 +483,24 @@ impl State {
             .map(|&open| wire::Store { store_number, open })
     }
 
+    /// Counts a replay of `key`, and a conflict when `body` is not the one
+    /// the key was first used with.
+    fn replayed(&mut self, first_body: &str, body: &str) {
+        self.stats.idempotent_replays += 1;
+        if first_body != body {
+            self.stats.key_conflicts += 1;
+        }
+    }
+
     pub fn create_owner(&mut self, key: &str, owner: &wire::CreateOwner) -> i64 {
-        if let Some(&n) = self.owners_by_key.get(key) {
-            self.stats.idempotent_replays += 1;
+        let body = body_of(owner);
+        if let Some((n, first)) = self.owners_by_key.get(key).cloned() {
+            self.replayed(&first, &body);
             return n;
         }
         let n = self.next_owner;
         self.next_owner += 1;
-        self.owners_by_key.insert(key.to_owned(), n);
+        self.owners_by_key.insert(key.to_owned(), (n, body));
         self.stats.created.owners += 1;
         self.stats
             .per_request
@@ -471,8 +511,9 @@ impl State {
     }
 
     pub fn create_store(&mut self, key: &str, store: &wire::CreateStore) -> i64 {
-        if let Some(&n) = self.stores_by_key.get(key) {
-            self.stats.idempotent_replays += 1;
+        let body = body_of(store);
+        if let Some((n, first)) = self.stores_by_key.get(key).cloned() {
+            self.replayed(&first, &body);
             return n;
         }
         // Skip numbers a test registered by hand.
@@ -481,7 +522,7 @@ impl State {
             n += 1;
         }
         self.next_store = n + 1;
-        self.stores_by_key.insert(key.to_owned(), n);
+        self.stores_by_key.insert(key.to_owned(), (n, body));
         self.stores.insert(n, true);
         self.stats.created.stores += 1;
         self.stats
@@ -503,16 +544,18 @@ impl State {
         key: &str,
         approval: &wire::ApproveCampaign,
     ) -> Result<String, UnknownStore> {
-        if let Some(id) = self.campaigns_by_key.get(key) {
-            self.stats.idempotent_replays += 1;
-            return Ok(id.clone());
+        let body = body_of(approval);
+        if let Some((id, first)) = self.campaigns_by_key.get(key).cloned() {
+            self.replayed(&first, &body);
+            return Ok(id);
         }
         if !self.stores.contains_key(&approval.store_number) {
             return Err(UnknownStore(approval.store_number));
         }
         let id = format!("{}{:06}", self.campaign_prefix, self.next_campaign);
         self.next_campaign += 1;
-        self.campaigns_by_key.insert(key.to_owned(), id.clone());
+        self.campaigns_by_key
+            .insert(key.to_owned(), (id.clone(), body));
         self.stats.created.campaigns += 1;
         self.stats
             .per_request
@@ -523,12 +566,41 @@ impl State {
     }
 }
 
+/// A body as compared between the calls of one key.
+fn body_of(body: &impl Serialize) -> String {
+    serde_json::to_string(body).unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn state(faults: Faults) -> State {
         State::new(faults, ContractStatus::Signed, Some(7))
+    }
+
+    #[test]
+    fn a_creation_for_a_request_already_being_worked_on_is_an_overlap() {
+        let mut s = state(Faults::default());
+        s.begin_work(SimSystem::Owner, 1);
+        s.begin_work(SimSystem::Owner, 2);
+        s.begin_work(SimSystem::Store, 1);
+        assert_eq!(
+            s.stats.overlapping_creations, 0,
+            "other requests, other systems"
+        );
+        s.begin_work(SimSystem::Owner, 1);
+        assert_eq!(
+            s.stats.overlapping_creations, 1,
+            "two at once for request 1"
+        );
+        s.end_work(SimSystem::Owner, 1);
+        s.end_work(SimSystem::Owner, 1);
+        s.begin_work(SimSystem::Owner, 1);
+        assert_eq!(
+            s.stats.overlapping_creations, 1,
+            "one after the other is no overlap"
+        );
     }
 
     #[test]

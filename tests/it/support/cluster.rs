@@ -13,7 +13,7 @@ use autoapproval::controller::{Parts, run_until};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{SimConfig, SimHandle, Simulator};
+use autoapproval_sim::{Faults, SimConfig, SimHandle, Simulator};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ListParams, PostParams};
@@ -82,10 +82,16 @@ impl Cluster {
     }
 
     pub async fn with(pool: PgPool, settings: ControllerConfig) -> Cluster {
+        Self::with_faults(pool, settings, Faults::default()).await
+    }
+
+    /// Like `with`, the simulator failing with `faults` from the start.
+    pub async fn with_faults(pool: PgPool, settings: ControllerConfig, faults: Faults) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             autoapproval::telemetry::init_tracing(false, "info");
         }
         let (server, client, sim) = backends().await;
+        sim.set_faults(faults).expect("faults");
         let mut cluster = Cluster {
             server,
             api: Api::namespaced(client.clone(), NS),
