@@ -744,3 +744,38 @@ async fn a_claim_left_without_a_chain_is_resumed_within_seconds(pool: PgPool) {
     .await;
     cluster.stop().await;
 }
+
+/// The Leases are gone (the namespace recreated, the API server's data
+/// lost) while the database keeps every shard's fencing token. A new
+/// generation must be one above the database's token as well as the
+/// Lease's (which starts again at 0), or the fence would refuse it, and
+/// the replica would climb one generation per turn until it caught up.
+#[sqlx::test]
+async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(pool: PgPool) {
+    let mut first = Cluster::start(pool.clone()).await;
+    owner_now(151).insert(&pool).await;
+    first.wait_phase(151, Phase::Approved).await;
+    first.stop().await;
+    let (fenced,): (i64,) = sqlx::query_as("SELECT count(*) FROM shard_fence WHERE token >= 1")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(fenced, 16, "every shard was fenced once");
+    // Many generations have passed (replicas came and went): a Lease that
+    // starts again at 0 would need a thousand refused turns to catch up.
+    sqlx::query("UPDATE shard_fence SET token = token + 1000")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // A new API server: no Lease of the first run exists there.
+    let mut second = Cluster::start(pool.clone()).await;
+    owner_now(152).insert(&pool).await;
+    second.wait_phase(152, Phase::Approved).await;
+    let (raised,): (i64,) = sqlx::query_as("SELECT count(*) FROM shard_fence WHERE token > 1001")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(raised, 16, "each shard fenced above its old token");
+    second.stop().await;
+}
