@@ -249,7 +249,12 @@ impl Fleet {
 
 impl Drop for Fleet {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // A failed test keeps the replicas' logs for whoever reads its output.
+        if std::thread::panicking() {
+            eprintln!("replica logs kept in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
