@@ -50,11 +50,10 @@ impl Processor for AdCampaignProcessor {
             request_id: request.id,
             store_number,
         };
-        cx.ensure_held()?;
-        let campaign_id = match cx.record(
-            System::Ad,
-            cx.external.ad.approve_campaign(&key, &approval).await,
-        ) {
+        let campaign_id = match cx
+            .call(System::Ad, cx.external.ad.approve_campaign(&key, &approval))
+            .await?
+        {
             Ok(id) => id,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };

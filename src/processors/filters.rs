@@ -116,11 +116,10 @@ impl Filter for EContractSigned {
         if cx.store.econtract_status(contract).await?.as_deref() == Some("SIGNED") {
             return Ok(Verdict::Pass);
         }
-        cx.ensure_held()?;
-        let status = match cx.record(
-            System::ESign,
-            cx.external.esign.contract_status(contract).await,
-        ) {
+        let status = match cx
+            .call(System::ESign, cx.external.esign.contract_status(contract))
+            .await?
+        {
             Ok(status) => status,
             Err(e) => return Ok(Verdict::Wait(RetryReason::external(&e))),
         };
@@ -216,9 +215,11 @@ impl Filter for TargetStoreOpen {
         let Some(number) = r.target_store_number else {
             return Ok(Verdict::Wait(RetryReason::condition("no target store")));
         };
-        cx.ensure_held()?;
         Ok(
-            match cx.record(System::Store, cx.external.store.lookup_store(number).await) {
+            match cx
+                .call(System::Store, cx.external.store.lookup_store(number))
+                .await?
+            {
                 Ok(Some(store)) => verdict(store.open, &format!("store {number} is closed")),
                 Ok(None) => Verdict::Wait(RetryReason::condition(format!(
                     "store {number} does not exist"

@@ -150,29 +150,25 @@ pub struct ChainContext<'a> {
 }
 
 impl ChainContext<'_> {
-    /// Fails with [`ChainError::ShardLost`] when the claim's shard is no
-    /// longer held or its renewal is overdue; call before an external call.
-    pub fn ensure_held(&self) -> Result<(), ChainError> {
-        if (self.held)() {
-            Ok(())
-        } else {
-            Err(ChainError::ShardLost(self.claim.request_id))
-        }
-    }
-
-    /// Counts an external call's result and passes it through.
-    pub fn record<T>(
+    /// Makes an external call, counting its result, once the claim's shard
+    /// is seen still held and renewed; fails with [`ChainError::ShardLost`]
+    /// otherwise, and nothing is sent (the call's future has not started).
+    pub async fn call<T>(
         &self,
         system: crate::external::System,
-        result: Result<T, ExternalError>,
-    ) -> Result<T, ExternalError> {
+        call: impl std::future::Future<Output = Result<T, ExternalError>>,
+    ) -> Result<Result<T, ExternalError>, ChainError> {
+        if !(self.held)() {
+            return Err(ChainError::ShardLost(self.claim.request_id));
+        }
+        let result = call.await;
         let label = match &result {
             Ok(_) => "ok",
             Err(e) if e.kind == ErrorKind::Transient => "transient",
             Err(_) => "permanent",
         };
         self.metrics.external_call(system.as_str(), label);
-        result
+        Ok(result)
     }
 }
 

@@ -46,11 +46,10 @@ impl Processor for OwnerProcessor {
             request_id: request.id,
             business_name: request.business_name.clone(),
         };
-        cx.ensure_held()?;
-        let owner_number = match cx.record(
-            System::Owner,
-            cx.external.owner.create_owner(&key, &owner).await,
-        ) {
+        let owner_number = match cx
+            .call(System::Owner, cx.external.owner.create_owner(&key, &owner))
+            .await?
+        {
             Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };

@@ -51,11 +51,10 @@ impl Processor for StoreProcessor {
             owner_number,
             store_name: request.business_name.clone(),
         };
-        cx.ensure_held()?;
-        let store_number = match cx.record(
-            System::Store,
-            cx.external.store.create_store(&key, &store).await,
-        ) {
+        let store_number = match cx
+            .call(System::Store, cx.external.store.create_store(&key, &store))
+            .await?
+        {
             Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };

@@ -339,3 +339,51 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
         a_metrics.encode()
     );
 }
+
+/// The check before every external call: once the shard is seen lost, a
+/// call is refused before its future is first polled, so nothing is sent,
+/// however soon after the loss the chain gets there.
+#[sqlx::test]
+async fn an_external_call_after_the_shard_is_lost_is_never_started(pool: PgPool) {
+    let external = HttpExternalSystems::build(
+        &ExternalArgs::all_at("http://127.0.0.1:9".to_owned()).expect("defaults"),
+    )
+    .expect("external clients");
+    let store = Store::new(pool.clone(), pool);
+    let claim = autoapproval::domain::Claim {
+        state_id: 1,
+        request_id: 1,
+        retry_count: 0,
+        transient_streak: 0,
+        fence: Fence::sharded("a", 1, K),
+    };
+    let lost = || false;
+    let cx = autoapproval::processors::ChainContext {
+        store: &store,
+        external: &external,
+        claim: &claim,
+        clock: &SystemClock,
+        metrics: &Metrics::new(),
+        held: &lost,
+    };
+    let started = std::sync::atomic::AtomicBool::new(false);
+
+    let result = cx
+        .call(autoapproval::external::System::Owner, async {
+            started.store(true, std::sync::atomic::Ordering::SeqCst);
+            Ok(())
+        })
+        .await;
+
+    assert!(
+        matches!(
+            result,
+            Err(autoapproval::processors::ChainError::ShardLost(1))
+        ),
+        "{result:?}"
+    );
+    assert!(
+        !started.load(std::sync::atomic::Ordering::SeqCst),
+        "never started"
+    );
+}
