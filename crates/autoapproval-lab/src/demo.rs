@@ -200,19 +200,8 @@ async fn demo(stack: &mut Stack, args: &DemoArgs, out: &Out) -> Result<(), DemoE
     let shards = 16u32;
     for i in 0..args.replicas {
         let name = format!("replica-{i}");
-        let kubeconfig = stack.kubeconfig().display().to_string();
-        let argv = [
-            "run",
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--replica-name",
-            &name,
-            "--shards",
-            &shards.to_string(),
-        ]
-        .map(String::from);
+        let mut argv = stack.run_args(&name);
+        argv.extend(["--shards".into(), shards.to_string()]);
         stack.spawn(Program::Controller, &name, &argv).await?;
     }
     out.line(&format!(

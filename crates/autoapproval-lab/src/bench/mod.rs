@@ -15,9 +15,7 @@ use report::{DesignReport, Percentiles, Report, duplicate_creations};
 use seed_designs::SeedDesign;
 
 use crate::harness::NewRequest;
-use crate::stack::{
-    NAMESPACE, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
-};
+use crate::stack::{Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination};
 use autoapproval::domain::RequestType;
 use autoapproval::flags::parse_duration;
 use autoapproval::shutdown::Termination;
@@ -312,21 +310,18 @@ async fn measure(
         let (program, argv): (Program, Vec<String>) = match design {
             Design::Ours => (
                 Program::Controller,
-                vec![
-                    "run".into(),
-                    "--kubeconfig".into(),
-                    stack.kubeconfig().display().to_string(),
-                    "--namespace".into(),
-                    NAMESPACE.into(),
-                    "--replica-name".into(),
-                    name.clone(),
-                    "--shards".into(),
-                    args.shards.to_string(),
-                    "--poll-period".into(),
-                    format!("{}ms", scaled_poll.as_millis().max(1)),
-                    "--notify".into(),
-                    args.notify.to_string(),
-                ],
+                [
+                    stack.run_args(&name),
+                    vec![
+                        "--shards".into(),
+                        args.shards.to_string(),
+                        "--poll-period".into(),
+                        format!("{}ms", scaled_poll.as_millis().max(1)),
+                        "--notify".into(),
+                        args.notify.to_string(),
+                    ],
+                ]
+                .concat(),
             ),
             Design::SeedNew | Design::SeedOld => (
                 Program::Lab,

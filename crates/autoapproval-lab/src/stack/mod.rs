@@ -279,6 +279,22 @@ impl Stack {
         Ok(self.postgres()?.url(WORKER_ROLE, DATABASE))
     }
 
+    /// `autoapproval run` against this stack as replica `name`; the caller
+    /// appends its own settings.
+    pub fn run_args(&self, name: &str) -> Vec<String> {
+        [
+            "run",
+            "--kubeconfig",
+            &self.kubeconfig.display().to_string(),
+            "--namespace",
+            NAMESPACE,
+            "--replica-name",
+            name,
+        ]
+        .map(String::from)
+        .to_vec()
+    }
+
     /// Starts a replica: `program` with `args`, its environment cleared of
     /// `AUTOAPPROVAL_*` and given the database and simulator URLs.
     pub async fn spawn(

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use autoapproval::domain::RequestType;
 use autoapproval_lab::harness::{Harness, NewRequest};
-use autoapproval_lab::stack::{NAMESPACE, Program, Stack, StackArgs, WORKER_ROLE};
+use autoapproval_lab::stack::{Program, Stack, StackArgs, WORKER_ROLE};
 use autoapproval_sim::{Faults, SimConfig};
 use tokio::time::Instant;
 
@@ -57,21 +57,10 @@ async fn start_stack() -> Stack {
     let mut stack = Stack::start(&args, "outage", sim).await.expect("stack");
     for i in 0..REPLICAS {
         let name = format!("replica-{i}");
-        let kubeconfig = stack.kubeconfig().display().to_string();
-        let argv = [
-            "run",
-            "--kubeconfig",
-            &kubeconfig,
-            "--namespace",
-            NAMESPACE,
-            "--replica-name",
-            &name,
-            // Bounds the tail of requests unlucky several times in a row
-            // (the default 10 m backoff would outlast the test).
-            "--transient-retry-max",
-            "4s",
-        ]
-        .map(String::from);
+        let mut argv = stack.run_args(&name);
+        // Bounds the tail of requests unlucky several times in a row (the
+        // default 10 m backoff would outlast the test).
+        argv.extend(["--transient-retry-max".into(), "4s".into()]);
         stack
             .spawn(Program::Controller, &name, &argv)
             .await
