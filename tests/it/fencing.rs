@@ -115,6 +115,25 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
     );
 }
 
+/// One replica's approver over `pool`, calling `sim` over HTTP.
+fn replica(
+    sim: &autoapproval_sim::SimHandle,
+    pool: PgPool,
+    metrics: Metrics,
+    config: &ApproverConfig,
+) -> Arc<Approver> {
+    let external =
+        HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
+            .expect("external clients");
+    Arc::new(Approver::new(
+        Store::new(pool.clone(), pool),
+        external,
+        Arc::new(SystemClock),
+        metrics,
+        config.clone(),
+    ))
+}
+
 /// A pool whose connections name `app` in `application_name`, so the audit
 /// trigger can tell the replicas' writes apart.
 async fn pool_named(pool: &PgPool, app: &str) -> PgPool {
@@ -168,23 +187,22 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         ..Faults::default()
     })
     .expect("faults");
-    let approver = |pool: PgPool| {
-        let external =
-            HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
-                .expect("external clients");
-        Arc::new(Approver::new(
-            Store::new(pool.clone(), pool),
-            external,
-            Arc::new(SystemClock),
-            Metrics::new(),
-            ApproverConfig {
-                heartbeat_interval: Duration::from_millis(200),
-                ..defaults().approver
-            },
-        ))
+    let config = ApproverConfig {
+        heartbeat_interval: Duration::from_millis(200),
+        ..defaults().approver
     };
-    let replica_a = approver(pool_named(&pool, "replica-a").await);
-    let replica_b = approver(pool_named(&pool, "replica-b").await);
+    let replica_a = replica(
+        &sim,
+        pool_named(&pool, "replica-a").await,
+        Metrics::new(),
+        &config,
+    );
+    let replica_b = replica(
+        &sim,
+        pool_named(&pool, "replica-b").await,
+        Metrics::new(),
+        &config,
+    );
     let store = Store::new(pool.clone(), pool.clone());
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
 
@@ -271,22 +289,10 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
         ..Faults::default()
     })
     .expect("faults");
-    let external = || {
-        HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
-            .expect("external clients")
-    };
-    let approver = |metrics: Metrics| {
-        Arc::new(Approver::new(
-            Store::new(pool.clone(), pool.clone()),
-            external(),
-            Arc::new(SystemClock),
-            metrics,
-            defaults().approver,
-        ))
-    };
+    let config = defaults().approver;
     let a_metrics = Metrics::new();
-    let replica_a = approver(a_metrics.clone());
-    let replica_b = approver(Metrics::new());
+    let replica_a = replica(&sim, pool.clone(), a_metrics.clone(), &config);
+    let replica_b = replica(&sim, pool.clone(), Metrics::new(), &config);
     let store = Store::new(pool.clone(), pool.clone());
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
     let a_holds = Arc::new(std::sync::atomic::AtomicBool::new(true));
