@@ -22,6 +22,13 @@ struct Held {
     in_flight: usize,
 }
 
+impl Held {
+    /// Renewed within `deadline`: until then no other replica can take it.
+    fn fresh(&self, deadline: Duration) -> bool {
+        self.renewed.elapsed() < deadline
+    }
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     held: BTreeMap<u32, Held>,
@@ -57,9 +64,11 @@ impl ShardGuard {
     /// shard when its Lease expires, so work under the guard must stop.
     /// Draining and shutdown do not end it: both wait for running chains.
     pub fn holds(&self) -> bool {
-        self.shards.lock().held.get(&self.shard).is_some_and(|h| {
-            h.token == self.fence.token && h.renewed.elapsed() < self.shards.renew_deadline
-        })
+        self.shards
+            .lock()
+            .held
+            .get(&self.shard)
+            .is_some_and(|h| h.token == self.fence.token && h.fresh(self.shards.renew_deadline))
     }
 }
 
@@ -114,7 +123,7 @@ impl Shards {
             return None;
         }
         let held = inner.held.get_mut(&shard)?;
-        if held.draining || held.renewed.elapsed() >= self.renew_deadline {
+        if held.draining || !held.fresh(self.renew_deadline) {
             return None;
         }
         held.in_flight += 1;
@@ -136,7 +145,7 @@ impl Shards {
         inner
             .held
             .iter()
-            .filter(|(_, h)| !h.draining && h.renewed.elapsed() < self.renew_deadline)
+            .filter(|(_, h)| !h.draining && h.fresh(self.renew_deadline))
             .map(|(s, _)| *s)
             .collect()
     }
@@ -156,7 +165,7 @@ impl Shards {
         self.lock()
             .held
             .get(&shard)
-            .is_some_and(|h| h.renewed.elapsed() >= self.renew_deadline)
+            .is_some_and(|h| !h.fresh(self.renew_deadline))
     }
 
     /// Reconciles running now under a guard, over every shard held.
