@@ -772,10 +772,16 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(poo
     let mut second = Cluster::start(pool.clone()).await;
     owner_now(152).insert(&pool).await;
     second.wait_phase(152, Phase::Approved).await;
-    let (raised,): (i64,) = sqlx::query_as("SELECT count(*) FROM shard_fence WHERE token > 1001")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(raised, 16, "each shard fenced above its old token");
+    // The other shards are taken turn by turn; each above its old token.
+    eventually("every shard to be fenced above its old token", || async {
+        let (raised,): (i64,) =
+            sqlx::query_as("SELECT count(*) FROM shard_fence WHERE token > 1001")
+                .fetch_one(&pool)
+                .await
+                .ok()?;
+        (raised == 16).then_some(())
+    })
+    .await
+    .expect("each shard fenced above its old token");
     second.stop().await;
 }
