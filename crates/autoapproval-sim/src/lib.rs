@@ -10,11 +10,16 @@
 //! | `POST /owners` | `{"requestId": 42, "businessName": "…"}` | `{"ownerNumber": 10001}` |
 //! | `POST /stores` | `{"requestId": 42, "ownerNumber": 10001, "storeName": "…"}` | `{"storeNumber": 50001}`; the store is then known, open |
 //! | `GET /stores/{n}` | | `{"storeNumber": 50001, "open": true}` or 404 |
-//! | `POST /campaigns/approvals` | `{"requestId": 42, "storeNumber": 50001}` | `{"campaignId": "cmp-000001"}`; 422 if the store is unknown |
+//! | `POST /campaigns/approvals` | `{"requestId": 42, "storeNumber": 50001}` | `{"campaignId": "cmp-000001", "storeNumber": 50001}`; 422 if the store is unknown |
+//! | `GET /owners?requestId=42` | | the latest `POST /owners` answer for request 42, or 404 |
+//! | `GET /stores?requestId=42` | | the latest `POST /stores` answer for request 42, or 404 |
+//! | `GET /campaigns/approvals?requestId=42` | | the latest approval's answer for request 42, or 404 |
 //!
 //! Mutations need an `Idempotency-Key` header (else 400): a key seen before
 //! returns the first answer and creates nothing (an idempotent replay), also
-//! under concurrent calls. With `--require-token`, calls without one of the
+//! under concurrent calls. With `--idempotency ignored` there is no such
+//! support at all: the header is not read and every create call creates;
+//! `duplicateCreations` in `/stats` counts what a caller made twice. With `--require-token`, calls without one of the
 //! tokens as `Authorization: Bearer …` get 401. Errors are `{"error": "…"}`.
 //!
 //! Faults apply to these endpoints only: an injected error answers 500 before
@@ -28,6 +33,7 @@
 //! - `GET /stats` → [`Stats`]; `GET /healthz` → `ok`.
 //! - `GET /admin/faults` → [`Faults`]; `PUT /admin/faults` with a `Faults`
 //!   replaces them (400 on a rate outside [0, 1]).
+//! - `PUT /admin/idempotency` `{"mode": "ignored"}` (or `"honoured"`) → 204.
 //! - `PUT /admin/esign/{ref}` `{"status": "SIGNED"}` → 204.
 //! - `PUT /admin/stores/{n}` `{"open": true}` → 204 (creates or updates).
 //! - `PUT /admin/campaign-prefix` `{"prefix": "cmp-"}` → 204: what new campaign
@@ -51,8 +57,8 @@ use tokio::task::JoinHandle;
 use tracing::info;
 
 pub use state::{
-    Creations, FailNext, FaultCounts, FaultKind, Faults, PerSystem, RequestCreations, SimSystem,
-    Stats,
+    Creations, FailNext, FaultCounts, FaultKind, Faults, Idempotency, PerSystem, RequestCreations,
+    SimSystem, Stats,
 };
 
 // === impl SimArgs ===
@@ -85,6 +91,9 @@ pub struct SimArgs {
     /// Fraction of calls answered 200 with malformed JSON, in [0, 1].
     #[arg(long, env = "AUTOAPPROVAL_SIM_MALFORMED_RATE", default_value_t = 0.0)]
     pub malformed_rate: f64,
+    /// Whether the owner, store and ad services honour Idempotency-Key (`ignored`: every create creates).
+    #[arg(long, env = "AUTOAPPROVAL_SIM_IDEMPOTENCY", value_enum, default_value_t = Idempotency::Honoured)]
+    pub idempotency: Idempotency,
     /// Status of e-contracts nobody set through /admin/esign.
     #[arg(long, env = "AUTOAPPROVAL_SIM_ESIGN_DEFAULT", value_enum, default_value_t = EsignDefault::Signed)]
     pub esign_default: EsignDefault,
@@ -133,11 +142,13 @@ impl SimArgs {
             hang: self.hang,
             malformed_rate: self.malformed_rate,
             system: None,
+            creations_only: false,
             fail_next: None,
         };
         faults.check_rates(["--error-rate", "--timeout-rate", "--malformed-rate"])?;
         Ok(SimConfig {
             faults,
+            idempotency: self.idempotency,
             esign_default: self.esign_default.into(),
             require_tokens: self.require_token.clone(),
             seed: self.seed,
@@ -150,6 +161,8 @@ impl SimArgs {
 pub struct SimConfig {
     /// Faults from the start (and after `POST /admin/reset`).
     pub faults: Faults,
+    /// Whether creations honour `Idempotency-Key` (also after a reset).
+    pub idempotency: Idempotency,
     /// Status of e-contracts nobody set.
     pub esign_default: ContractStatus,
     /// Bearer tokens accepted; empty: any.
@@ -162,6 +175,7 @@ impl Default for SimConfig {
     fn default() -> Self {
         Self {
             faults: Faults::default(),
+            idempotency: Idempotency::Honoured,
             esign_default: ContractStatus::Signed,
             require_tokens: Vec::new(),
             seed: None,
@@ -227,7 +241,12 @@ impl Simulator {
             .local_addr()
             .map_err(|source| SimError::Bind { addr, source })?;
         let (stop, stopped) = watch::channel(false);
-        let state = state::State::new(options.faults, options.esign_default, options.seed);
+        let state = state::State::new(
+            options.faults,
+            options.idempotency,
+            options.esign_default,
+            options.seed,
+        );
         let shared = Arc::new(routes::Shared::new(
             state,
             options.require_tokens,
@@ -286,6 +305,11 @@ impl SimHandle {
         faults.validate()?;
         self.shared.lock().faults = faults;
         Ok(())
+    }
+
+    /// Like `PUT /admin/idempotency`.
+    pub fn set_idempotency(&self, mode: Idempotency) {
+        self.shared.lock().idempotency = mode;
     }
 
     /// Sets what e-sign answers for `contract_ref`.

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::body::{Body, to_bytes};
-use axum::extract::{MatchedPath, Path, Request, State};
+use axum::extract::{MatchedPath, Path, Query, Request, State};
 use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::{self, Next};
@@ -19,7 +19,9 @@ use tracing::debug;
 use autoapproval::external::ContractStatus;
 use autoapproval::external::http::{IDEMPOTENCY_KEY_HEADER, Secret, wire};
 
-use super::state::{FaultKind, Faults, SimSystem, State as SimState, Stats, UnknownStore};
+use super::state::{
+    FaultKind, Faults, Idempotency, SimSystem, State as SimState, Stats, UnknownStore,
+};
 
 /// Largest handler body the malformed-answer fault will read back.
 const MAX_BODY: usize = 1 << 20;
@@ -81,11 +83,14 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         ))
     };
     let esign = Router::new().route("/esign/contracts/{ref}", get(contract_status));
-    let owner = Router::new().route("/owners", post(create_owner));
+    let owner = Router::new().route("/owners", post(create_owner).get(find_owner));
     let store = Router::new()
-        .route("/stores", post(create_store))
+        .route("/stores", post(create_store).get(find_store))
         .route("/stores/{n}", get(lookup_store));
-    let ad = Router::new().route("/campaigns/approvals", post(approve_campaign));
+    let ad = Router::new().route(
+        "/campaigns/approvals",
+        post(approve_campaign).get(find_campaign),
+    );
     Router::new()
         .merge(system(SimSystem::Esign, esign))
         .merge(system(SimSystem::Owner, owner))
@@ -94,6 +99,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(|| async { "ok" }))
         .route("/stats", get(stats))
         .route("/admin/faults", get(get_faults).put(put_faults))
+        .route("/admin/idempotency", put(put_idempotency))
         .route("/admin/esign/{ref}", put(put_contract_status))
         .route("/admin/stores/{n}", put(put_store))
         .route("/admin/campaign-prefix", put(put_campaign_prefix))
@@ -182,7 +188,8 @@ async fn serve_system_call(
             shared: ctx.shared.clone(),
             system: ctx.system,
         };
-        (state.plan(ctx.system), guard)
+        let creation = request.method() == axum::http::Method::POST;
+        (state.plan(ctx.system, creation), guard)
     };
     // A creation is read first, so that two calls working on one request
     // at once (two chains) are seen: `overlapping_creations` in /stats.
@@ -242,10 +249,30 @@ fn idempotency_key(headers: &HeaderMap) -> Option<String> {
         .map(str::to_owned)
 }
 
-fn missing_key() -> Response {
+/// A mutation without a key while keys are honoured: 400.
+struct MissingKey;
+
+impl IntoResponse for MissingKey {
+    fn into_response(self) -> Response {
+        error(
+            StatusCode::BAD_REQUEST,
+            format!("{IDEMPOTENCY_KEY_HEADER} header is required on mutations"),
+        )
+    }
+}
+
+/// The key a mutation is replayed by: `None` when the simulator ignores keys.
+fn key_for(shared: &Shared, headers: &HeaderMap) -> Result<Option<String>, MissingKey> {
+    if shared.lock().idempotency == Idempotency::Ignored {
+        return Ok(None);
+    }
+    idempotency_key(headers).map(Some).ok_or(MissingKey)
+}
+
+fn not_created(what: &str, request_id: i64) -> Response {
     error(
-        StatusCode::BAD_REQUEST,
-        format!("{IDEMPOTENCY_KEY_HEADER} header is required on mutations"),
+        StatusCode::NOT_FOUND,
+        format!("no {what} was created for request {request_id}"),
     )
 }
 
@@ -267,11 +294,22 @@ async fn create_owner(
     headers: HeaderMap,
     Json(body): Json<wire::CreateOwner>,
 ) -> Response {
-    let Some(key) = idempotency_key(&headers) else {
-        return missing_key();
+    let key = match key_for(&shared, &headers) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
-    let owner_number = shared.lock().create_owner(&key, &body);
+    let owner_number = shared.lock().create_owner(key.as_deref(), &body);
     Json(wire::OwnerCreated { owner_number }).into_response()
+}
+
+async fn find_owner(
+    State(shared): State<Arc<Shared>>,
+    Query(by): Query<wire::ByRequest>,
+) -> Response {
+    match shared.lock().owner_for(by.request_id) {
+        Some(owner_number) => Json(wire::OwnerCreated { owner_number }).into_response(),
+        None => not_created("owner", by.request_id),
+    }
 }
 
 async fn create_store(
@@ -279,11 +317,22 @@ async fn create_store(
     headers: HeaderMap,
     Json(body): Json<wire::CreateStore>,
 ) -> Response {
-    let Some(key) = idempotency_key(&headers) else {
-        return missing_key();
+    let key = match key_for(&shared, &headers) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
-    let store_number = shared.lock().create_store(&key, &body);
+    let store_number = shared.lock().create_store(key.as_deref(), &body);
     Json(wire::StoreCreated { store_number }).into_response()
+}
+
+async fn find_store(
+    State(shared): State<Arc<Shared>>,
+    Query(by): Query<wire::ByRequest>,
+) -> Response {
+    match shared.lock().store_for(by.request_id) {
+        Some(store_number) => Json(wire::StoreCreated { store_number }).into_response(),
+        None => not_created("store", by.request_id),
+    }
 }
 
 async fn lookup_store(State(shared): State<Arc<Shared>>, Path(n): Path<i64>) -> Response {
@@ -298,16 +347,36 @@ async fn approve_campaign(
     headers: HeaderMap,
     Json(body): Json<wire::ApproveCampaign>,
 ) -> Response {
-    let Some(key) = idempotency_key(&headers) else {
-        return missing_key();
+    let key = match key_for(&shared, &headers) {
+        Ok(key) => key,
+        Err(refused) => return refused.into_response(),
     };
-    let approved = shared.lock().approve_campaign(&key, &body);
+    let store_number = body.store_number;
+    let approved = shared.lock().approve_campaign(key.as_deref(), &body);
     match approved {
-        Ok(campaign_id) => Json(wire::CampaignApproved { campaign_id }).into_response(),
+        Ok(campaign_id) => Json(wire::CampaignApproved {
+            campaign_id,
+            store_number: Some(store_number),
+        })
+        .into_response(),
         Err(UnknownStore(n)) => error(
             StatusCode::UNPROCESSABLE_ENTITY,
             format!("store {n} does not exist"),
         ),
+    }
+}
+
+async fn find_campaign(
+    State(shared): State<Arc<Shared>>,
+    Query(by): Query<wire::ByRequest>,
+) -> Response {
+    match shared.lock().campaign_for(by.request_id) {
+        Some((campaign_id, store_number)) => Json(wire::CampaignApproved {
+            campaign_id,
+            store_number: Some(store_number),
+        })
+        .into_response(),
+        None => not_created("campaign approval", by.request_id),
     }
 }
 
@@ -327,6 +396,19 @@ async fn put_faults(State(shared): State<Arc<Shared>>, Json(faults): Json<Faults
     }
     shared.lock().faults = faults.clone();
     Json(faults).into_response()
+}
+
+#[derive(Deserialize)]
+struct IdempotencyBody {
+    mode: Idempotency,
+}
+
+async fn put_idempotency(
+    State(shared): State<Arc<Shared>>,
+    Json(body): Json<IdempotencyBody>,
+) -> StatusCode {
+    shared.lock().idempotency = body.mode;
+    StatusCode::NO_CONTENT
 }
 
 #[derive(Deserialize)]

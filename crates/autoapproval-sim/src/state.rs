@@ -89,6 +89,21 @@ impl<T> PerSystem<T> {
     }
 }
 
+// === impl Idempotency ===
+
+/// Whether the creating systems honour `Idempotency-Key`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Idempotency {
+    /// A key seen before answers the first result and creates nothing; a
+    /// mutation without a key is refused with 400.
+    #[default]
+    Honoured,
+    /// No support at all, like many real downstreams: the header is not
+    /// needed and not read, and every create call creates.
+    Ignored,
+}
+
 // === impl Faults ===
 
 /// How an injected fault shows itself to the caller.
@@ -116,7 +131,7 @@ pub struct FailNext {
 /// Fault injection for the four systems' endpoints (never `/stats`, `/admin`).
 ///
 /// JSON: `{"latency": "20ms", "jitter": "5ms", "errorRate": 0.1,
-/// "timeoutRate": 0, "hang": "30s", "malformedRate": 0, "system": "owner",
+/// "timeoutRate": 0, "hang": "30s", "malformedRate": 0, "system": "owner", "creationsOnly": true,
 /// "failNext": {"count": 2, "kind": "error"}}`; every field optional,
 /// snake_case accepted too.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -142,6 +157,9 @@ pub struct Faults {
     pub malformed_rate: f64,
     /// Only this system gets the faults; `None`: all four.
     pub system: Option<SimSystem>,
+    /// Only creations (POST) get the faults; lookups and reads are served.
+    #[serde(alias = "creations_only")]
+    pub creations_only: bool,
     /// Deterministic failures, taken before the rates.
     #[serde(alias = "fail_next")]
     pub fail_next: Option<FailNext>,
@@ -157,12 +175,21 @@ impl Default for Faults {
             hang: Duration::from_secs(30),
             malformed_rate: 0.0,
             system: None,
+            creations_only: false,
             fail_next: None,
         }
     }
 }
 
 impl Faults {
+    /// Like [`Faults::fail_next`], for creations (POST) only.
+    pub fn fail_next_creation(system: System, count: u32, kind: FaultKind) -> Self {
+        Self {
+            creations_only: true,
+            ..Self::fail_next(system, count, kind)
+        }
+    }
+
     /// No faults but `fail_next` of `kind` for the next `count` calls to `system`.
     pub fn fail_next(system: System, count: u32, kind: FaultKind) -> Self {
         Self {
@@ -198,8 +225,8 @@ impl Faults {
         self.check_rates(["errorRate", "timeoutRate", "malformedRate"])
     }
 
-    fn applies_to(&self, system: SimSystem) -> bool {
-        self.system.is_none_or(|s| s == system)
+    fn applies_to(&self, system: SimSystem, creation: bool) -> bool {
+        self.system.is_none_or(|s| s == system) && (creation || !self.creations_only)
     }
 }
 
@@ -270,6 +297,9 @@ pub struct Stats {
     /// Creations that arrived while another for the same request and system
     /// was still being worked on: two chains on one request at once.
     pub overlapping_creations: u64,
+    /// Creations of something this request already had: a second owner or
+    /// store for one request, a second campaign for one request and store.
+    pub duplicate_creations: u64,
     /// Replays whose body differs from the first call's: a strict downstream
     /// (Stripe's, say) refuses them; this one answers the first result.
     pub key_conflicts: u64,
@@ -326,6 +356,15 @@ pub(crate) struct State {
     owners_by_key: HashMap<String, (i64, String)>,
     stores_by_key: HashMap<String, (i64, String)>,
     campaigns_by_key: HashMap<String, (String, String)>,
+    // The latest creation per request, for the lookups (`GET /owners?requestId=N`).
+    latest_owner: HashMap<i64, i64>,
+    latest_store: HashMap<i64, i64>,
+    latest_campaign: HashMap<i64, (String, i64)>,
+    // Every (request, store) a campaign was approved for.
+    campaigns_made: std::collections::HashSet<(i64, i64)>,
+    /// Whether the creating systems honour idempotency keys.
+    pub idempotency: Idempotency,
+    initial_idempotency: Idempotency,
     // Never reset, so numbers stay unique across resets.
     next_owner: i64,
     next_store: i64,
@@ -339,8 +378,19 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub fn new(faults: Faults, esign_default: ContractStatus, seed: Option<u64>) -> Self {
+    pub fn new(
+        faults: Faults,
+        idempotency: Idempotency,
+        esign_default: ContractStatus,
+        seed: Option<u64>,
+    ) -> Self {
         Self {
+            latest_owner: HashMap::new(),
+            latest_store: HashMap::new(),
+            latest_campaign: HashMap::new(),
+            campaigns_made: Default::default(),
+            idempotency,
+            initial_idempotency: idempotency,
             initial_faults: faults.clone(),
             faults,
             esign_default,
@@ -367,6 +417,11 @@ impl State {
         self.owners_by_key.clear();
         self.stores_by_key.clear();
         self.campaigns_by_key.clear();
+        self.latest_owner.clear();
+        self.latest_store.clear();
+        self.latest_campaign.clear();
+        self.campaigns_made.clear();
+        self.idempotency = self.initial_idempotency;
         self.campaign_prefix = DEFAULT_CAMPAIGN_PREFIX.to_owned();
         // Calls still in flight will leave; keep counting them.
         let in_flight = self.stats.in_flight;
@@ -415,9 +470,9 @@ impl State {
     }
 
     /// Draws this call's latency and fault; `fail_next` wins over the rates.
-    pub fn plan(&mut self, system: SimSystem) -> FaultPlan {
+    pub fn plan(&mut self, system: SimSystem, creation: bool) -> FaultPlan {
         let faults = &mut self.faults;
-        if !faults.applies_to(system) {
+        if !faults.applies_to(system, creation) {
             return FaultPlan {
                 latency: Duration::ZERO,
                 fault: None,
@@ -492,15 +547,26 @@ impl State {
         }
     }
 
-    pub fn create_owner(&mut self, key: &str, owner: &wire::CreateOwner) -> i64 {
+    /// The key to replay by, when keys are honoured and one was sent.
+    fn honoured<'k>(&self, key: Option<&'k str>) -> Option<&'k str> {
+        key.filter(|_| self.idempotency == Idempotency::Honoured)
+    }
+
+    pub fn create_owner(&mut self, key: Option<&str>, owner: &wire::CreateOwner) -> i64 {
         let body = body_of(owner);
-        if let Some((n, first)) = self.owners_by_key.get(key).cloned() {
+        let key = self.honoured(key);
+        if let Some((n, first)) = key.and_then(|k| self.owners_by_key.get(k).cloned()) {
             self.replayed(&first, &body);
             return n;
         }
         let n = self.next_owner;
         self.next_owner += 1;
-        self.owners_by_key.insert(key.to_owned(), (n, body));
+        if let Some(key) = key {
+            self.owners_by_key.insert(key.to_owned(), (n, body));
+        }
+        if self.latest_owner.insert(owner.request_id, n).is_some() {
+            self.stats.duplicate_creations += 1;
+        }
         self.stats.created.owners += 1;
         self.stats
             .per_request
@@ -510,9 +576,10 @@ impl State {
         n
     }
 
-    pub fn create_store(&mut self, key: &str, store: &wire::CreateStore) -> i64 {
+    pub fn create_store(&mut self, key: Option<&str>, store: &wire::CreateStore) -> i64 {
         let body = body_of(store);
-        if let Some((n, first)) = self.stores_by_key.get(key).cloned() {
+        let key = self.honoured(key);
+        if let Some((n, first)) = key.and_then(|k| self.stores_by_key.get(k).cloned()) {
             self.replayed(&first, &body);
             return n;
         }
@@ -522,7 +589,12 @@ impl State {
             n += 1;
         }
         self.next_store = n + 1;
-        self.stores_by_key.insert(key.to_owned(), (n, body));
+        if let Some(key) = key {
+            self.stores_by_key.insert(key.to_owned(), (n, body));
+        }
+        if self.latest_store.insert(store.request_id, n).is_some() {
+            self.stats.duplicate_creations += 1;
+        }
         self.stores.insert(n, true);
         self.stats.created.stores += 1;
         self.stats
@@ -541,11 +613,12 @@ impl State {
 
     pub fn approve_campaign(
         &mut self,
-        key: &str,
+        key: Option<&str>,
         approval: &wire::ApproveCampaign,
     ) -> Result<String, UnknownStore> {
         let body = body_of(approval);
-        if let Some((id, first)) = self.campaigns_by_key.get(key).cloned() {
+        let key = self.honoured(key);
+        if let Some((id, first)) = key.and_then(|k| self.campaigns_by_key.get(k).cloned()) {
             self.replayed(&first, &body);
             return Ok(id);
         }
@@ -554,8 +627,16 @@ impl State {
         }
         let id = format!("{}{:06}", self.campaign_prefix, self.next_campaign);
         self.next_campaign += 1;
-        self.campaigns_by_key
-            .insert(key.to_owned(), (id.clone(), body));
+        if let Some(key) = key {
+            self.campaigns_by_key
+                .insert(key.to_owned(), (id.clone(), body));
+        }
+        let (request_id, store_number) = (approval.request_id, approval.store_number);
+        if !self.campaigns_made.insert((request_id, store_number)) {
+            self.stats.duplicate_creations += 1;
+        }
+        self.latest_campaign
+            .insert(request_id, (id.clone(), store_number));
         self.stats.created.campaigns += 1;
         self.stats
             .per_request
@@ -563,6 +644,23 @@ impl State {
             .or_default()
             .campaign += 1;
         Ok(id)
+    }
+}
+
+impl State {
+    /// The latest owner created for `request_id`.
+    pub fn owner_for(&self, request_id: i64) -> Option<i64> {
+        self.latest_owner.get(&request_id).copied()
+    }
+
+    /// The latest store created for `request_id`.
+    pub fn store_for(&self, request_id: i64) -> Option<i64> {
+        self.latest_store.get(&request_id).copied()
+    }
+
+    /// The latest campaign approved for `request_id`, with its store.
+    pub fn campaign_for(&self, request_id: i64) -> Option<(String, i64)> {
+        self.latest_campaign.get(&request_id).cloned()
     }
 }
 
@@ -576,7 +674,12 @@ mod tests {
     use super::*;
 
     fn state(faults: Faults) -> State {
-        State::new(faults, ContractStatus::Signed, Some(7))
+        State::new(
+            faults,
+            Idempotency::Honoured,
+            ContractStatus::Signed,
+            Some(7),
+        )
     }
 
     #[test]
@@ -606,10 +709,16 @@ mod tests {
     #[test]
     fn fail_next_fails_exactly_n_matching_calls() {
         let mut s = state(Faults::fail_next(System::Owner, 2, FaultKind::Timeout));
-        assert_eq!(s.plan(SimSystem::Store).fault, None);
-        assert_eq!(s.plan(SimSystem::Owner).fault, Some(FaultKind::Timeout));
-        assert_eq!(s.plan(SimSystem::Owner).fault, Some(FaultKind::Timeout));
-        assert_eq!(s.plan(SimSystem::Owner).fault, None);
+        assert_eq!(s.plan(SimSystem::Store, true).fault, None);
+        assert_eq!(
+            s.plan(SimSystem::Owner, true).fault,
+            Some(FaultKind::Timeout)
+        );
+        assert_eq!(
+            s.plan(SimSystem::Owner, true).fault,
+            Some(FaultKind::Timeout)
+        );
+        assert_eq!(s.plan(SimSystem::Owner, true).fault, None);
         assert_eq!(s.faults.fail_next, None);
         assert_eq!(s.stats.faults_injected.timeout, 2);
     }
@@ -622,7 +731,7 @@ mod tests {
             ..Faults::default()
         });
         for _ in 0..200 {
-            assert_ne!(s.plan(SimSystem::Ad).fault, None);
+            assert_ne!(s.plan(SimSystem::Ad, true).fault, None);
         }
         let c = s.stats.faults_injected;
         assert_eq!(c.timeout, 0);
@@ -637,7 +746,7 @@ mod tests {
             ..Faults::default()
         });
         for _ in 0..100 {
-            let l = s.plan(SimSystem::Esign).latency;
+            let l = s.plan(SimSystem::Esign, true).latency;
             assert!(l >= Duration::from_millis(10) && l <= Duration::from_millis(15));
         }
     }
@@ -681,10 +790,44 @@ mod tests {
             owner_number: 1,
             store_name: "s".into(),
         };
-        let n = s.create_store("1:store", &body);
+        let n = s.create_store(Some("1:store"), &body);
         assert_eq!(n, FIRST_STORE + 1);
         assert_eq!(s.store(n).map(|st| st.open), Some(true));
-        assert_eq!(s.create_store("1:store", &body), n);
+        assert_eq!(s.create_store(Some("1:store"), &body), n);
         assert_eq!(s.stats.idempotent_replays, 1);
+        assert_eq!(s.stats.duplicate_creations, 0);
+    }
+
+    #[test]
+    fn without_idempotency_every_create_creates_and_a_second_one_is_a_duplicate() {
+        let mut s = state(Faults::default());
+        s.idempotency = Idempotency::Ignored;
+        let owner = wire::CreateOwner {
+            request_id: 1,
+            business_name: "b".into(),
+        };
+        let first = s.create_owner(Some("1:owner"), &owner);
+        let second = s.create_owner(Some("1:owner"), &owner);
+        assert_ne!(first, second, "the key is not read");
+        assert_eq!(s.stats.idempotent_replays, 0);
+        assert_eq!(s.stats.duplicate_creations, 1);
+        assert_eq!(s.owner_for(1), Some(second), "the latest one is looked up");
+        assert_eq!(s.owner_for(2), None);
+
+        s.set_store(7, true);
+        s.set_store(8, true);
+        let campaign = |store_number| wire::ApproveCampaign {
+            request_id: 1,
+            store_number,
+        };
+        s.approve_campaign(None, &campaign(7)).ok();
+        s.approve_campaign(None, &campaign(8)).ok();
+        assert_eq!(
+            s.stats.duplicate_creations, 1,
+            "a campaign for another store is a new creation"
+        );
+        assert_eq!(s.campaign_for(1).map(|c| c.1), Some(8));
+        s.approve_campaign(None, &campaign(8)).ok();
+        assert_eq!(s.stats.duplicate_creations, 2);
     }
 }
