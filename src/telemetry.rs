@@ -63,6 +63,12 @@ pub struct Metrics {
     lease_renew_failures: Counter,
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
+    creations_found: Family<SystemLabel, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SystemLabel {
+    system: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -199,6 +205,12 @@ impl Metrics {
             "Chains stopped mid-way, before any further external call, because their shard was lost or its renewal overdue",
             chains_cancelled.clone(),
         );
+        let creations_found = Family::<SystemLabel, Counter>::default();
+        registry.register(
+            "creations_found",
+            "Creations an earlier attempt made (its answer lost), found by a lookup in a downstream without idempotency keys and taken instead of made again",
+            creations_found.clone(),
+        );
         let lease_renew_failures = Counter::default();
         registry.register(
             "lease_renew_failures",
@@ -227,6 +239,7 @@ impl Metrics {
             lease_renew_failures,
             leadership_losses,
             crs_collected,
+            creations_found,
             reconcile_duration,
             turn_candidates,
             notify_wakeups,
@@ -386,6 +399,15 @@ impl Metrics {
     /// A chain was stopped because its shard was lost or overdue.
     pub fn chain_cancelled(&self) {
         self.chains_cancelled.inc();
+    }
+
+    /// A lookup found what an earlier attempt created in `system`.
+    pub fn creation_found(&self, system: &str) {
+        self.creations_found
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .inc();
     }
 
     /// Counts a failed Lease call.

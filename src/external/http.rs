@@ -9,10 +9,14 @@
 //! | `create_owner` | `POST {owner}/owners` `{"requestId": 42, "businessName": "…"}` | `{"ownerNumber": 10001}` |
 //! | `create_store` | `POST {store}/stores` `{"requestId": 42, "ownerNumber": 10001, "storeName": "…"}` | `{"storeNumber": 50001}` |
 //! | `lookup_store` | `GET {store}/stores/{n}` | `{"storeNumber": 50001, "open": true}`, or 404 |
-//! | `approve_campaign` | `POST {ad}/campaigns/approvals` `{"requestId": 42, "storeNumber": 50001}` | `{"campaignId": "cmp-1"}` |
+//! | `approve_campaign` | `POST {ad}/campaigns/approvals` `{"requestId": 42, "storeNumber": 50001}` | `{"campaignId": "cmp-1"}` (`"storeNumber"` may follow) |
+//! | `find_owner` | `GET {owner}/owners?requestId=42` | the latest create's answer for request 42, or 404 |
+//! | `find_store` | `GET {store}/stores?requestId=42` | the latest create's answer for request 42, or 404 |
+//! | `find_campaign` | `GET {ad}/campaigns/approvals?requestId=42` | `{"campaignId": "cmp-1", "storeNumber": 50001}`, or 404 |
 //!
 //! Every call carries `Authorization: Bearer <token>` when a token is set and
-//! every POST carries `Idempotency-Key`.
+//! every POST carries `Idempotency-Key`. The `find_*` lookups are made only
+//! for a system set to `--<system>-dedup lookup`, before each creation.
 
 mod config;
 pub mod wire;
@@ -29,9 +33,9 @@ use tokio::sync::Semaphore;
 use tracing::debug;
 
 use super::{
-    AdClient, CampaignApproval, ContractStatus, ESignClient, ErrorKind, ExternalError,
-    ExternalSystems, IdempotencyKey, NewOwner, NewStore, OwnerClient, StoreClient, StoreInfo,
-    System,
+    AdClient, CampaignApproval, ContractStatus, Dedup, ESignClient, ErrorKind, ExternalError,
+    ExternalSystems, FoundCampaign, IdempotencyKey, NewOwner, NewStore, OwnerClient, StoreClient,
+    StoreInfo, System,
 };
 
 use crate::flags::format_duration;
@@ -77,27 +81,36 @@ impl HttpExternalSystems {
                 "--esign-token",
                 &config.esign_token,
             )?)),
-            owner: Arc::new(HttpOwner(endpoint(
-                System::Owner,
-                "--owner-url",
-                &config.owner_url,
-                "--owner-token",
-                &config.owner_token,
-            )?)),
-            store: Arc::new(HttpStore(endpoint(
-                System::Store,
-                "--store-url",
-                &config.store_url,
-                "--store-token",
-                &config.store_token,
-            )?)),
-            ad: Arc::new(HttpAd(endpoint(
-                System::Ad,
-                "--ad-url",
-                &config.ad_url,
-                "--ad-token",
-                &config.ad_token,
-            )?)),
+            owner: Arc::new(HttpOwner(
+                endpoint(
+                    System::Owner,
+                    "--owner-url",
+                    &config.owner_url,
+                    "--owner-token",
+                    &config.owner_token,
+                )?,
+                config.owner_dedup,
+            )),
+            store: Arc::new(HttpStore(
+                endpoint(
+                    System::Store,
+                    "--store-url",
+                    &config.store_url,
+                    "--store-token",
+                    &config.store_token,
+                )?,
+                config.store_dedup,
+            )),
+            ad: Arc::new(HttpAd(
+                endpoint(
+                    System::Ad,
+                    "--ad-url",
+                    &config.ad_url,
+                    "--ad-token",
+                    &config.ad_token,
+                )?,
+                config.ad_dedup,
+            )),
         })
     }
 }
@@ -258,6 +271,26 @@ impl Endpoint {
         self.error(operation, ErrorKind::Transient, what)
     }
 
+    /// `GET {path}?requestId=N`: the latest creation for the request as
+    /// `T`, or `None` on 404.
+    async fn find<T: DeserializeOwned>(
+        &self,
+        operation: &'static str,
+        segments: &[&str],
+        request_id: i64,
+    ) -> Result<Option<T>, ExternalError> {
+        let mut url = self.url(operation, segments)?;
+        url.query_pairs_mut()
+            .append_pair("requestId", &request_id.to_string());
+        let answer = self
+            .send::<()>(operation, Some(request_id), Method::GET, url, None, None)
+            .await?;
+        if answer.status == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        self.decode(operation, answer).map(Some)
+    }
+
     /// A 2xx body as `T`, or the classified error.
     fn decode<T: DeserializeOwned>(
         &self,
@@ -306,9 +339,9 @@ fn preview(body: &[u8]) -> String {
 // === the four clients ===
 
 struct HttpESign(Endpoint);
-struct HttpOwner(Endpoint);
-struct HttpStore(Endpoint);
-struct HttpAd(Endpoint);
+struct HttpOwner(Endpoint, Dedup);
+struct HttpStore(Endpoint, Dedup);
+struct HttpAd(Endpoint, Dedup);
 
 #[async_trait]
 impl ESignClient for HttpESign {
@@ -350,6 +383,16 @@ impl OwnerClient for HttpOwner {
             .await?;
         let reply: wire::OwnerCreated = self.0.decode(OP, answer)?;
         Ok(reply.owner_number)
+    }
+
+    async fn find_owner(&self, request_id: i64) -> Result<Option<i64>, ExternalError> {
+        let found: Option<wire::OwnerCreated> =
+            self.0.find("find_owner", &["owners"], request_id).await?;
+        Ok(found.map(|f| f.owner_number))
+    }
+
+    fn dedup(&self) -> Dedup {
+        self.1
     }
 }
 
@@ -399,6 +442,16 @@ impl StoreClient for HttpStore {
             open: reply.open,
         }))
     }
+
+    async fn find_store(&self, request_id: i64) -> Result<Option<i64>, ExternalError> {
+        let found: Option<wire::StoreCreated> =
+            self.0.find("find_store", &["stores"], request_id).await?;
+        Ok(found.map(|f| f.store_number))
+    }
+
+    fn dedup(&self) -> Dedup {
+        self.1
+    }
 }
 
 #[async_trait]
@@ -427,6 +480,37 @@ impl AdClient for HttpAd {
             .await?;
         let reply: wire::CampaignApproved = self.0.decode(OP, answer)?;
         Ok(reply.campaign_id)
+    }
+
+    async fn find_campaign(&self, request_id: i64) -> Result<Option<FoundCampaign>, ExternalError> {
+        const OP: &str = "find_campaign";
+        let found: Option<wire::CampaignApproved> = self
+            .0
+            .find(OP, &["campaigns", "approvals"], request_id)
+            .await?;
+        let Some(found) = found else {
+            return Ok(None);
+        };
+        // Without the store, a campaign made for an old target store could
+        // be taken for the current one: refuse the answer by name.
+        let store_number = found.store_number.ok_or_else(|| {
+            self.0.error(
+                OP,
+                ErrorKind::Permanent,
+                format!(
+                    "the lookup answer for campaign {:?} has no storeNumber",
+                    found.campaign_id
+                ),
+            )
+        })?;
+        Ok(Some(FoundCampaign {
+            campaign_id: found.campaign_id,
+            store_number,
+        }))
+    }
+
+    fn dedup(&self) -> Dedup {
+        self.1
     }
 }
 

@@ -83,6 +83,36 @@ impl IdempotencyKey {
     }
 }
 
+/// How a downstream keeps a retried creation from making a second one.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Dedup {
+    /// It honours `Idempotency-Key`: a replayed key answers the first result.
+    #[default]
+    Key,
+    /// It ignores the key: before every create the controller looks the
+    /// request up (`GET …?requestId=N`) and takes what it finds.
+    Lookup,
+}
+
+impl Dedup {
+    /// The flag's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Dedup::Key => "key",
+            Dedup::Lookup => "lookup",
+        }
+    }
+}
+
+/// A campaign approval the ad service reports for a request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FoundCampaign {
+    /// Its id.
+    pub campaign_id: String,
+    /// The store it was approved for.
+    pub store_number: i64,
+}
+
 /// Status of an e-contract in the e-sign system.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
@@ -160,6 +190,10 @@ pub trait OwnerClient: Send + Sync {
         key: &IdempotencyKey,
         owner: &NewOwner,
     ) -> Result<i64, ExternalError>;
+    /// The latest owner created for `request_id`, if any.
+    async fn find_owner(&self, request_id: i64) -> Result<Option<i64>, ExternalError>;
+    /// How this service keeps a retried creation single.
+    fn dedup(&self) -> Dedup;
 }
 
 /// The store service.
@@ -173,6 +207,10 @@ pub trait StoreClient: Send + Sync {
     ) -> Result<i64, ExternalError>;
     /// Looks a store up; `None` when it does not exist.
     async fn lookup_store(&self, store_number: i64) -> Result<Option<StoreInfo>, ExternalError>;
+    /// The latest store created for `request_id`, if any → its number.
+    async fn find_store(&self, request_id: i64) -> Result<Option<i64>, ExternalError>;
+    /// How this service keeps a retried creation single.
+    fn dedup(&self) -> Dedup;
 }
 
 /// The ad service.
@@ -184,6 +222,10 @@ pub trait AdClient: Send + Sync {
         key: &IdempotencyKey,
         approval: &CampaignApproval,
     ) -> Result<String, ExternalError>;
+    /// The latest campaign approval made for `request_id`, if any.
+    async fn find_campaign(&self, request_id: i64) -> Result<Option<FoundCampaign>, ExternalError>;
+    /// How this service keeps a retried creation single.
+    fn dedup(&self) -> Dedup;
 }
 
 /// Every external system, as the processors get them.

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 
 use crate::clock::Clock;
 use crate::domain::{Claim, Request, RequestStatus, RequestType};
-use crate::external::{ErrorKind, ExternalError, ExternalSystems};
+use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems};
 use crate::retry::RetryClass;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
@@ -169,6 +169,33 @@ impl ChainContext<'_> {
         };
         self.metrics.external_call(system.as_str(), label);
         Ok(result)
+    }
+
+    /// What an earlier attempt created for the request in `system`, when
+    /// that system ignores idempotency keys (`dedup` is `Lookup`): the
+    /// answer to that create was lost, so it is looked up before creating
+    /// again; only a creation `same` accepts (made from the current inputs)
+    /// is taken. `Ok(None)` without a lookup when the system honours keys.
+    pub async fn find_earlier<T>(
+        &self,
+        system: crate::external::System,
+        dedup: Dedup,
+        find: impl std::future::Future<Output = Result<Option<T>, ExternalError>>,
+        same: impl FnOnce(&T) -> bool,
+    ) -> Result<Result<Option<T>, ExternalError>, ChainError> {
+        if dedup == Dedup::Key {
+            return Ok(Ok(None));
+        }
+        let found = self.call(system, find).await?.map(|f| f.filter(same));
+        if let Ok(Some(_)) = &found {
+            self.metrics.creation_found(system.as_str());
+            tracing::info!(
+                request_id = self.claim.request_id,
+                %system,
+                "an earlier attempt's creation was found and is taken instead of a new one"
+            );
+        }
+        Ok(found)
     }
 }
 

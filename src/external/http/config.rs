@@ -9,7 +9,7 @@ use crate::flags::parse_duration;
 
 use reqwest::Url;
 
-use crate::external::System;
+use crate::external::{Dedup, System};
 
 // === impl ExternalArgs ===
 
@@ -56,6 +56,19 @@ pub struct ExternalArgs {
     /// Bearer token for the ad service [default: none, no Authorization header].
     #[arg(long, env = "AUTOAPPROVAL_AD_TOKEN", hide_env_values = true)]
     pub ad_token: Option<Secret>,
+    /// How the owner service keeps a retried creation single: `key` (it honours
+    /// Idempotency-Key) or `lookup` (it does not: look the request up with
+    /// GET /owners?requestId=N before every create).
+    #[arg(long, env = "AUTOAPPROVAL_OWNER_DEDUP", value_enum, default_value_t = Dedup::Key)]
+    pub owner_dedup: Dedup,
+    /// How the store service keeps a retried creation single: `key` or `lookup`
+    /// (GET /stores?requestId=N before every create).
+    #[arg(long, env = "AUTOAPPROVAL_STORE_DEDUP", value_enum, default_value_t = Dedup::Key)]
+    pub store_dedup: Dedup,
+    /// How the ad service keeps a retried approval single: `key` or `lookup`
+    /// (GET /campaigns/approvals?requestId=N before every approval).
+    #[arg(long, env = "AUTOAPPROVAL_AD_DEDUP", value_enum, default_value_t = Dedup::Key)]
+    pub ad_dedup: Dedup,
     /// Timeout of one external call, connect to last body byte (e.g. 500ms, 5s, 2m).
     #[arg(
         long,
@@ -81,6 +94,14 @@ impl ExternalArgs {
             ad_url: url,
             ..crate::flags::defaults_of::<Self>()?
         })
+    }
+
+    /// The same way of keeping creations single for the three creating systems.
+    pub fn with_dedup(mut self, dedup: Dedup) -> Self {
+        self.owner_dedup = dedup;
+        self.store_dedup = dedup;
+        self.ad_dedup = dedup;
+        self
     }
 
     /// The same token for all four systems.

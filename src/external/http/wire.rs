@@ -79,4 +79,16 @@ pub struct ApproveCampaign {
 pub struct CampaignApproved {
     /// The new (or replayed) campaign id.
     pub campaign_id: String,
+    /// The store it was approved for: required in a lookup's answer
+    /// (`GET /campaigns/approvals?requestId=N`), optional in a create's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_number: Option<i64>,
+}
+
+/// The query of the lookups `GET /owners`, `/stores`, `/campaigns/approvals`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ByRequest {
+    /// The request whose latest creation is asked for.
+    pub request_id: i64,
 }
