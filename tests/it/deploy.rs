@@ -268,26 +268,30 @@ fn the_plain_manifests_are_the_chart_rendered_with_its_defaults() {
     );
 }
 
+/// What the Role grants: what the controller calls, no more. The replica
+/// tests check the other direction from the test API server's record of
+/// every request the `autoapproval run` processes made
+/// (`replicas::assert_role_grants_what_was_used`).
+pub const ROLE_GRANTS: [(&str, &str, &str); 12] = [
+    ("autoapproval.io", "autoapprovals", "list"),
+    ("autoapproval.io", "autoapprovals", "watch"),
+    ("autoapproval.io", "autoapprovals", "create"),
+    ("autoapproval.io", "autoapprovals", "delete"),
+    ("autoapproval.io", "autoapprovals/status", "patch"),
+    ("coordination.k8s.io", "leases", "get"),
+    ("coordination.k8s.io", "leases", "list"),
+    ("coordination.k8s.io", "leases", "create"),
+    ("coordination.k8s.io", "leases", "update"),
+    ("coordination.k8s.io", "leases", "delete"),
+    ("events.k8s.io", "events", "create"),
+    ("events.k8s.io", "events", "patch"),
+];
+
 #[test]
 fn rbac_grants_exactly_the_controllers_needs_in_the_release_namespace() {
     let mut expected = BTreeSet::new();
-    let all = [
-        "get", "list", "watch", "create", "update", "patch", "delete",
-    ];
-    for (group, resource, verbs) in [
-        ("autoapproval.io", "autoapprovals", &all[..]),
-        (
-            "autoapproval.io",
-            "autoapprovals/status",
-            &["get", "update", "patch"][..],
-        ),
-        ("coordination.k8s.io", "leases", &all[..]),
-        ("", "events", &["create", "patch"][..]),
-        ("events.k8s.io", "events", &["create", "patch"][..]),
-    ] {
-        for verb in verbs {
-            expected.insert((group.to_owned(), resource.to_owned(), verb.to_string()));
-        }
+    for (group, resource, verb) in ROLE_GRANTS {
+        expected.insert((group.to_owned(), resource.to_owned(), verb.to_owned()));
     }
     for r in renders() {
         for kind in ["ClusterRole", "ClusterRoleBinding"] {

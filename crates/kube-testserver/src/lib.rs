@@ -28,6 +28,7 @@ mod util;
 mod validation;
 mod watch;
 
+pub use app::Access;
 pub use error::Error;
 pub use faults::{FaultRule, Faults, Match, Outage};
 
@@ -79,6 +80,7 @@ impl TestServer {
             bookmark_interval: opts.bookmark_interval,
             addr: addr.to_string(),
             requests: Default::default(),
+            access: Default::default(),
         });
         let router = axum::Router::new()
             .fallback(server::handle)
@@ -127,6 +129,19 @@ impl TestServer {
     /// resource plural, e.g. `"create autoapprovals"`; discovery is `"get "`.
     pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
         self.app.requests.lock().clone()
+    }
+
+    /// Every (API group, resource[/subresource], verb) requested so far by
+    /// clients whose User-Agent starts with `agent`: what an RBAC Role must
+    /// grant them.
+    pub fn access_by(&self, agent: &str) -> std::collections::BTreeSet<Access> {
+        self.app
+            .access
+            .lock()
+            .iter()
+            .filter(|(a, _)| a.starts_with(agent))
+            .flat_map(|(_, seen)| seen.iter().cloned())
+            .collect()
     }
 
     /// Write requests (create, update, patch, delete, deletecollection) received so far.

@@ -161,6 +161,26 @@ pub async fn handle(
         .lock()
         .entry(format!("{} {}", info.verb, info.resource))
         .or_default() += 1;
+    if let Route::Resource(t) = &r {
+        let agent = headers
+            .get(axum::http::header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        let resource = match &t.sub {
+            Some(sub) => format!("{}/{sub}", t.plural),
+            None => t.plural.clone(),
+        };
+        app.access
+            .lock()
+            .entry(agent)
+            .or_default()
+            .insert(crate::app::Access {
+                group: t.group.clone(),
+                resource,
+                verb: info.verb.clone(),
+            });
+    }
     if let Some(err) = app.faults.check(&info).await {
         return err.into_response();
     }
