@@ -4,14 +4,14 @@ use std::time::Duration as StdDuration;
 
 use autoapproval::approval::{AttemptOutcome, run_turn};
 use autoapproval::domain::{Candidate, RequestStatus, RequestType};
-use autoapproval::external::{ContractStatus, System};
+use autoapproval::external::{ContractStatus, Dedup, System};
 use autoapproval::processors::Step;
 use autoapproval::retry::RetryClass;
 use autoapproval::store::SessionArgs;
-use autoapproval_sim::{FaultKind, Faults};
+use autoapproval_sim::{FaultKind, Faults, Idempotency};
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, candidate, defaults, fence, request_view};
+use crate::support::{Env, NewRequest, candidate, defaults, fence, metric_sum, request_view};
 
 fn owner(id: i64) -> Candidate {
     Candidate {
@@ -467,4 +467,171 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool
     assert_eq!(stats.idempotent_replays, 0, "nothing of store 700 replayed");
     assert_eq!(stats.for_request(31).campaign, 2, "one campaign per store");
     assert!(request_view(&pool, 31).await.campaign_id.is_some());
+}
+
+/// Runs the due retry of request `id` (the clock set to its retry time).
+async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) -> AttemptOutcome {
+    let state = env.store.state(id).await.unwrap().unwrap();
+    env.clock.set(state.next_retry_time.unwrap());
+    let retry = Candidate {
+        request_id: id,
+        request_type,
+        state_id: Some(state.id),
+    };
+    env.approver.attempt(&retry, &fence("a", 1)).await.unwrap()
+}
+
+/// An owner contract whose owner answer, then store answer, is lost by a
+/// downstream with no idempotency support: each retry looks the request up
+/// first and takes what the lost call made.
+#[sqlx::test]
+async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool: PgPool) {
+    let env = Env::with_external(pool.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
+    env.sim.set_idempotency(Idempotency::Ignored);
+    NewRequest::ready_owner(41).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next_creation(
+            System::Owner,
+            1,
+            FaultKind::Malformed,
+        ))
+        .unwrap();
+    let first = env
+        .approver
+        .attempt(&owner(41), &fence("a", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, AttemptOutcome::RetryScheduled { .. }),
+        "{first:?}"
+    );
+    assert_eq!(env.sim.stats().created.owners, 1, "made, its answer lost");
+
+    env.sim
+        .set_faults(Faults::fail_next_creation(
+            System::Store,
+            1,
+            FaultKind::Malformed,
+        ))
+        .unwrap();
+    let second = attempt_due_retry(&env, 41, RequestType::OwnerContract).await;
+    assert!(
+        matches!(
+            second,
+            AttemptOutcome::RetryScheduled {
+                step: Step::Store,
+                ..
+            }
+        ),
+        "{second:?}"
+    );
+    assert_eq!(env.sim.stats().created.stores, 1, "made, its answer lost");
+    assert_eq!(
+        attempt_due_retry(&env, 41, RequestType::OwnerContract).await,
+        AttemptOutcome::Approved
+    );
+
+    let stats = env.sim.stats();
+    assert_eq!(stats.duplicate_creations, 0, "{stats:?}");
+    let made = stats.for_request(41);
+    assert_eq!((made.owner, made.store), (1, 1));
+    assert_eq!(stats.idempotent_replays, 0, "the simulator replays nothing");
+    assert_eq!(
+        stats.calls_to("GET /owners"),
+        2,
+        "looked up before each create"
+    );
+    assert_eq!(stats.calls_to("GET /stores"), 2);
+    let view = request_view(&pool, 41).await;
+    assert!(view.owner_number.is_some() && view.store_number.is_some());
+    let found = |label| {
+        metric_sum(
+            &env.metrics.encode(),
+            "autoapproval_creations_found_total",
+            &[label],
+        )
+    };
+    assert_eq!(
+        (found("system=\"owner\""), found("system=\"store\"")),
+        (1.0, 1.0)
+    );
+}
+
+/// The instrument of the test above can see a duplicate: with the same lost
+/// answer and nobody looking up, the downstream makes a second owner.
+#[sqlx::test]
+async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(pool: PgPool) {
+    let env = Env::start(pool.clone()).await;
+    env.sim.set_idempotency(Idempotency::Ignored);
+    NewRequest::ready_owner(42).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next_creation(
+            System::Owner,
+            1,
+            FaultKind::Malformed,
+        ))
+        .unwrap();
+    env.approver
+        .attempt(&owner(42), &fence("a", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        attempt_due_retry(&env, 42, RequestType::OwnerContract).await,
+        AttemptOutcome::Approved
+    );
+    let stats = env.sim.stats();
+    assert_eq!(stats.for_request(42).owner, 2);
+    assert_eq!(stats.duplicate_creations, 1);
+}
+
+/// A lookup that finds the campaign made for the old target store does not
+/// take it for the new one.
+#[sqlx::test]
+async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_the_new_store(
+    pool: PgPool,
+) {
+    let env = Env::with_external(pool.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
+    env.sim.set_idempotency(Idempotency::Ignored);
+    env.sim.add_store(700, true);
+    env.sim.add_store(701, true);
+    NewRequest::ready_ad(43, 700).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next_creation(
+            System::Ad,
+            1,
+            FaultKind::Malformed,
+        ))
+        .unwrap();
+    let ad = Candidate {
+        request_id: 43,
+        request_type: RequestType::AdContract,
+        state_id: None,
+    };
+    env.approver.attempt(&ad, &fence("a", 1)).await.unwrap();
+    sqlx::query("UPDATE approval_request SET target_store_number = 701 WHERE id = 43")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        attempt_due_retry(&env, 43, RequestType::AdContract).await,
+        AttemptOutcome::Approved
+    );
+    let stats = env.sim.stats();
+    assert_eq!(stats.for_request(43).campaign, 2, "one campaign per store");
+    assert_eq!(stats.duplicate_creations, 0);
+    // The approval carries the campaign of store 701, the latest one.
+    let latest: serde_json::Value = reqwest::get(format!(
+        "{}/campaigns/approvals?requestId=43",
+        env.sim.base_url()
+    ))
+    .await
+    .unwrap()
+    .json()
+    .await
+    .unwrap();
+    assert_eq!(latest["storeNumber"], 701);
+    assert_eq!(
+        request_view(&pool, 43).await.campaign_id.as_deref(),
+        latest["campaignId"].as_str()
+    );
 }

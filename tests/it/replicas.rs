@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use autoapproval::controller::crd::AutoApproval;
 use autoapproval::coordination::{SHARD_LEASE_PREFIX, member_lease_name};
-use autoapproval_sim::{Faults, SimHandle};
+use autoapproval_sim::{Faults, Idempotency, SimHandle};
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
@@ -34,6 +34,32 @@ struct Replica {
     database_url: Option<String>,
 }
 
+/// What kind of downstream the replicas create in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Downstream {
+    /// Honours `Idempotency-Key`; the replicas rely on it.
+    Keyed,
+    /// No idempotency support at all; the replicas run with `--*-dedup
+    /// lookup`, and some answers to creations are lost on the way back.
+    Unkeyed,
+}
+
+impl Downstream {
+    /// `faults`, and for an unkeyed downstream lost answers on top: the case
+    /// a lookup has to catch.
+    fn faults(self, faults: Faults) -> Faults {
+        match self {
+            Downstream::Keyed => faults,
+            Downstream::Unkeyed => Faults {
+                timeout_rate: faults.timeout_rate.max(0.02),
+                malformed_rate: faults.malformed_rate.max(0.03),
+                hang: Duration::from_millis(200),
+                ..faults
+            },
+        }
+    }
+}
+
 /// Three (or more) replicas and everything they talk to.
 struct Fleet {
     server: TestServer,
@@ -45,11 +71,24 @@ struct Fleet {
     replicas: Vec<Replica>,
     lease_duration: Duration,
     http: reqwest::Client,
+    downstream: Downstream,
 }
 
 impl Fleet {
     async fn start(pool: PgPool, n: usize, lease_duration: Duration) -> Fleet {
+        Self::with(pool, n, lease_duration, Downstream::Keyed).await
+    }
+
+    async fn with(
+        pool: PgPool,
+        n: usize,
+        lease_duration: Duration,
+        downstream: Downstream,
+    ) -> Fleet {
         let (server, client, sim) = backends().await;
+        if downstream == Downstream::Unkeyed {
+            sim.set_idempotency(Idempotency::Ignored);
+        }
         let dir = std::env::temp_dir().join(format!(
             "aa-fleet-{}-{}",
             std::process::id(),
@@ -68,6 +107,7 @@ impl Fleet {
             replicas: Vec::new(),
             lease_duration,
             http: reqwest::Client::new(),
+            downstream,
         };
         for i in 0..n {
             fleet.replicas.push(Replica {
@@ -95,6 +135,10 @@ impl Fleet {
             .expect("log file");
         let renew_deadline = self.lease_duration.saturating_sub(RETRY_PERIOD * 2);
         let ms = |d: Duration| format!("{}ms", d.as_millis());
+        let dedup = match self.downstream {
+            Downstream::Keyed => "key",
+            Downstream::Unkeyed => "lookup",
+        };
         let child = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(["run", "--namespace", NS, "--replica-name", &replica.name])
             .arg("--kubeconfig")
@@ -130,6 +174,9 @@ impl Fleet {
             .env("AUTOAPPROVAL_OWNER_URL", self.sim.base_url())
             .env("AUTOAPPROVAL_STORE_URL", self.sim.base_url())
             .env("AUTOAPPROVAL_AD_URL", self.sim.base_url())
+            .env("AUTOAPPROVAL_OWNER_DEDUP", dedup)
+            .env("AUTOAPPROVAL_STORE_DEDUP", dedup)
+            .env("AUTOAPPROVAL_AD_DEDUP", dedup)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
@@ -285,9 +332,57 @@ async fn insert_requests(pool: &PgPool, from: i64, to: i64, store: Option<i64>, 
     .expect("insert requests");
 }
 
-/// Every creation the simulator made is at most one per request and kind.
+/// In an unkeyed run, answers were lost and the replicas looked up before
+/// creating: the case the run is for did happen.
+fn assert_lookups_made(fleet: &Fleet) {
+    if fleet.downstream != Downstream::Unkeyed {
+        return;
+    }
+    let stats = fleet.sim.stats();
+    let lost = stats.faults_injected.timeout + stats.faults_injected.malformed;
+    let lookups = stats.calls_to("GET /owners") + stats.calls_to("GET /stores");
+    eprintln!("unkeyed downstream: {lost} answers lost, {lookups} lookups");
+    assert!(lost > 0 && lookups > 0, "{stats:?}");
+}
+
+/// Every request the replica processes made to the API server is one the
+/// chart's Role grants: run with that Role, they would have been refused
+/// nothing.
+fn assert_role_grants_what_was_used(server: &TestServer) {
+    let used = server.access_by(autoapproval::cli::USER_AGENT);
+    assert!(
+        !used.is_empty(),
+        "no request carried the controller's User-Agent"
+    );
+    let missing: Vec<_> = used
+        .iter()
+        .filter(|a| {
+            !crate::deploy::ROLE_GRANTS
+                .iter()
+                .any(|(g, r, v)| a.group == *g && a.resource == *r && a.verb == *v)
+        })
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "used but not granted by the Role: {missing:?}"
+    );
+}
+
+/// Every creation the simulator made is at most one per request and kind,
+/// and no two chains worked on one request at once.
 fn assert_nothing_doubled(sim: &SimHandle) {
     let stats = sim.stats();
+    eprintln!(
+        "simulator: {:?} created, {} replays, {} duplicates, {} overlaps, {} faults injected",
+        stats.created,
+        stats.idempotent_replays,
+        stats.duplicate_creations,
+        stats.overlapping_creations,
+        stats.faults_injected.error
+            + stats.faults_injected.timeout
+            + stats.faults_injected.malformed
+    );
+    assert_eq!(stats.duplicate_creations, 0, "something was created twice");
     let doubled: Vec<_> = stats
         .per_request
         .iter()
@@ -303,21 +398,32 @@ fn assert_nothing_doubled(sim: &SimHandle) {
 
 #[sqlx::test]
 async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPool) {
-    let mut fleet = Fleet::start(pool.clone(), 3, LEASE_DURATION).await;
+    killed_hard_mid_run(pool, Downstream::Keyed).await;
+}
+
+#[sqlx::test]
+async fn a_replica_killed_hard_mid_run_doubles_nothing_in_a_downstream_without_idempotency_keys(
+    pool: PgPool,
+) {
+    killed_hard_mid_run(pool, Downstream::Unkeyed).await;
+}
+
+async fn killed_hard_mid_run(pool: PgPool, downstream: Downstream) {
+    let mut fleet = Fleet::with(pool.clone(), 3, LEASE_DURATION, downstream).await;
     let holders = fleet.wait_balanced().await;
     fleet.sim.add_store(900_001, true);
     // Slow enough that every replica has chains in flight at the kill, with
     // transient errors and lost answers that force idempotent retries.
     fleet
         .sim
-        .set_faults(Faults {
+        .set_faults(downstream.faults(Faults {
             latency: Duration::from_millis(40),
             jitter: Duration::from_millis(20),
             error_rate: 0.03,
             timeout_rate: 0.01,
             hang: Duration::from_millis(200),
             ..Faults::default()
-        })
+        }))
         .expect("faults");
     insert_requests(&pool, 1, 1_700, None, true).await;
     insert_requests(&pool, 1_701, 1_900, Some(900_001), true).await;
@@ -422,6 +528,8 @@ async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPoo
         "a person's decisions stand"
     );
     assert_nothing_doubled(&fleet.sim);
+    assert_lookups_made(&fleet);
+    assert_role_grants_what_was_used(&fleet.server);
     // The claims the victim held were recovered by the new holders' cleanser
     // pass at takeover, and finished.
     for (request_id,) in &orphaned {
@@ -466,17 +574,26 @@ async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPoo
 
 #[sqlx::test]
 async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(pool: PgPool) {
+    rolling_restart(pool, Downstream::Keyed).await;
+}
+
+#[sqlx::test]
+async fn a_rolling_restart_doubles_nothing_in_a_downstream_without_idempotency_keys(pool: PgPool) {
+    rolling_restart(pool, Downstream::Unkeyed).await;
+}
+
+async fn rolling_restart(pool: PgPool, downstream: Downstream) {
     // Leases that would take 30 s to expire: a handover within that time
     // can only be a release.
     let long = Duration::from_secs(30);
-    let mut fleet = Fleet::start(pool.clone(), 3, long).await;
+    let mut fleet = Fleet::with(pool.clone(), 3, long, downstream).await;
     fleet.wait_balanced().await;
     fleet
         .sim
-        .set_faults(Faults {
+        .set_faults(downstream.faults(Faults {
             latency: Duration::from_millis(20),
             ..Faults::default()
-        })
+        }))
         .expect("faults");
     insert_requests(&pool, 1, 600, None, true).await;
     for i in 0..3 {
@@ -533,6 +650,8 @@ async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(po
     })
     .await;
     assert_nothing_doubled(&fleet.sim);
+    assert_lookups_made(&fleet);
+    assert_role_grants_what_was_used(&fleet.server);
     for i in 0..3 {
         assert_eq!(
             fleet
@@ -551,14 +670,23 @@ async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(po
 
 #[sqlx::test]
 async fn api_server_failures_then_closed_watches_lose_and_double_nothing(pool: PgPool) {
-    let mut fleet = Fleet::start(pool.clone(), 3, LEASE_DURATION).await;
+    api_server_failures(pool, Downstream::Keyed).await;
+}
+
+#[sqlx::test]
+async fn api_server_failures_double_nothing_in_a_downstream_without_idempotency_keys(pool: PgPool) {
+    api_server_failures(pool, Downstream::Unkeyed).await;
+}
+
+async fn api_server_failures(pool: PgPool, downstream: Downstream) {
+    let mut fleet = Fleet::with(pool.clone(), 3, LEASE_DURATION, downstream).await;
     fleet.wait_balanced().await;
     fleet
         .sim
-        .set_faults(Faults {
+        .set_faults(downstream.faults(Faults {
             latency: Duration::from_millis(10),
             ..Faults::default()
-        })
+        }))
         .expect("faults");
     insert_requests(&pool, 1, 200, None, true).await;
     // One request in five to the API server fails, for 60 s, while requests
@@ -582,6 +710,7 @@ async fn api_server_failures_then_closed_watches_lose_and_double_nothing(pool: P
     })
     .await;
     assert_nothing_doubled(&fleet.sim);
+    assert_lookups_made(&fleet);
     eventually("the state table to empty", || async {
         (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
     })
@@ -666,6 +795,7 @@ async fn a_replica_cut_from_the_database_hands_its_shards_over(pool: PgPool) {
     })
     .await;
     assert_nothing_doubled(&fleet.sim);
+    assert_lookups_made(&fleet);
     let log = fleet.log(1);
     assert!(
         log.contains("giving every Lease back until it answers"),
@@ -756,6 +886,7 @@ async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_req
     )
     .await;
     assert_nothing_doubled(&fleet.sim);
+    assert_lookups_made(&fleet);
     fleet.stop(1).await;
     fleet.stop(0).await;
 }
