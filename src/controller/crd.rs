@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use kube::CustomResource;
 use kube::core::CustomResourceExt;
+use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -20,7 +20,7 @@ pub const SHARD_LABEL: &str = "autoapproval.io/shard";
 pub const FIELD_MANAGER: &str = "autoapproval";
 
 /// Asks the controller to auto-approve one request of the business table.
-#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(CustomResource, KubeSchema, Deserialize, Serialize, Clone, Debug, PartialEq)]
 #[kube(
     group = "autoapproval.io",
     version = "v1alpha1",
@@ -41,10 +41,13 @@ pub const FIELD_MANAGER: &str = "autoapproval";
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AutoApprovalSpec {
-    /// The request's id in the business table.
+    /// The request's id in the business table; immutable (the CR is named after it).
     #[schemars(range(min = 1))]
+    #[x_kube(validation = Rule::new("self == oldSelf").message("requestId is immutable"))]
     pub request_id: i64,
-    /// The request's type; only auto-approvable types are accepted.
+    /// The request's type; only auto-approvable types are accepted. Immutable:
+    /// when the database's type changes, the controller replaces the CR.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("requestType is immutable"))]
     pub request_type: ApprovalType,
     /// While true the controller never claims the request.
     #[serde(default)]

@@ -157,7 +157,9 @@ impl Discovery {
         let mut n = 0;
         for cr in self.cache.state() {
             if shards.contains(&self.shards.shard_of(cr.spec.request_id)) {
-                let _ = self.trigger.unbounded_send(self.key(cr.spec.request_id));
+                // By the CR's own name: a misnamed one is reconciled too,
+                // to be reported.
+                let _ = self.trigger.unbounded_send(ObjectRef::from_obj(&*cr));
                 n += 1;
             }
         }

@@ -7,14 +7,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::crd::{AutoApproval, FIELD_MANAGER, Phase};
+use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, cr_name};
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
@@ -34,6 +34,15 @@ pub enum ReconcileError {
         /// What failed.
         #[source]
         source: StoreError,
+    },
+    /// The API server refused to delete a CR being replaced.
+    #[error("request {request_id}: replacing the AutoApproval: {source}")]
+    Replace {
+        /// The request.
+        request_id: i64,
+        /// What failed.
+        #[source]
+        source: kube::Error,
     },
     /// The API server refused a status write.
     #[error("request {request_id}: writing the status: {source}")]
@@ -161,6 +170,17 @@ impl Reconcile<'_> {
     async fn run(&self) -> Result<Action, ReconcileError> {
         let id = self.request_id();
         let store = self.ctx.approver.store();
+        // Only the CR named after its request drives it: another one (made
+        // by hand, or its name copied) would be a second door to the same
+        // request, so it is reported and left alone.
+        let expected = cr_name(id);
+        if self.cr.name_any() != expected {
+            let reason = format!(
+                "spec.requestId {id} belongs to the AutoApproval named {expected}, not {}",
+                self.cr.name_any()
+            );
+            return self.invalid("NameMismatch", reason).await;
+        }
         if self.cr.spec.paused {
             self.write(Observed::phase(
                 Phase::Paused,
@@ -190,7 +210,15 @@ impl Reconcile<'_> {
                 "spec.requestType is {wanted} but request {id} is {}",
                 request.request_type
             );
-            return self.invalid("TypeMismatch", reason).await;
+            // The database is the truth and spec.requestType is immutable:
+            // a type corrected to another auto-approvable one gets a new CR
+            // (discovery puts it back with the database's type).
+            if ApprovalType::from_request_type(request.request_type).is_some() {
+                return self.replace(reason).await;
+            }
+            self.invalid("TypeMismatch", reason).await?;
+            // It may be corrected again; look again, as for a malformed row.
+            return Ok(Action::requeue(self.ctx.settings.malformed_recheck));
         }
         if !request.status.is_open() {
             return self.closed(&request).await;
@@ -407,6 +435,32 @@ impl Reconcile<'_> {
             self.event(EventType::Warning, "Invalid", why, reason).await;
         }
         Ok(Action::await_change())
+    }
+
+    /// Deletes this CR (exactly this one, by uid) so discovery recreates it
+    /// from the database; its request's state in the database is untouched.
+    async fn replace(&self, reason: String) -> Result<Action, ReconcileError> {
+        info!(request_id = self.request_id(), %reason, "request type changed; replacing its AutoApproval");
+        self.event(EventType::Normal, "TypeChanged", "Replace", reason)
+            .await;
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: self.cr.uid(),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.ctx.api.delete(&self.cr.name_any(), &params).await {
+            Ok(_) => Ok(Action::await_change()),
+            // Gone already, or replaced by someone else meanwhile.
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
+                Ok(Action::await_change())
+            }
+            Err(source) => Err(ReconcileError::Replace {
+                request_id: self.request_id(),
+                source,
+            }),
+        }
     }
 
     /// A claim the cleanser brought back is announced once.

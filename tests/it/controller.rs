@@ -16,8 +16,8 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, kubectl_bin,
-    metric_sum, owner_now, request_status, request_view, set, test_settings,
+    Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, metric_sum,
+    owner_now, request_status, request_view, set, test_settings,
 };
 
 async fn state_exists(pool: &PgPool, id: i64) -> bool {
@@ -402,23 +402,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     cluster.wait_phase(110, Phase::Approved).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
 
-    let dir = std::env::temp_dir().join(format!("aa-kubectl-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    cluster
-        .server
-        .write_kubeconfig(&kubeconfig)
-        .expect("kubeconfig");
-    let output = tokio::process::Command::new(kubectl_bin())
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .args(["get", "aa", "-n", NS])
-        .output()
-        .await
-        .expect("kubectl runs (set KUBECTL or run scripts/install-tools.sh)");
-    let _ = std::fs::remove_dir_all(&dir);
+    let output = cluster.kubectl(&["get", "aa", "-n", NS]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -784,4 +768,135 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(poo
     .await
     .expect("each shard fenced above its old token");
     second.stop().await;
+}
+
+/// spec.requestId and spec.requestType are immutable: the CRD's CEL rule
+/// `self == oldSelf`, enforced by the API server, refuses an edit to another
+/// request or type with the rule's message, through the client and kubectl.
+#[sqlx::test]
+async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut waiting = owner_now(111);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    cluster.wait_phase(111, Phase::RetryWaiting).await;
+    let refused = async |spec: serde_json::Value| match cluster
+        .api
+        .patch(
+            &crd::cr_name(111),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "spec": spec })),
+        )
+        .await
+    {
+        Err(kube::Error::Api(s)) if s.code == 422 => s.message,
+        other => panic!("{spec}: expected 422 Invalid, got {other:?}"),
+    };
+    let message = refused(serde_json::json!({"requestId": 112})).await;
+    assert!(
+        message.contains("spec.requestId") && message.contains("requestId is immutable"),
+        "{message}"
+    );
+    let message = refused(serde_json::json!({"requestType": "AD_CONTRACT"})).await;
+    assert!(message.contains("requestType is immutable"), "{message}");
+
+    let name = crd::cr_name(111);
+    let out = cluster
+        .kubectl(&[
+            "-n",
+            NS,
+            "patch",
+            "autoapproval",
+            &name,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"spec":{"requestId":112}}"#,
+        ])
+        .await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "kubectl patch was accepted");
+    assert!(stderr.contains("requestId is immutable"), "{stderr}");
+
+    // Other fields stay editable.
+    cluster
+        .api
+        .patch(
+            &crd::cr_name(111),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": true}})),
+        )
+        .await
+        .expect("pausing is an allowed edit");
+    let cr = cluster.wait_phase(111, Phase::Paused).await;
+    assert_eq!(cr.spec.request_id, 111);
+    cluster.stop().await;
+}
+
+/// A CR whose name is not `request-<spec.requestId>` is reported Invalid and
+/// drives nothing; the request's own CR approves it, once.
+#[sqlx::test]
+async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut rogue = crd::for_request(113, crd::ApprovalType::OwnerContract, 16);
+    rogue.metadata.name = Some("request-114".into());
+    cluster
+        .api
+        .create(&PostParams::default(), &rogue)
+        .await
+        .expect("create CR");
+    let invalid = eventually("the misnamed CR to be Invalid", || async {
+        let cr = cluster.api.get_opt("request-114").await.ok()??;
+        let status = cr.status?;
+        (status.phase == Some(Phase::Invalid)).then_some(status)
+    })
+    .await
+    .expect("status");
+    assert!(
+        invalid
+            .last_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("belongs to the AutoApproval named request-113")),
+        "{invalid:?}"
+    );
+    owner_now(113).insert(&pool).await;
+    cluster.wait_phase(113, Phase::Approved).await;
+    assert_eq!(cluster.sim.stats().for_request(113).owner, 1);
+    let still: AutoApproval = cluster.api.get("request-114").await.expect("get");
+    assert_eq!(
+        still.status.and_then(|s| s.phase),
+        Some(Phase::Invalid),
+        "the misnamed CR never took part"
+    );
+    cluster.stop().await;
+}
+
+/// The database is the truth: a waiting owner contract whose type is
+/// corrected to an ad contract gets a new CR of the new type (the spec is
+/// immutable) and is approved as an ad contract.
+#[sqlx::test]
+async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    cluster.sim.add_store(700, true);
+    let mut waiting = owner_now(115);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    let before = cluster.wait_phase(115, Phase::RetryWaiting).await;
+    set(
+        &pool,
+        115,
+        "request_type = 'AD_CONTRACT', target_store_number = 700, documents_released = true",
+    )
+    .await;
+    let after = cluster.wait_phase(115, Phase::Approved).await;
+    assert_ne!(after.uid(), before.uid(), "a new CR");
+    assert_eq!(after.spec.request_type, crd::ApprovalType::AdContract);
+    let made = cluster.sim.stats().for_request(115);
+    assert_eq!(
+        (made.owner, made.store, made.campaign),
+        (0, 0, 1),
+        "approved as an ad contract"
+    );
+    assert_eq!(request_status(&pool, 115).await, "APPROVED");
+    cluster.stop().await;
 }

@@ -284,7 +284,15 @@ impl Store {
         Ok(())
     }
 
-    fn schema_checks(&self, rt: &ResourceType, version: &str, obj: &mut Value) -> ApiResult<()> {
+    /// Name, structural-schema and CEL checks; `old` is the stored object
+    /// of an update, for the transition rules.
+    fn schema_checks(
+        &self,
+        rt: &ResourceType,
+        version: &str,
+        obj: &mut Value,
+        old: Option<&Value>,
+    ) -> ApiResult<()> {
         let name = s(obj, "/metadata/name").to_string();
         let mut causes = vec![];
         if !name.is_empty() && !valid_name(&name) {
@@ -300,6 +308,9 @@ impl Store {
             validation::prune(obj, schema);
             validation::apply_defaults(obj, schema);
             causes.extend(validation::validate(obj, schema));
+            if causes.is_empty() {
+                causes.extend(validation::validate_cel(obj, old, schema));
+            }
         }
         if rt.flavor == Flavor::Crd {
             let want = format!("{}.{}", s(obj, "/spec/names/plural"), s(obj, "/spec/group"));
@@ -379,7 +390,7 @@ impl Store {
         {
             m.remove("status");
         }
-        self.schema_checks(rt, version, &mut obj)?;
+        self.schema_checks(rt, version, &mut obj, None)?;
         if self.get(rt, ns, &name).is_ok() {
             return Err(ApiError::already_exists(&what(rt), &name));
         }
@@ -538,7 +549,7 @@ impl Store {
                 ));
             }
         }
-        self.schema_checks(rt, version, &mut new)?;
+        self.schema_checks(rt, version, &mut new, Some(&cur))?;
         if rt.flavor == Flavor::Crd {
             crd_status(&mut new, Some(&cur));
         }

@@ -185,6 +185,31 @@ impl Cluster {
         .await;
     }
 
+    /// Runs the real kubectl against the test API server with `args`.
+    pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        let dir = std::env::temp_dir().join(format!(
+            "aa-kubectl-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = dir.join("kubeconfig");
+        self.server
+            .write_kubeconfig(&kubeconfig)
+            .expect("kubeconfig");
+        let output = tokio::process::Command::new(kubectl_bin())
+            .arg("--kubeconfig")
+            .arg(&kubeconfig)
+            .arg("--cache-dir")
+            .arg(dir.join("cache"))
+            .args(args)
+            .output()
+            .await
+            .expect("kubectl runs (set KUBECTL or run scripts/install-tools.sh)");
+        let _ = std::fs::remove_dir_all(&dir);
+        output
+    }
+
     /// Events about the CR of `request_id`, as (reason, note).
     pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
