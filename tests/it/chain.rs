@@ -191,6 +191,32 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPoo
         );
         assert_eq!(request_view(&pool, id).await.status, "PENDING");
     }
+    // A refusal waits as a condition, and each call is counted by its kind.
+    NewRequest::ready_owner(14).insert(&pool).await;
+    env.sim
+        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Refused))
+        .unwrap();
+    let outcome = env
+        .approver
+        .attempt(&owner(14), &fence("a", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&outcome, AttemptOutcome::RetryScheduled { reason, .. }
+            if reason.class == RetryClass::ConditionNotMet && reason.reason.contains("422")),
+        "{outcome:?}"
+    );
+    let calls = |result: &str| {
+        metric_sum(
+            &env.metrics.encode(),
+            "autoapproval_external_calls_total",
+            &["system=\"owner\"", &format!("result=\"{result}\"")],
+        )
+    };
+    assert_eq!(
+        (calls("transient"), calls("permanent"), calls("ok")),
+        (3.0, 1.0, 0.0)
+    );
 }
 
 #[sqlx::test]

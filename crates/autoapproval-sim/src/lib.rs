@@ -23,7 +23,7 @@
 //! tokens as `Authorization: Bearer …` get 401. Errors are `{"error": "…"}`.
 //!
 //! Faults apply to these endpoints only: an injected error answers 500 before
-//! any work; an injected timeout does the work, hangs for `hang`, then
+//! any work, an injected refusal (`failNext` only) 422; an injected timeout does the work, hangs for `hang`, then
 //! answers 504; an injected malformed answer does the work, then answers 200
 //! with truncated JSON. The last two lose a mutation's answer, as a crash or
 //! a dropped connection would, so they exercise idempotent retries.

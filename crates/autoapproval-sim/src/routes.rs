@@ -213,6 +213,7 @@ async fn serve_system_call(
     match plan.fault {
         None => next.run(request).await,
         Some(FaultKind::Error) => error(StatusCode::INTERNAL_SERVER_ERROR, "injected error"),
+        Some(FaultKind::Refused) => error(StatusCode::UNPROCESSABLE_ENTITY, "injected refusal"),
         Some(FaultKind::Timeout) => {
             // The work happens; only the answer is lost.
             drop(next.run(request).await);

@@ -117,6 +117,9 @@ pub enum FaultKind {
     Timeout,
     /// Do the work, then answer 200 with truncated JSON: the result is lost.
     Malformed,
+    /// Answer 422 before doing anything: the downstream refuses the input
+    /// (only through `failNext`; no rate draws it).
+    Refused,
 }
 
 /// Fail the next `count` matching calls with `kind`, for deterministic tests.
@@ -281,6 +284,9 @@ pub struct FaultCounts {
     pub timeout: u64,
     /// Answered malformed JSON.
     pub malformed: u64,
+    /// Answered 422 (`failNext` with `refused`).
+    #[serde(default)]
+    pub refused: u64,
 }
 
 /// Everything the simulator counted since start or the last reset
@@ -508,6 +514,7 @@ impl State {
             Some(FaultKind::Error) => counts.error += 1,
             Some(FaultKind::Timeout) => counts.timeout += 1,
             Some(FaultKind::Malformed) => counts.malformed += 1,
+            Some(FaultKind::Refused) => counts.refused += 1,
             None => {}
         }
         FaultPlan {

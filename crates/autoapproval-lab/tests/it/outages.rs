@@ -204,6 +204,15 @@ async fn three_replicas_through(outage: Outage) {
             "{outage:?}: request {id} created once in each system"
         );
     }
+    assert_eq!(
+        (
+            stats.overlapping_creations,
+            stats.duplicate_creations,
+            stats.key_conflicts
+        ),
+        (0, 0, 0),
+        "{outage:?}: creations overlapping, made twice, keys reused with another body"
+    );
     assert!(
         stats.faults_injected.malformed > 0,
         "the simulator lost answers: {:?}",
