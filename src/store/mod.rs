@@ -28,6 +28,14 @@ pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 
+/// The manual-approval functions of migration 0013, with their argument
+/// types as a `GRANT EXECUTE ON FUNCTION` names them: the other service's
+/// role needs these and nothing else (README: Working alongside people).
+pub const MANUAL_FUNCTIONS: &str = "autoapproval_manual_claim(bigint, text), \
+autoapproval_manual_heartbeat(bigint, text, bigint), \
+autoapproval_manual_release(bigint, text, bigint), \
+autoapproval_manual_decide(bigint, text, bigint, text, text)";
+
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

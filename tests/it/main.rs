@@ -11,6 +11,7 @@ mod deploy;
 mod external;
 mod fencing;
 mod malformed;
+mod manual;
 mod migrate;
 mod replicas;
 mod retry;

@@ -18,7 +18,7 @@ use rand::Rng;
 use sqlx::PgPool;
 use tokio::process::{Child, Command};
 
-use crate::support::{CutProxy, NS, backends, eventually};
+use crate::support::{CutProxy, NS, backends, eventually, memos};
 use crate::support::{database_url, sigterm};
 
 const SHARDS: u32 = 16;
@@ -533,17 +533,12 @@ async fn killed_hard_mid_run(pool: PgPool, downstream: Downstream) {
     // The claims the victim held were recovered by the new holders' cleanser
     // pass at takeover, and finished.
     for (request_id,) in &orphaned {
-        let memos: Vec<(String,)> =
-            sqlx::query_as("SELECT message FROM approval_request_memo WHERE request_id = $1")
-                .bind(request_id)
-                .fetch_all(&pool)
-                .await
-                .expect("memos");
+        let history = memos(&pool, *request_id).await;
         assert!(
-            memos
+            history
                 .iter()
-                .any(|(m,)| m.contains(&format!("interrupted on {victim_name}"))),
-            "request {request_id}: {memos:?}"
+                .any(|m| m.contains(&format!("interrupted on {victim_name}"))),
+            "request {request_id}: {history:?}"
         );
     }
     eventually("the state table to empty", || async {

@@ -149,3 +149,14 @@ pub fn owner_now(id: i64) -> NewRequest {
 pub async fn request_status(pool: &PgPool, id: i64) -> String {
     request_view(pool, id).await.status
 }
+
+/// The memo history of a request, oldest first.
+pub async fn memos(pool: &PgPool, id: i64) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .expect("memos")
+}
