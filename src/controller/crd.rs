@@ -16,6 +16,9 @@ use crate::domain::RequestType;
 pub const TYPE_LABEL: &str = "autoapproval.io/request-type";
 /// Label carrying the shard, `request_id mod K`.
 pub const SHARD_LABEL: &str = "autoapproval.io/shard";
+/// Annotation asking for a retry now: its value (a timestamp, say) is acted
+/// on once and echoed in `status.lastRetryRequest`.
+pub const RETRY_ANNOTATION: &str = "autoapproval.io/retry-requested-at";
 /// The field manager of the controller's writes.
 pub const FIELD_MANAGER: &str = "autoapproval";
 
@@ -37,7 +40,8 @@ pub const FIELD_MANAGER: &str = "autoapproval";
     printcolumn = r#"{"name":"Retries","type":"integer","jsonPath":".status.retryCount"}"#,
     printcolumn = r#"{"name":"Next Retry","type":"string","jsonPath":".status.nextRetryTime"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.lastReason"}"#,
-    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Retry Asked","type":"string","priority":1,"jsonPath":".status.lastRetryRequest"}"#
 )]
 #[serde(rename_all = "camelCase")]
 pub struct AutoApprovalSpec {
@@ -108,6 +112,9 @@ pub struct AutoApprovalStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// The value of the `autoapproval.io/retry-requested-at` annotation last acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_retry_request: Option<String>,
     /// Conditions, following Kubernetes API conventions.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

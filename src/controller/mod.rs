@@ -18,6 +18,7 @@ use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::utils::Predicate;
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
@@ -172,8 +173,9 @@ pub async fn run_until(
     };
     let coordinator = supervise.spawn("coordination", coordinator.run(release_rx));
 
-    // Only spec changes (generation) trigger a reconcile from the watch: our
-    // own status writes would otherwise come straight back as work. A
+    // Only spec and annotation changes (a retry asked for) trigger a
+    // reconcile from the watch: our own status writes would otherwise come
+    // straight back as work. A
     // deletion goes to discovery, which puts back the CR of an open request.
     let (cache, writer) = reflector::store();
     let (deleted_tx, deleted_rx) = mpsc::unbounded();
@@ -186,7 +188,10 @@ pub async fn run_until(
             }
         })
         .applied_objects()
-        .predicate_filter(predicates::generation, Default::default());
+        .predicate_filter(
+            predicates::generation::<AutoApproval>.combine(predicates::annotations),
+            Default::default(),
+        );
     let (trigger_tx, trigger_rx) = mpsc::unbounded();
 
     let reporter = Reporter {

@@ -14,7 +14,7 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
-use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, cr_name};
+use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name};
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
@@ -119,6 +119,7 @@ pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Actio
         cr: &cr,
         ctx: &ctx,
         guard: &guard,
+        retry_ack: Mutex::new(None),
     }
     .run()
     .await;
@@ -155,6 +156,8 @@ struct Reconcile<'a> {
     cr: &'a AutoApproval,
     ctx: &'a Context,
     guard: &'a ShardGuard,
+    /// A retry request acted on in this reconcile, echoed by the status write.
+    retry_ack: Mutex<Option<String>>,
 }
 
 impl Reconcile<'_> {
@@ -223,6 +226,7 @@ impl Reconcile<'_> {
         if !request.status.is_open() {
             return self.closed(&request).await;
         }
+        self.act_on_retry_request().await?;
         let state = store.state(id).await.map_err(self.store_err())?;
         if *self.ctx.stopping.borrow() {
             // Shutting down: leave it for the next holder.
@@ -437,6 +441,44 @@ impl Reconcile<'_> {
         Ok(Action::await_change())
     }
 
+    /// The `autoapproval.io/retry-requested-at` annotation, once per value:
+    /// a waiting or exhausted request is made due now (one more attempt for
+    /// an exhausted one), with who asked in the memo and an Event; the value
+    /// is echoed in `status.lastRetryRequest` by this reconcile's status write.
+    async fn act_on_retry_request(&self) -> Result<(), ReconcileError> {
+        let Some(asked) = self.cr.annotations().get(RETRY_ANNOTATION) else {
+            return Ok(());
+        };
+        let done = self
+            .cr
+            .status
+            .as_ref()
+            .and_then(|s| s.last_retry_request.as_ref());
+        if done == Some(asked) {
+            return Ok(());
+        }
+        let who = annotation_manager(self.cr, RETRY_ANNOTATION).unwrap_or_else(|| "someone".into());
+        let note = format!("retry requested by {who} at {asked} ({RETRY_ANNOTATION})");
+        let limit = self.ctx.approver.config().retry.limit;
+        let made_due = self
+            .ctx
+            .approver
+            .store()
+            .retry_now(self.request_id(), limit, &note, self.ctx.clock.now())
+            .await
+            .map_err(self.store_err())?;
+        info!(request_id = self.request_id(), %who, %asked, made_due, "retry requested");
+        let note = if made_due {
+            note
+        } else {
+            format!("{note}: nothing was waiting")
+        };
+        self.event(EventType::Normal, "RetryRequested", "Retry", note)
+            .await;
+        *self.retry_ack.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked.clone());
+        Ok(())
+    }
+
     /// Deletes this CR (exactly this one, by uid) so discovery recreates it
     /// from the database; its request's state in the database is untouched.
     async fn replace(&self, reason: String) -> Result<Action, ReconcileError> {
@@ -485,12 +527,20 @@ impl Reconcile<'_> {
     /// outcome and discovery recreates the CR if there is work left.
     async fn write(&self, observed: Observed) -> Result<bool, ReconcileError> {
         let previous = self.cr.status.as_ref();
-        let status = project(
+        let mut status = project(
             previous,
             &observed,
             self.cr.metadata.generation,
             self.ctx.clock.now(),
         );
+        if let Some(ack) = self
+            .retry_ack
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        {
+            status.last_retry_request = Some(ack);
+        }
         if previous == Some(&status) {
             return Ok(false);
         }
@@ -538,6 +588,26 @@ impl Reconcile<'_> {
             }
         }
     }
+}
+
+/// The field manager that last set annotation `key` (from managedFields):
+/// who asked, as the API server recorded it.
+fn annotation_manager(cr: &AutoApproval, key: &str) -> Option<String> {
+    let pointer = format!(
+        "/f:metadata/f:annotations/f:{}",
+        key.replace('~', "~0").replace('/', "~1")
+    );
+    cr.metadata
+        .managed_fields
+        .as_ref()?
+        .iter()
+        .rev()
+        .find(|m| {
+            m.fields_v1
+                .as_ref()
+                .is_some_and(|f| f.0.pointer(&pointer).is_some())
+        })
+        .and_then(|m| m.manager.clone())
 }
 
 fn waiting_view(phase: Phase, state: &State) -> Observed {

@@ -79,6 +79,7 @@ pub fn project(
         last_reason: observed.reason.clone(),
         holder: observed.holder.clone(),
         observed_generation: generation,
+        last_retry_request: previous.and_then(|p| p.last_retry_request.clone()),
         conditions,
     }
 }

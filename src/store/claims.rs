@@ -124,6 +124,38 @@ impl Store {
         })
     }
 
+    /// A person asked for a retry now: a waiting request becomes due at
+    /// `now`, an exhausted one gets one more attempt, and `note` goes to its
+    /// memo. False when nothing waits (no state row, or a claim running).
+    pub async fn retry_now(
+        &self,
+        request_id: i64,
+        retry_limit: i32,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let row: Option<(i64,)> = sqlx::query_as(
+            "WITH due AS (
+                 UPDATE auto_approve_state
+                    SET next_retry_time = $3, retry_count = LEAST(retry_count, $2 - 1),
+                        modified_at = now()
+                  WHERE request_id = $1 AND status = 'RETRY_WAITING'
+                 RETURNING request_id
+             )
+             INSERT INTO approval_request_memo (request_id, created_at, author, message)
+             SELECT request_id, $3, 'autoapproval', $4 FROM due
+             RETURNING request_id",
+        )
+        .bind(request_id)
+        .bind(retry_limit)
+        .bind(now)
+        .bind(note)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("retry now"))?;
+        Ok(row.is_some())
+    }
+
     /// Touches the claim so the cleanser sees it is alive (in the database's
     /// clock, which the cleanser compares with); false when the fence no
     /// longer matches (the claim is lost: stop writing).

@@ -900,3 +900,115 @@ async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_
     assert_eq!(request_status(&pool, 115).await, "APPROVED");
     cluster.stop().await;
 }
+
+/// `kubectl annotate aa request-N autoapproval.io/retry-requested-at=…`:
+/// a request waiting its 10-minute interval, whose condition came true
+/// without the database hearing of it (the e-sign system changed), is
+/// approved at once; an exhausted one gets one more attempt; each value is
+/// acted on once, with who asked in the memo, and echoed in the status.
+#[sqlx::test]
+async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(pool: PgPool) {
+    let limit = DEFAULT_RETRY_LIMIT;
+    let long_ago = Utc::now() - chrono::Duration::hours(1);
+    owner_now(121).insert(&pool).await;
+    insert_state(&pool, 121, "RETRY_WAITING", Some(long_ago), limit, long_ago).await;
+    let mut waiting = owner_now(122);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    let mut cluster = Cluster::start(pool.clone()).await;
+    // An exhausted request is no candidate: its CR is one a person kept.
+    cluster
+        .api
+        .create(
+            &PostParams::default(),
+            &crd::for_request(121, crd::ApprovalType::OwnerContract, 16),
+        )
+        .await
+        .expect("create CR");
+    cluster
+        .sim
+        .set_contract_status("EC-120", autoapproval::external::ContractStatus::Pending);
+    owner_now(120).insert(&pool).await;
+    let before = cluster.wait_phase(120, Phase::RetryWaiting).await;
+    assert!(
+        before
+            .status
+            .and_then(|s| s.next_retry_time)
+            .expect("due time")
+            > Utc::now() + chrono::Duration::minutes(5)
+    );
+    cluster.wait_phase(121, Phase::Exhausted).await;
+    cluster.wait_phase(122, Phase::RetryWaiting).await;
+    cluster
+        .sim
+        .set_contract_status("EC-120", autoapproval::external::ContractStatus::Signed);
+
+    let asked = "2026-12-03T10:00:00Z";
+    for id in [120, 121, 122] {
+        let out = cluster
+            .kubectl(&[
+                "-n",
+                NS,
+                "annotate",
+                "aa",
+                &crd::cr_name(id),
+                &format!("{}={asked}", crd::RETRY_ANNOTATION),
+            ])
+            .await;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for id in [120, 121] {
+        let cr = cluster.wait_phase(id, Phase::Approved).await;
+        assert_eq!(
+            cr.status.and_then(|s| s.last_retry_request).as_deref(),
+            Some(asked),
+            "request {id}"
+        );
+    }
+    let asked_for = |id| {
+        let pool = pool.clone();
+        async move {
+            crate::support::memos(&pool, id)
+                .await
+                .into_iter()
+                .filter(|m| {
+                    m.contains("retry requested by kubectl-annotate at 2026-12-03T10:00:00Z")
+                })
+                .count()
+        }
+    };
+    // 122 still waits for its documents; the request was acted on, once.
+    let cr = eventually("request 122 to acknowledge the request", || async {
+        let cr = cluster.cr(122).await?;
+        (cr.status.as_ref()?.last_retry_request.as_deref() == Some(asked)).then_some(cr)
+    })
+    .await
+    .expect("CR");
+    assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::RetryWaiting));
+    assert_eq!(asked_for(122).await, 1);
+    // Another annotation makes another reconcile; the same value is not acted on again.
+    let out = cluster
+        .kubectl(&[
+            "-n",
+            NS,
+            "annotate",
+            "aa",
+            &crd::cr_name(122),
+            "note=looked at",
+        ])
+        .await;
+    assert!(out.status.success());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(asked_for(122).await, 1);
+    assert_eq!(asked_for(120).await, 1);
+    let events = cluster.events(120).await;
+    assert!(
+        events.iter().any(|(r, _)| r == "RetryRequested"),
+        "{events:?}"
+    );
+    cluster.stop().await;
+}
