@@ -54,6 +54,7 @@ SELECT r.id AS request_id, s.id AS state_id
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
  ORDER BY r.status, r.sort_time
  LIMIT $4;
 
@@ -68,6 +69,7 @@ SELECT r.id AS request_id, s.id AS state_id
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
  ORDER BY r.status, r.sort_time
  LIMIT $4;
 

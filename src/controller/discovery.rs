@@ -192,11 +192,19 @@ impl Discovery {
             let Some(approval_type) = ApprovalType::from_request_type(request.request_type) else {
                 continue;
             };
+            // A pause outlives its CR: the new one comes back paused.
+            let paused = match self.store.pause_of(request_id).await {
+                Ok(pause) => pause.is_some(),
+                Err(error) => {
+                    warn!(request_id, %error, "cannot tell whether a deleted AutoApproval was paused");
+                    continue;
+                }
+            };
             info!(
                 request_id,
-                "AutoApproval deleted while its request is open; recreating it"
+                paused, "AutoApproval deleted while its request is open; recreating it"
             );
-            self.create(request_id, approval_type).await;
+            self.create_with(request_id, approval_type, paused).await;
         }
     }
 
@@ -282,7 +290,18 @@ impl Discovery {
     /// AlreadyExists means the cache lags the API: the CR is there, so the
     /// reconcile is triggered instead.
     async fn create(&self, request_id: i64, approval_type: ApprovalType) -> bool {
-        let cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
+        self.create_with(request_id, approval_type, false).await
+    }
+
+    /// Like `create`, with `spec.paused` as given.
+    async fn create_with(
+        &self,
+        request_id: i64,
+        approval_type: ApprovalType,
+        paused: bool,
+    ) -> bool {
+        let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
+        cr.spec.paused = paused;
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()

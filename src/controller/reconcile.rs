@@ -184,13 +184,29 @@ impl Reconcile<'_> {
             );
             return self.invalid("NameMismatch", reason).await;
         }
+        let uid = self.cr.uid();
         if self.cr.spec.paused {
+            // Recorded in the database: no replica claims it, and a deleted
+            // CR comes back paused.
+            let by = format!("AutoApproval {}", self.cr.name_any());
+            store
+                .pause(id, &by, uid.as_deref())
+                .await
+                .map_err(self.store_err())?;
             self.write(Observed::phase(
                 Phase::Paused,
                 Some("spec.paused is set".into()),
             ))
             .await?;
             return Ok(Action::await_change());
+        }
+        let was_paused = self.cr.status.as_ref().and_then(|s| s.phase) == Some(Phase::Paused);
+        if was_paused {
+            // Unpaused on this CR: the pause it set ends.
+            store
+                .resume(id, uid.as_deref())
+                .await
+                .map_err(self.store_err())?;
         }
         let request = match store.request(id).await {
             Ok(Some(request)) => request,
@@ -371,9 +387,26 @@ impl Reconcile<'_> {
             }
             // Someone else has it, the retry moved, or our claim was taken
             // over: look at the truth again shortly.
-            AttemptOutcome::NotClaimed | AttemptOutcome::FenceLost => {
+            AttemptOutcome::NotClaimed => {
+                // Paused in the database through another CR (or by hand):
+                // shown, and left until this CR is paused and unpaused.
+                let store = self.ctx.approver.store();
+                if let Some(pause) = store
+                    .pause_of(self.request_id())
+                    .await
+                    .map_err(self.store_err())?
+                {
+                    let reason = format!(
+                        "paused in the database by {} at {}; set spec.paused to true, then false, to resume",
+                        pause.paused_by, pause.paused_at
+                    );
+                    self.write(Observed::phase(Phase::Paused, Some(reason)))
+                        .await?;
+                    return Ok(Action::await_change());
+                }
                 Ok(Action::requeue(Duration::from_secs(1)))
             }
+            AttemptOutcome::FenceLost => Ok(Action::requeue(Duration::from_secs(1))),
         }
     }
 

@@ -36,7 +36,7 @@ pub struct ShardFilter {
 // index `approval_request_open_candidates` (request_type, status, sort_time)
 // INCLUDE (id, target_store_number), so the request side is one index-only
 // range read in order and LIMIT stops it; each row costs one unique-index
-// probe of the state table. Open statuses sort ING < PENDING < RETRY. A
+// probe of the state table and one of the (small) pause table. Open statuses sort ING < PENDING < RETRY. A
 // union of a new-request and a due-retry branch was measured and rejected:
 // docs/BENCHMARKS.md.
 const OWNER_CANDIDATES: &str = "\
@@ -49,6 +49,7 @@ SELECT r.id AS request_id, s.id AS state_id
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
  ORDER BY r.status, r.sort_time
  LIMIT $4";
 
@@ -64,6 +65,7 @@ SELECT r.id AS request_id, s.id AS state_id
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
  ORDER BY r.status, r.sort_time
  LIMIT $4";
 

@@ -51,7 +51,8 @@ impl Store {
     /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
     /// for a due retry. Check and write are one statement, so nothing is held
     /// while the chain runs. A sharded fence also needs its token to be the
-    /// shard's current one (migration 0008).
+    /// shard's current one (migration 0008), and a paused request is never
+    /// claimed (migration 0014).
     pub async fn claim(
         &self,
         candidate: &Candidate,
@@ -65,10 +66,11 @@ impl Store {
                 "INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
                  SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, now()
-                  WHERE $6::int IS NULL OR EXISTS (
+                  WHERE ($6::int IS NULL OR EXISTS (
                         SELECT 1 FROM shard_fence f
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
-                           FOR SHARE)
+                           FOR SHARE))
+                    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
                  ON CONFLICT (request_id) DO NOTHING
                  RETURNING id, retry_count, transient_streak",
             )
@@ -91,6 +93,7 @@ impl Store {
                             woken_at = NULL
                       WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                         AND next_retry_time <= $5 AND retry_count < $6
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $2)
                         AND ($7::int IS NULL OR EXISTS (
                             SELECT 1 FROM shard_fence f
                              WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4

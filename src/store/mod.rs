@@ -17,6 +17,7 @@ mod connect;
 mod layout;
 mod ledger;
 mod notify;
+mod pause;
 mod recovery;
 mod rows;
 
@@ -25,6 +26,7 @@ pub use claims::{ClaimOutcome, Completion, RetryWrite};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
+pub use pause::Pause;
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 

@@ -495,3 +495,72 @@ async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
         Some("REJECTED")
     );
 }
+
+/// A request paused in the database is claimed by no replica, new or due,
+/// and is no candidate, whatever a CR says; resumed, it is claimed again.
+#[sqlx::test]
+async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
+    use autoapproval::store::CandidateQuery;
+
+    NewRequest::ready_owner(1).insert(&pool).await;
+    NewRequest::ready_owner(2).insert(&pool).await;
+    let due = insert_state(
+        &pool,
+        2,
+        "RETRY_WAITING",
+        Some(t0() - Duration::seconds(1)),
+        0,
+        t0(),
+    )
+    .await;
+    let store = Store::new(pool.clone(), pool.clone());
+    store
+        .pause(1, "AutoApproval request-1", Some("uid-1"))
+        .await
+        .unwrap();
+    store
+        .pause(2, "AutoApproval request-2", Some("uid-2"))
+        .await
+        .unwrap();
+    let query = CandidateQuery {
+        request_type: RequestType::OwnerContract,
+        limit: 10,
+        window_start: t0() - Duration::days(30),
+        now: t0(),
+        retry_limit: DEFAULT_RETRY_LIMIT,
+        shards: None,
+    };
+    assert_eq!(store.candidates(&query).await.unwrap(), []);
+    let retry = Candidate {
+        state_id: Some(due),
+        ..new_candidate(2)
+    };
+    for c in [new_candidate(1), retry] {
+        assert_eq!(
+            store
+                .claim(&c, &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+                .await
+                .unwrap(),
+            ClaimOutcome::Lost,
+            "request {}",
+            c.request_id
+        );
+    }
+    assert!(
+        !store.resume(1, Some("another CR")).await.unwrap(),
+        "only the CR that paused it resumes it"
+    );
+    assert!(store.resume(1, Some("uid-1")).await.unwrap());
+    assert!(matches!(
+        store
+            .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap(),
+        ClaimOutcome::Won(_)
+    ));
+    assert_eq!(
+        store.candidates(&query).await.unwrap().len(),
+        0,
+        "1 is claimed, 2 still paused"
+    );
+}

@@ -30,6 +30,17 @@ async fn state_exists(pool: &PgPool, id: i64) -> bool {
     n > 0
 }
 
+/// Creates the CR of `request_id` with `spec.paused: true`, as a person would.
+async fn create_paused(cluster: &Cluster, request_id: i64) {
+    let mut paused = crd::for_request(request_id, crd::ApprovalType::OwnerContract, 16);
+    paused.spec.paused = true;
+    cluster
+        .api
+        .create(&PostParams::default(), &paused)
+        .await
+        .expect("create paused CR");
+}
+
 fn total_calls(sim: &SimHandle) -> u64 {
     sim.stats().calls.values().sum()
 }
@@ -206,13 +217,7 @@ async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
 #[sqlx::test]
 async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
-    let mut paused = crd::for_request(106, crd::ApprovalType::OwnerContract, 16);
-    paused.spec.paused = true;
-    cluster
-        .api
-        .create(&PostParams::default(), &paused)
-        .await
-        .expect("create paused CR");
+    create_paused(&cluster, 106).await;
     cluster.wait_phase(106, Phase::Paused).await;
     cluster.wait_listening().await;
     // Counted before the insert: its wake-up may be handled before the
@@ -1010,5 +1015,41 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
         events.iter().any(|(r, _)| r == "RetryRequested"),
         "{events:?}"
     );
+    cluster.stop().await;
+}
+
+/// A pause outlives its CR: a deleted paused CR comes back paused and the
+/// request is not claimed meanwhile; unpausing the new CR resumes it.
+#[sqlx::test]
+async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    create_paused(&cluster, 116).await;
+    let first = cluster.wait_phase(116, Phase::Paused).await;
+    owner_now(116).insert(&pool).await;
+    cluster
+        .api
+        .delete(&crd::cr_name(116), &DeleteParams::default())
+        .await
+        .expect("delete");
+    let back = eventually("the CR to come back", || async {
+        let cr = cluster.cr(116).await?;
+        (cr.uid() != first.uid() && cr.status.as_ref()?.phase == Some(Phase::Paused)).then_some(cr)
+    })
+    .await
+    .expect("CR");
+    assert!(back.spec.paused, "recreated paused");
+    assert!(!state_exists(&pool, 116).await, "never claimed");
+    assert_eq!(total_calls(&cluster.sim), 0);
+
+    cluster
+        .api
+        .patch(
+            &crd::cr_name(116),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+    cluster.wait_phase(116, Phase::Approved).await;
     cluster.stop().await;
 }
