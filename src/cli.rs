@@ -31,6 +31,8 @@ pub enum Command {
     Run(Box<crate::controller::config::RunArgs>),
     /// Print the AutoApproval CRD as YAML (what crds/autoapproval.yaml holds).
     Crd,
+    /// Show one request, or retry, pause or resume it, through the database.
+    Request(crate::operator::RequestArgs),
 }
 
 /// Arguments of `migrate`.
@@ -74,11 +76,19 @@ pub enum CliError {
     /// The CRD could not be rendered.
     #[error("rendering the CRD: {0}")]
     Crd(#[from] serde_yaml::Error),
+    /// An operator's action was refused or failed.
+    #[error(transparent)]
+    Request(#[from] crate::operator::RequestError),
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
-    crate::telemetry::init_tracing(cli.log_json, "info");
+    // An operator's command prints its answer; only warnings go beside it.
+    let level = match cli.command {
+        Command::Request(_) => "warn",
+        _ => "info",
+    };
+    crate::telemetry::init_tracing(cli.log_json, level);
     match cli.command {
         Command::Migrate(args) => {
             // Migrations may wait for locks and build indexes: no session limits.
@@ -90,6 +100,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Run(args) => run_controller(*args).await,
         Command::Crd => {
             print!("{}", crate::controller::crd::crd_yaml()?);
+            Ok(())
+        }
+        Command::Request(args) => {
+            print!("{}", crate::operator::run(&args).await?);
             Ok(())
         }
     }

@@ -1,6 +1,6 @@
 //! autoapproval: a Kubernetes-native controller that auto-approves contract
 //! requests kept in PostgreSQL. This crate is what ships: the `autoapproval`
-//! binary (`run`, `migrate`, `crd`) and the library it is built from. The
+//! binary (`run`, `migrate`, `crd`, `request`) and the library it is built from. The
 //! simulator, the lab and the test API server are crates of their own under
 //! `crates/`, never normal dependencies of this one.
 #![warn(missing_docs)]
@@ -15,6 +15,7 @@ pub mod domain;
 pub mod endpoints;
 pub mod external;
 pub mod flags;
+pub mod operator;
 pub mod outage;
 pub mod processors;
 pub mod retry;

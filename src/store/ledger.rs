@@ -69,6 +69,18 @@ impl Store {
         Ok(())
     }
 
+    /// A request's history: each memo with its time and author, oldest first.
+    pub async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
+        sqlx::query_as(
+            "SELECT created_at, author, message FROM approval_request_memo
+              WHERE request_id = $1 ORDER BY id",
+        )
+        .bind(request_id)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("read history"))
+    }
+
     /// A request's memos, oldest first.
     pub async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
         let rows: Vec<(String,)> = sqlx::query_as(
@@ -80,4 +92,15 @@ impl Store {
         .map_err(db("read memos"))?;
         Ok(rows.into_iter().map(|(m,)| m).collect())
     }
+}
+
+/// One entry of a request's history.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct Memo {
+    /// When.
+    pub created_at: DateTime<Utc>,
+    /// Who wrote it (`autoapproval`, `autoapproval-cleanser`, `manual:<who>`).
+    pub author: String,
+    /// What happened.
+    pub message: String,
 }

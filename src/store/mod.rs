@@ -25,6 +25,7 @@ pub use candidates::{CandidateQuery, ShardFilter, candidate_sql};
 pub use claims::{ClaimOutcome, Completion, RetryWrite};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
+pub use ledger::Memo;
 pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
 pub use pause::Pause;
 pub use recovery::CleanseReport;

@@ -225,7 +225,11 @@ fn help_lists_only_the_controllers_subcommands() {
         .take_while(|l| !l.trim().is_empty())
         .filter_map(|l| l.split_whitespace().next())
         .collect();
-    assert_eq!(commands, ["migrate", "run", "crd", "help"], "{help}");
+    assert_eq!(
+        commands,
+        ["migrate", "run", "crd", "request", "help"],
+        "{help}"
+    );
 }
 
 /// `autoapproval <args>`'s exit status and stderr, with no `AUTOAPPROVAL_*`
@@ -550,4 +554,115 @@ async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
         "{stderr}"
     );
     assert!(stopped.status.success(), "the first replica ran on");
+}
+
+/// `autoapproval request …` against the database: (success, stdout, stderr).
+async fn request_command(pool: &PgPool, args: &[&str]) -> (bool, String, String) {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("request")
+        .args(args)
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(pool))
+        .env("USER", "olivia")
+        .output()
+        .await
+        .expect("autoapproval request runs");
+    (
+        output.status.success(),
+        String::from_utf8_lossy(&output.stdout).into_owned(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+/// An operator without kubectl shows, retries, pauses and resumes a request
+/// through the database; refusals name the request and the reason.
+#[sqlx::test]
+async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
+    use autoapproval::domain::{Candidate, RequestType};
+    use autoapproval::store::{ClaimOutcome, Store};
+
+    let later = chrono::Utc::now() + chrono::Duration::minutes(10);
+    let mut waiting = owner_now(501);
+    waiting.documents_released = false;
+    waiting.insert(&pool).await;
+    crate::support::insert_state(
+        &pool,
+        501,
+        "RETRY_WAITING",
+        Some(later),
+        2,
+        chrono::Utc::now(),
+    )
+    .await;
+
+    let (ok, shown, _) = request_command(&pool, &["show", "501"]).await;
+    assert!(ok, "{shown}");
+    for part in [
+        "request 501: OWNER_CONTRACT PENDING",
+        "documents in review",
+        "auto-approval: RETRY_WAITING",
+        "2 retries, due",
+        "paused: no",
+    ] {
+        assert!(shown.contains(part), "{part:?} in:\n{shown}");
+    }
+
+    let (ok, out, err) = request_command(&pool, &["retry", "501"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("request 501 is due now"), "{out}");
+    let (_, history, _) = request_command(&pool, &["history", "501"]).await;
+    assert!(history.contains("retry requested by olivia"), "{history}");
+
+    let (ok, out, err) = request_command(&pool, &["pause", "501"]).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("request 501 paused"), "{out}");
+    let store = Store::new(pool.clone(), pool.clone());
+    let state = store.state(501).await.unwrap().expect("state");
+    let due = Candidate {
+        request_id: 501,
+        request_type: RequestType::OwnerContract,
+        state_id: Some(state.id),
+    };
+    let claim = store
+        .claim(
+            &due,
+            &crate::support::fence("a", 1),
+            chrono::Utc::now(),
+            300,
+        )
+        .await
+        .unwrap();
+    assert_eq!(claim, ClaimOutcome::Lost, "a paused request is not claimed");
+    let (_, shown, _) = request_command(&pool, &["show", "501"]).await;
+    assert!(
+        shown.contains("paused: by olivia (autoapproval request pause)"),
+        "{shown}"
+    );
+    let (ok, _, err) = request_command(&pool, &["pause", "501"]).await;
+    assert!(
+        !ok && err.contains("request 501 is already paused by olivia"),
+        "{err}"
+    );
+
+    let (ok, out, err) = request_command(&pool, &["resume", "501"]).await;
+    assert!(ok && out.contains("request 501 resumed"), "{out}{err}");
+    assert!(matches!(
+        store
+            .claim(
+                &due,
+                &crate::support::fence("a", 1),
+                chrono::Utc::now(),
+                300
+            )
+            .await
+            .unwrap(),
+        ClaimOutcome::Won(_)
+    ));
+    let (ok, _, err) = request_command(&pool, &["retry", "501"]).await;
+    assert!(
+        !ok && err.contains("auto-approval is running request 501"),
+        "{err}"
+    );
+
+    let (ok, _, err) = request_command(&pool, &["show", "999"]).await;
+    assert!(!ok && err.contains("request 999 does not exist"), "{err}");
 }
