@@ -8,6 +8,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -95,6 +96,12 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("autoapproval");
+        // `autoapproval_build_info{version="…"} 1`: which build each replica runs.
+        registry.register(
+            "build",
+            "The version of the running binary",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
         let candidates = Family::<TypeLabel, Counter>::default();
         registry.register(
             "candidates",

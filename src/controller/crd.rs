@@ -30,6 +30,7 @@ pub const FIELD_MANAGER: &str = "autoapproval";
     kind = "AutoApproval",
     plural = "autoapprovals",
     shortname = "aa",
+    category = "autoapproval",
     namespaced,
     status = "AutoApprovalStatus",
     doc = "A contract request under auto-approval, mirrored from the database",

@@ -407,6 +407,16 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     cluster.wait_phase(110, Phase::Approved).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
 
+    // The CRD is in the `autoapproval` category.
+    let found = cluster
+        .kubectl(&["api-resources", "--categories=autoapproval", "-o", "name"])
+        .await;
+    assert_eq!(
+        String::from_utf8_lossy(&found.stdout).trim(),
+        "autoapprovals.autoapproval.io",
+        "{}",
+        String::from_utf8_lossy(&found.stderr)
+    );
     let output = cluster.kubectl(&["get", "aa", "-n", NS]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
@@ -503,6 +513,11 @@ async fn health_readiness_and_metrics_are_served(pool: PgPool) {
         "autoapproval_pickup_latency_seconds_bucket",
         "autoapproval_reconcile_duration_seconds_count{result=\"ok\"} 1",
         "autoapproval_discovery_turn_candidates_bucket",
+        concat!(
+            "autoapproval_build_info{version=\"",
+            env!("CARGO_PKG_VERSION"),
+            "\"} 1"
+        ),
     ] {
         assert!(body.contains(name), "{name} in:\n{body}");
     }
