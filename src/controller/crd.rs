@@ -37,11 +37,12 @@ pub const FIELD_MANAGER: &str = "autoapproval";
     printcolumn = r#"{"name":"Request","type":"integer","jsonPath":".spec.requestId"}"#,
     printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.requestType"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Step","type":"string","jsonPath":".status.step"}"#,
     printcolumn = r#"{"name":"Retries","type":"integer","jsonPath":".status.retryCount"}"#,
-    printcolumn = r#"{"name":"Next Retry","type":"string","jsonPath":".status.nextRetryTime"}"#,
-    printcolumn = r#"{"name":"Reason","type":"string","jsonPath":".status.lastReason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
+    printcolumn = r#"{"name":"Step","type":"string","priority":1,"jsonPath":".status.step"}"#,
+    printcolumn = r#"{"name":"Next Retry","type":"string","priority":1,"jsonPath":".status.nextRetryTime"}"#,
+    printcolumn = r#"{"name":"Holder","type":"string","priority":1,"jsonPath":".status.holder"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.lastReason"}"#,
     printcolumn = r#"{"name":"Retry Asked","type":"string","priority":1,"jsonPath":".status.lastRetryRequest"}"#
 )]
 #[serde(rename_all = "camelCase")]
@@ -121,7 +122,12 @@ pub struct AutoApprovalStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// The phases of an AutoApproval.
+/// Where the request stands: Pending (seen, not yet claimed), InProgress (a
+/// replica runs its chain), RetryWaiting (waits for its next retry time),
+/// Approved (approved by the controller), Superseded (a person decided
+/// first), Exhausted (the retry limit was reached; a person must look),
+/// Paused (spec.paused, or paused in the database; never claimed), Invalid
+/// (names no request the controller can work on).
 #[derive(Deserialize, Serialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
 pub enum Phase {
     /// Seen, not yet claimed.

@@ -54,23 +54,32 @@ pub fn project(
         Phase::Exhausted | Phase::Invalid | Phase::Paused => "True",
         _ => "False",
     };
-    let conditions = [("Approved", approved), ("Stalled", stalled)]
-        .into_iter()
-        .map(|(type_, status)| {
-            let last_transition_time = previous
-                .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
-                .filter(|c| c.status == status)
-                .map_or(now, |c| c.last_transition_time);
-            Condition {
-                type_: type_.to_owned(),
-                status: status.to_owned(),
-                reason: observed.phase.as_str().to_owned(),
-                message: message.clone(),
-                last_transition_time,
-                observed_generation: generation,
-            }
-        })
-        .collect();
+    // Ready: nothing more will be done and nothing is wrong.
+    let ready = match observed.phase {
+        Phase::Approved | Phase::Superseded => "True",
+        _ => "False",
+    };
+    let conditions = [
+        ("Ready", ready),
+        ("Approved", approved),
+        ("Stalled", stalled),
+    ]
+    .into_iter()
+    .map(|(type_, status)| {
+        let last_transition_time = previous
+            .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
+            .filter(|c| c.status == status)
+            .map_or(now, |c| c.last_transition_time);
+        Condition {
+            type_: type_.to_owned(),
+            status: status.to_owned(),
+            reason: observed.phase.as_str().to_owned(),
+            message: message.clone(),
+            last_transition_time,
+            observed_generation: generation,
+        }
+    })
+    .collect();
     AutoApprovalStatus {
         phase: Some(observed.phase),
         step: observed.step.clone(),
@@ -126,6 +135,29 @@ mod tests {
         assert_eq!(condition(&done, "Approved").last_transition_time, at(7));
         assert_eq!(condition(&done, "Stalled").last_transition_time, at(0));
         assert_eq!(done.next_retry_time, None);
+    }
+
+    #[test]
+    fn ready_only_once_nothing_more_will_be_done() {
+        for (phase, ready) in [
+            (Phase::Approved, "True"),
+            (Phase::Superseded, "True"),
+            (Phase::Pending, "False"),
+            (Phase::InProgress, "False"),
+            (Phase::RetryWaiting, "False"),
+            (Phase::Exhausted, "False"),
+            (Phase::Paused, "False"),
+            (Phase::Invalid, "False"),
+        ] {
+            let s = project(None, &Observed::phase(phase, None), Some(3), at(0));
+            let c = condition(&s, "Ready");
+            assert_eq!(
+                (c.status.as_str(), c.reason.as_str()),
+                (ready, phase.as_str()),
+                "{phase:?}"
+            );
+            assert_eq!(c.observed_generation, Some(3));
+        }
     }
 
     #[test]

@@ -430,37 +430,86 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
         .collect();
     assert_eq!(
         lines[0],
-        [
-            "NAME", "REQUEST", "TYPE", "PHASE", "STEP", "RETRIES", "NEXT", "RETRY", "REASON", "AGE"
-        ],
+        ["NAME", "REQUEST", "TYPE", "PHASE", "RETRIES", "AGE"],
         "{stdout}"
     );
-    let approved = lines
-        .iter()
-        .find(|l| l[0] == "request-110")
-        .expect("row 110");
+    let row = |lines: &[Vec<&str>], name: &str| -> Vec<String> {
+        lines
+            .iter()
+            .find(|l| l[0] == name)
+            .unwrap_or_else(|| panic!("row {name}"))
+            .iter()
+            .map(|c| c.to_string())
+            .collect()
+    };
     assert_eq!(
-        &approved[1..4],
-        ["110", "OWNER_CONTRACT", "Approved"],
-        "{stdout}"
-    );
-    let waiting = lines
-        .iter()
-        .find(|l| l[0] == "request-111")
-        .expect("row 111");
-    assert_eq!(
-        &waiting[1..5],
-        ["111", "OWNER_CONTRACT", "RetryWaiting", "owner"],
+        &row(&lines, "request-110")[1..5],
+        ["110", "OWNER_CONTRACT", "Approved", "0"],
         "{stdout}"
     );
     // RETRIES counts failures; a wait for documents is none.
-    assert_eq!(waiting[5], "0", "{stdout}");
+    assert_eq!(
+        &row(&lines, "request-111")[1..5],
+        ["111", "OWNER_CONTRACT", "RetryWaiting", "0"],
+        "{stdout}"
+    );
+
+    let output = cluster
+        .kubectl(&["get", "aa", "-n", NS, "-o", "wide"])
+        .await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let lines: Vec<Vec<&str>> = stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        lines[0],
+        [
+            "NAME", "REQUEST", "TYPE", "PHASE", "RETRIES", "AGE", "STEP", "NEXT", "RETRY",
+            "HOLDER", "REASON", "RETRY", "ASKED"
+        ],
+        "{stdout}"
+    );
+    let waiting = row(&lines, "request-111");
+    assert_eq!(waiting[6], "owner", "{stdout}");
     // A date column would show a future time as <invalid>: it is a timestamp.
     assert!(
-        chrono::DateTime::parse_from_rfc3339(waiting[6]).is_ok(),
+        chrono::DateTime::parse_from_rfc3339(&waiting[7]).is_ok(),
         "next retry as a timestamp: {stdout}"
     );
+    assert_eq!(waiting[8], "replica-1", "{stdout}");
     assert!(stdout.contains("documents not released"), "{stdout}");
+
+    let explained = cluster
+        .kubectl(&["explain", "autoapproval.status.phase"])
+        .await;
+    let text = String::from_utf8_lossy(&explained.stdout);
+    for phase in [
+        "Pending",
+        "InProgress",
+        "RetryWaiting",
+        "Approved",
+        "Superseded",
+        "Exhausted",
+        "Paused",
+        "Invalid",
+    ] {
+        assert!(
+            text.contains(phase),
+            "{phase} in:\n{text}{}",
+            String::from_utf8_lossy(&explained.stderr)
+        );
+    }
+    let described = cluster
+        .kubectl(&["describe", "aa", "request-110", "-n", NS])
+        .await;
+    let text = String::from_utf8_lossy(&described.stdout);
+    assert!(
+        text.contains("Type:                  Ready")
+            && text.contains("Phase:                   Approved"),
+        "{text}{}",
+        String::from_utf8_lossy(&described.stderr)
+    );
     cluster.stop().await;
 }
 
