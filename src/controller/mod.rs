@@ -154,8 +154,13 @@ pub async fn run_until(
         metrics.clone(),
         settings.stuck_threshold,
     ));
+    let reporter = Reporter {
+        controller: CONTROLLER_NAME.into(),
+        instance: Some(settings.replica_name.clone()),
+    };
     let (coordinator, coordination) = Coordinator::new(
         Api::namespaced(client.clone(), &settings.namespace),
+        Recorder::new(client.clone(), reporter.clone()),
         &api_server,
         &settings.replica_name,
         fencer,
@@ -194,10 +199,6 @@ pub async fn run_until(
         );
     let (trigger_tx, trigger_rx) = mpsc::unbounded();
 
-    let reporter = Reporter {
-        controller: CONTROLLER_NAME.into(),
-        instance: Some(settings.replica_name.clone()),
-    };
     let context = Arc::new(Context {
         approver: approver.clone(),
         api: api.clone(),

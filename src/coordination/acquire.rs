@@ -181,11 +181,22 @@ impl Coordinator {
         let Some(lease) = self.take(&name, "shard", existing, generation, now).await else {
             return;
         };
-        self.mine.insert(name.clone(), lease);
+        self.mine.insert(name.clone(), lease.clone());
         match self.fence(shard, generation).await {
             Ok(Some(recovered)) => {
                 self.shards.insert(shard, generation, sent);
                 self.metrics.shard_acquired(previous.is_some());
+                if let Some(old) = &previous {
+                    self.lease_event(
+                        &lease,
+                        "ShardFailover",
+                        format!(
+                            "{} took shard {shard} from {old}, whose Lease expired; {} claims recovered",
+                            self.identity(),
+                            recovered.len()
+                        ),
+                    );
+                }
                 info!(
                     shard,
                     generation,

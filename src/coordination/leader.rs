@@ -78,6 +78,11 @@ impl Coordinator {
             .take(LEADER_LEASE, "leader", existing.cloned(), generation, now)
             .await
         {
+            self.lease_event(
+                &lease,
+                "LeaderElection",
+                format!("{} became leader", self.identity()),
+            );
             self.mine.insert(LEADER_LEASE.to_owned(), lease);
             self.leader_renewed = Some(sent);
             info!("became the leader: running the cleanser and the CR garbage collector");

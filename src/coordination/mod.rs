@@ -93,6 +93,8 @@ pub struct Coordinator {
     db_outage: Outage,
     /// Every Lease was given back because the database does not answer.
     withdrawn: bool,
+    /// Publishes Events on Leases: leadership taken, a shard failed over.
+    recorder: kube::runtime::events::Recorder,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -111,8 +113,10 @@ pub struct Handles {
 
 impl Coordinator {
     /// A coordinator for `identity` (unique among replicas: the pod name).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Lease>,
+        recorder: kube::runtime::events::Recorder,
         api_server: &str,
         identity: &str,
         cleanser: Arc<Cleanser>,
@@ -143,6 +147,7 @@ impl Coordinator {
             db_ok: Instant::now(),
             db_outage: Outage::new(OUTAGE_REPORT_EVERY),
             withdrawn: false,
+            recorder,
         };
         let handles = Handles {
             shards,
@@ -155,6 +160,31 @@ impl Coordinator {
 
     fn identity(&self) -> &str {
         self.shards.identity()
+    }
+
+    /// Publishes a Normal Event about Lease `lease`, as client-go's leader
+    /// election does, in a task of its own: a slow API server must not hold
+    /// up the turn that renews every Lease.
+    fn lease_event(&self, lease: &Lease, reason: &'static str, note: String) {
+        use kube::Resource;
+        use kube::runtime::events::{Event, EventType};
+
+        let recorder = self.recorder.clone();
+        let reference = lease.object_ref(&());
+        let metrics = self.metrics.clone();
+        tokio::spawn(async move {
+            let event = Event {
+                type_: EventType::Normal,
+                reason: reason.to_owned(),
+                note: Some(note),
+                action: "Acquire".to_owned(),
+                secondary: None,
+            };
+            match recorder.publish(&event, &reference).await {
+                Ok(()) => metrics.event(reason),
+                Err(error) => tracing::debug!(reason, %error, "could not publish a Lease Event"),
+            }
+        });
     }
 
     /// Runs turns until `release` turns true, then hands every Lease back

@@ -1117,3 +1117,34 @@ async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
     cluster.wait_phase(116, Phase::Approved).await;
     cluster.stop().await;
 }
+
+/// Leadership taken is an Event on the leader Lease, as client-go's leader
+/// election records it, so `kubectl describe lease autoapproval-leader` tells
+/// who leads since when.
+#[sqlx::test]
+async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
+    use k8s_openapi::api::events::v1::Event;
+
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let events: Api<Event> = Api::namespaced(cluster.client.clone(), NS);
+    let note = eventually("a LeaderElection Event on the leader Lease", || async {
+        events
+            .list(&Default::default())
+            .await
+            .ok()?
+            .items
+            .into_iter()
+            .find(|e| {
+                e.reason.as_deref() == Some("LeaderElection")
+                    && e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("Lease")
+                            && r.name.as_deref() == Some(autoapproval::coordination::LEADER_LEASE)
+                    })
+            })
+            .and_then(|e| e.note)
+    })
+    .await
+    .expect("note");
+    assert_eq!(note, "replica-1 became leader");
+    cluster.stop().await;
+}

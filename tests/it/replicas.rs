@@ -562,6 +562,30 @@ async fn killed_hard_mid_run(pool: PgPool, downstream: Downstream) {
         victim_shards.len() as f64,
         "each of the victim's shards failed over once"
     );
+    // Each failover is an Event on its shard Lease, naming the old holder.
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(fleet.client.clone(), NS);
+    let failed_over: Vec<String> = events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("ShardFailover")
+                && e.note
+                    .as_deref()
+                    .is_some_and(|n| n.contains(&format!("from {victim_name},")))
+        })
+        .filter_map(|e| e.regarding.and_then(|r| r.name))
+        .collect();
+    for shard in &victim_shards {
+        let lease = autoapproval::coordination::shard_lease_name(*shard);
+        assert!(
+            failed_over.contains(&lease),
+            "no ShardFailover Event on {lease}: {failed_over:?}"
+        );
+    }
     for i in (0..3).filter(|i| *i != victim) {
         fleet.stop(i).await;
     }
