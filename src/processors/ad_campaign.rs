@@ -51,26 +51,26 @@ impl Processor for AdCampaignProcessor {
             store_number,
         };
         let ad = &cx.external.ad;
-        // Only a campaign for the current store is this creation; one for
-        // an old target store is left, and a new one is approved.
-        let earlier = match cx
-            .find_earlier(System::Ad, ad.dedup(), ad.find_campaign(request.id), |c| {
-                c.store_number == store_number
-            })
+        // Only a campaign for the current store is this creation; one found
+        // for an old target store is left, and a new one is approved.
+        let found = async {
+            Ok(ad
+                .find_campaign(request.id)
+                .await?
+                .filter(|c| c.store_number == store_number)
+                .map(|c| c.campaign_id))
+        };
+        let campaign_id = match cx
+            .create_once(
+                System::Ad,
+                ad.dedup(),
+                found,
+                ad.approve_campaign(&key, &approval),
+            )
             .await?
         {
-            Ok(found) => found,
+            Ok(id) => id,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-        };
-        let campaign_id = match earlier {
-            Some(found) => found.campaign_id,
-            None => match cx
-                .call(System::Ad, ad.approve_campaign(&key, &approval))
-                .await?
-            {
-                Ok(id) => id,
-                Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-            },
         };
         if !cx.store.save_campaign_id(cx.claim, &campaign_id).await? {
             return Err(ChainError::FenceLost(request.id));

@@ -171,31 +171,34 @@ impl ChainContext<'_> {
         Ok(result)
     }
 
-    /// What an earlier attempt created for the request in `system`, when
-    /// that system ignores idempotency keys (`dedup` is `Lookup`): the
-    /// answer to that create was lost, so it is looked up before creating
-    /// again; only a creation `same` accepts (made from the current inputs)
-    /// is taken. `Ok(None)` without a lookup when the system honours keys.
-    pub async fn find_earlier<T>(
+    /// Makes a creation in `system` once: `create`'s result, or, when the
+    /// system ignores idempotency keys (`dedup` is `Lookup`), what an
+    /// earlier attempt made and `find` looks up first (that attempt's answer
+    /// was lost). `find` answers only a creation made from the current
+    /// inputs; it is not called when the system honours keys.
+    pub async fn create_once<T>(
         &self,
         system: crate::external::System,
         dedup: Dedup,
         find: impl std::future::Future<Output = Result<Option<T>, ExternalError>>,
-        same: impl FnOnce(&T) -> bool,
-    ) -> Result<Result<Option<T>, ExternalError>, ChainError> {
-        if dedup == Dedup::Key {
-            return Ok(Ok(None));
+        create: impl std::future::Future<Output = Result<T, ExternalError>>,
+    ) -> Result<Result<T, ExternalError>, ChainError> {
+        if dedup == Dedup::Lookup {
+            match self.call(system, find).await? {
+                Ok(Some(found)) => {
+                    self.metrics.creation_found(system.as_str());
+                    tracing::info!(
+                        request_id = self.claim.request_id,
+                        %system,
+                        "an earlier attempt's creation was found and is taken instead of a new one"
+                    );
+                    return Ok(Ok(found));
+                }
+                Ok(None) => {}
+                Err(e) => return Ok(Err(e)),
+            }
         }
-        let found = self.call(system, find).await?.map(|f| f.filter(same));
-        if let Ok(Some(_)) = &found {
-            self.metrics.creation_found(system.as_str());
-            tracing::info!(
-                request_id = self.claim.request_id,
-                %system,
-                "an earlier attempt's creation was found and is taken instead of a new one"
-            );
-        }
-        Ok(found)
+        self.call(system, create).await
     }
 }
 

@@ -46,28 +46,18 @@ impl Processor for OwnerProcessor {
             request_id: request.id,
             business_name: request.business_name.clone(),
         };
-        let owner_client = &cx.external.owner;
-        let earlier = match cx
-            .find_earlier(
+        let client = &cx.external.owner;
+        let owner_number = match cx
+            .create_once(
                 System::Owner,
-                owner_client.dedup(),
-                owner_client.find_owner(request.id),
-                |_| true,
+                client.dedup(),
+                client.find_owner(request.id),
+                client.create_owner(&key, &owner),
             )
             .await?
         {
-            Ok(found) => found,
+            Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-        };
-        let owner_number = match earlier {
-            Some(n) => n,
-            None => match cx
-                .call(System::Owner, owner_client.create_owner(&key, &owner))
-                .await?
-            {
-                Ok(n) => n,
-                Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-            },
         };
         if !cx.store.save_owner_number(cx.claim, owner_number).await? {
             return Err(ChainError::FenceLost(request.id));

@@ -51,28 +51,18 @@ impl Processor for StoreProcessor {
             owner_number,
             store_name: request.business_name.clone(),
         };
-        let store_client = &cx.external.store;
-        let earlier = match cx
-            .find_earlier(
+        let client = &cx.external.store;
+        let store_number = match cx
+            .create_once(
                 System::Store,
-                store_client.dedup(),
-                store_client.find_store(request.id),
-                |_| true,
+                client.dedup(),
+                client.find_store(request.id),
+                client.create_store(&key, &store),
             )
             .await?
         {
-            Ok(found) => found,
+            Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-        };
-        let store_number = match earlier {
-            Some(n) => n,
-            None => match cx
-                .call(System::Store, store_client.create_store(&key, &store))
-                .await?
-            {
-                Ok(n) => n,
-                Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
-            },
         };
         if !cx.store.save_store_number(cx.claim, store_number).await? {
             return Err(ChainError::FenceLost(request.id));
