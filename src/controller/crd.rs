@@ -233,6 +233,30 @@ pub fn for_request(request_id: i64, approval_type: ApprovalType, shard_count: u3
     cr
 }
 
+/// Deletes exactly the CR seen (by uid), not a newer one of the same name:
+/// true when this call deleted it, false when it was gone already or has
+/// been replaced meanwhile (404, 409).
+pub async fn delete_seen(
+    api: &kube::Api<AutoApproval>,
+    cr: &AutoApproval,
+) -> Result<bool, kube::Error> {
+    use kube::ResourceExt;
+    use kube::api::{DeleteParams, Preconditions};
+
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: cr.uid(),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&cr.name_any(), &params).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
 /// The CRD manifest as YAML, what `autoapproval crd` prints and
 /// `crds/autoapproval.yaml` holds.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {

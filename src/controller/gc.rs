@@ -7,12 +7,11 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, Preconditions};
+use kube::api::Api;
 use kube::runtime::reflector::Store as Cache;
 use tracing::{info, warn};
 
-use super::crd::AutoApproval;
+use super::crd::{self, AutoApproval};
 use crate::clock::SharedClock;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
@@ -113,22 +112,14 @@ impl Collector {
             .unwrap_or_default()
     }
 
-    /// Deletes exactly the CR seen (by uid), not a newer one of the same name.
+    /// Deletes exactly the CR seen; false when it is gone, replaced or
+    /// the API server refused (logged).
     async fn delete(&self, cr: &AutoApproval) -> bool {
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: cr.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match self.api.delete(&cr.name_any(), &params).await {
-            Ok(_) => true,
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => false,
-            Err(error) => {
+        crd::delete_seen(&self.api, cr)
+            .await
+            .unwrap_or_else(|error| {
                 warn!(request_id = cr.spec.request_id, %error, "could not delete AutoApproval");
                 false
-            }
-        }
+            })
     }
 }

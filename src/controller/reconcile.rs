@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
@@ -518,19 +518,9 @@ impl Reconcile<'_> {
         info!(request_id = self.request_id(), %reason, "request type changed; replacing its AutoApproval");
         self.event(EventType::Normal, "TypeChanged", "Replace", reason)
             .await;
-        let params = DeleteParams {
-            preconditions: Some(Preconditions {
-                uid: self.cr.uid(),
-                resource_version: None,
-            }),
-            ..DeleteParams::default()
-        };
-        match self.ctx.api.delete(&self.cr.name_any(), &params).await {
+        match super::crd::delete_seen(&self.ctx.api, self.cr).await {
+            // Deleted, gone already, or replaced by someone else meanwhile.
             Ok(_) => Ok(Action::await_change()),
-            // Gone already, or replaced by someone else meanwhile.
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => {
-                Ok(Action::await_change())
-            }
             Err(source) => Err(ReconcileError::Replace {
                 request_id: self.request_id(),
                 source,
