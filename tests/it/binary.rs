@@ -12,6 +12,7 @@ use sqlx::PgPool;
 
 use crate::support::{
     NS, client_for, database_url, eventually, install_crd, owner_now, request_status, sigterm,
+    waiting_owner_now,
 };
 
 #[test]
@@ -581,9 +582,7 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
     use autoapproval::store::{ClaimOutcome, Store};
 
     let later = chrono::Utc::now() + chrono::Duration::minutes(10);
-    let mut waiting = owner_now(501);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(501).insert(&pool).await;
     crate::support::insert_state(
         &pool,
         501,

@@ -17,7 +17,7 @@ use sqlx::PgPool;
 
 use crate::support::{
     Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, metric_sum,
-    owner_now, request_status, request_view, set, test_settings,
+    owner_now, request_status, request_view, set, test_settings, waiting_owner_now,
 };
 
 async fn state_exists(pool: &PgPool, id: i64) -> bool {
@@ -105,9 +105,7 @@ async fn an_ad_contract_for_an_existing_store_is_approved(pool: PgPool) {
 #[sqlx::test]
 async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
-    let mut waiting = owner_now(103);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(103).insert(&pool).await;
 
     // Settled on the long interval (a wake-up that races the first claim
     // makes one retry due at once, shown briefly as RetryWaiting too).
@@ -153,9 +151,7 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
 #[sqlx::test]
 async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
-    let mut waiting = owner_now(104);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(104).insert(&pool).await;
     cluster.wait_phase(104, Phase::RetryWaiting).await;
     let calls = total_calls(&cluster.sim);
 
@@ -178,9 +174,7 @@ async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool:
 #[sqlx::test]
 async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
-    let mut waiting = owner_now(105);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(105).insert(&pool).await;
     let first = cluster.wait_phase(105, Phase::RetryWaiting).await;
 
     cluster
@@ -401,9 +395,7 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgP
 async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     owner_now(110).insert(&pool).await;
-    let mut waiting = owner_now(111);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(111).insert(&pool).await;
     cluster.wait_phase(110, Phase::Approved).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
 
@@ -653,9 +645,7 @@ async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPoo
     .expect("all shards held");
     cluster.wait_listening().await;
     // Request 105 is in shard 105 mod 16 = 9.
-    let mut waiting = owner_now(105);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(105).insert(&pool).await;
     eventually("request 105 to wait the long interval", || async {
         let status = cluster.cr(105).await?.status?;
         let long = status.next_retry_time? > Utc::now() + chrono::Duration::minutes(9);
@@ -773,9 +763,7 @@ async fn a_claim_left_without_a_chain_is_resumed_within_seconds(pool: PgPool) {
             .fetch_one(&pool)
             .await
             .unwrap();
-    let mut waiting = owner_now(21);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(21).insert(&pool).await;
     cluster.wait_phase(21, Phase::RetryWaiting).await;
     // A chain of this replica claimed it and died without a word: the
     // claim is ours, under the current token, and nobody works on it.
@@ -845,9 +833,7 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(poo
 #[sqlx::test]
 async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
-    let mut waiting = owner_now(111);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(111).insert(&pool).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
     let refused = async |spec: serde_json::Value| match cluster
         .api
@@ -947,9 +933,7 @@ async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: Pg
 async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     cluster.sim.add_store(700, true);
-    let mut waiting = owner_now(115);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(115).insert(&pool).await;
     let before = cluster.wait_phase(115, Phase::RetryWaiting).await;
     set(
         &pool,
@@ -981,9 +965,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
     let long_ago = Utc::now() - chrono::Duration::hours(1);
     owner_now(121).insert(&pool).await;
     insert_state(&pool, 121, "RETRY_WAITING", Some(long_ago), limit, long_ago).await;
-    let mut waiting = owner_now(122);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(122).insert(&pool).await;
     let mut cluster = Cluster::start(pool.clone()).await;
     // An exhausted request is no candidate: its CR is one a person kept.
     cluster

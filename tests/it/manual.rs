@@ -11,7 +11,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use sqlx::PgPool;
 
-use crate::support::{Cluster, eventually, memos, owner_now, set, test_settings};
+use crate::support::{
+    Cluster, eventually, memos, owner_now, set, test_settings, waiting_owner_now,
+};
 
 /// A person's claim: the token, or why it was refused.
 async fn claim(pool: &PgPool, id: i64, who: &str) -> Result<i64, String> {
@@ -95,9 +97,7 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
     let mut cluster = Cluster::with_faults(pool.clone(), settings, faults).await;
     const N: i64 = 200;
     for id in 1..=N {
-        let mut request = owner_now(id);
-        request.documents_released = false;
-        request.insert(&pool).await;
+        waiting_owner_now(id).insert(&pool).await;
     }
 
     // Who decided what, as the people saw it.
@@ -244,9 +244,7 @@ async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_th
     settings.approver.heartbeat_interval = Duration::from_secs(1);
     settings.approver.processing_timeout = Duration::from_millis(1500);
     settings.discovery.poll_period = Duration::from_secs(1);
-    let mut waiting = owner_now(301);
-    waiting.documents_released = false;
-    waiting.insert(&pool).await;
+    waiting_owner_now(301).insert(&pool).await;
     let token = claim(&pool, 301, "crashed").await.expect("claimed");
     let mut cluster = Cluster::with(pool.clone(), settings).await;
     set(&pool, 301, "documents_released = true").await;

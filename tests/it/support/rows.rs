@@ -152,11 +152,16 @@ pub async fn request_status(pool: &PgPool, id: i64) -> String {
 
 /// The memo history of a request, oldest first.
 pub async fn memos(pool: &PgPool, id: i64) -> Vec<String> {
-    sqlx::query_scalar(
-        "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await
-    .expect("memos")
+    autoapproval::store::Store::new(pool.clone(), pool.clone())
+        .memos(id)
+        .await
+        .expect("memos")
+}
+
+/// Like `owner_now`, its documents still in review: it waits.
+pub fn waiting_owner_now(id: i64) -> NewRequest {
+    NewRequest {
+        documents_released: false,
+        ..owner_now(id)
+    }
 }
