@@ -174,7 +174,7 @@ pub const USER_AGENT: &str = concat!("autoapproval/", env!("CARGO_PKG_VERSION"))
 async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
 ) -> Result<(kube::Client, String), CliError> {
-    let config = match kubeconfig {
+    let mut config = match kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
                 .map_err(|e| CliError::Kube(format!("--kubeconfig {}: {e}", path.display())))?;
@@ -187,7 +187,6 @@ async fn kube_client(
             .map_err(|e| CliError::Kube(e.to_string()))?,
     };
     let url = config.cluster_url.to_string();
-    let mut config = config;
     // Named in the API server's audit log (and the test server's access record).
     config.headers.push((
         reqwest::header::USER_AGENT,

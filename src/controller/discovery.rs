@@ -204,7 +204,7 @@ impl Discovery {
                 request_id,
                 paused, "AutoApproval deleted while its request is open; recreating it"
             );
-            self.create_with(request_id, approval_type, paused).await;
+            self.create(request_id, approval_type, paused).await;
         }
     }
 
@@ -281,7 +281,10 @@ impl Discovery {
         let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
             return;
         };
-        if self.create(candidate.request_id, approval_type).await {
+        if self
+            .create(candidate.request_id, approval_type, false)
+            .await
+        {
             summary.created += 1;
         }
     }
@@ -289,17 +292,7 @@ impl Discovery {
     /// Creates the CR of a request; true when this call created it. An
     /// AlreadyExists means the cache lags the API: the CR is there, so the
     /// reconcile is triggered instead.
-    async fn create(&self, request_id: i64, approval_type: ApprovalType) -> bool {
-        self.create_with(request_id, approval_type, false).await
-    }
-
-    /// Like `create`, with `spec.paused` as given.
-    async fn create_with(
-        &self,
-        request_id: i64,
-        approval_type: ApprovalType,
-        paused: bool,
-    ) -> bool {
+    async fn create(&self, request_id: i64, approval_type: ApprovalType, paused: bool) -> bool {
         let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
         cr.spec.paused = paused;
         let params = PostParams {
