@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
+pub use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::core::CustomResourceExt;
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
@@ -117,8 +118,9 @@ pub struct AutoApprovalStatus {
     /// The value of the `autoapproval.io/retry-requested-at` annotation last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry_request: Option<String>,
-    /// Conditions, following Kubernetes API conventions.
+    /// Conditions (metav1.Condition): Ready, Approved and Stalled, one of each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
 }
 
@@ -167,27 +169,6 @@ impl Phase {
     pub fn is_final(self) -> bool {
         matches!(self, Phase::Approved | Phase::Superseded | Phase::Invalid)
     }
-}
-
-/// A status condition (metav1.Condition).
-#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, JsonSchema)]
-#[serde(rename_all = "camelCase")]
-pub struct Condition {
-    /// The condition type, e.g. `Approved`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    /// `True`, `False` or `Unknown`.
-    pub status: String,
-    /// A CamelCase reason.
-    pub reason: String,
-    /// A human-readable message.
-    #[serde(default)]
-    pub message: String,
-    /// When `status` last changed.
-    pub last_transition_time: DateTime<Utc>,
-    /// The generation this condition was set for.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub observed_generation: Option<i64>,
 }
 
 /// The deterministic CR name of a request.
@@ -294,5 +275,21 @@ mod tests {
             serde_json::json!(["OWNER_CONTRACT", "AD_CONTRACT"])
         );
         assert_eq!(spec["properties"]["paused"]["default"], false);
+    }
+
+    #[test]
+    fn conditions_are_a_map_keyed_by_type() {
+        let crd = serde_json::to_value(AutoApproval::crd()).unwrap();
+        let conditions = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["status"]
+            ["properties"]["conditions"];
+        assert_eq!(conditions["x-kubernetes-list-type"], "map");
+        assert_eq!(
+            conditions["x-kubernetes-list-map-keys"],
+            serde_json::json!(["type"])
+        );
+        let required = conditions["items"]["required"].as_array().unwrap();
+        for field in ["type", "status", "reason", "message", "lastTransitionTime"] {
+            assert!(required.iter().any(|r| r == field), "{field} required");
+        }
     }
 }

@@ -3,7 +3,16 @@
 
 use chrono::{DateTime, Utc};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+
 use super::crd::{AutoApprovalStatus, Condition, Phase};
+
+/// `t` as a metav1 Time, to the second as the API server keeps it, so a
+/// status read back compares equal to the one written.
+fn api_time(t: DateTime<Utc>) -> Time {
+    Time(Timestamp::from_second(t.timestamp()).unwrap_or(Timestamp::UNIX_EPOCH))
+}
 
 /// What reconcile observed, to be shown in the status.
 #[derive(Clone, Debug, PartialEq)]
@@ -69,7 +78,7 @@ pub fn project(
         let last_transition_time = previous
             .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
             .filter(|c| c.status == status)
-            .map_or(now, |c| c.last_transition_time);
+            .map_or_else(|| api_time(now), |c| c.last_transition_time.clone());
         Condition {
             type_: type_.to_owned(),
             status: status.to_owned(),
@@ -117,7 +126,10 @@ mod tests {
         };
         let first = project(None, &waiting, Some(1), at(0));
         assert_eq!(condition(&first, "Approved").status, "Unknown");
-        assert_eq!(condition(&first, "Approved").last_transition_time, at(0));
+        assert_eq!(
+            condition(&first, "Approved").last_transition_time,
+            api_time(at(0))
+        );
 
         let again = project(Some(&first), &waiting, Some(1), at(5));
         assert_eq!(
@@ -132,8 +144,14 @@ mod tests {
             at(7),
         );
         assert_eq!(condition(&done, "Approved").status, "True");
-        assert_eq!(condition(&done, "Approved").last_transition_time, at(7));
-        assert_eq!(condition(&done, "Stalled").last_transition_time, at(0));
+        assert_eq!(
+            condition(&done, "Approved").last_transition_time,
+            api_time(at(7))
+        );
+        assert_eq!(
+            condition(&done, "Stalled").last_transition_time,
+            api_time(at(0))
+        );
         assert_eq!(done.next_retry_time, None);
     }
 

@@ -502,6 +502,21 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
         "{text}{}",
         String::from_utf8_lossy(&described.stderr)
     );
+    // kubectl lists Events as core/v1 with an involvedObject field selector;
+    // the controller writes events.k8s.io/v1: the same Event, two views.
+    let events = text.split("Events:").nth(1).unwrap_or_default();
+    let approved = events
+        .lines()
+        .find(|l| l.contains("Approved"))
+        .unwrap_or_else(|| panic!("an Approved Event under describe:\n{text}"));
+    let columns: Vec<&str> = approved.split_whitespace().collect();
+    assert_eq!(columns[..2], ["Normal", "Approved"], "{approved}");
+    assert!(columns.contains(&"autoapproval"), "From: {approved}");
+    // The namespace also holds request-111's and the leader Lease's Events.
+    let rows = events
+        .lines()
+        .filter(|l| l.trim_start().starts_with("Normal") || l.trim_start().starts_with("Warning"));
+    assert_eq!(rows.count(), 1, "only this CR's Events: {events}");
     cluster.stop().await;
 }
 

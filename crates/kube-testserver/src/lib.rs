@@ -13,6 +13,7 @@
 mod app;
 mod discovery;
 mod error;
+mod events;
 mod faults;
 mod jsonpath;
 mod kubeconfig;

@@ -168,6 +168,11 @@ pub struct FieldSelector(Vec<(String, bool, String)>);
 impl FieldSelector {
     /// Parses `metadata.name=x,metadata.namespace!=y`.
     pub fn parse(sel: &str) -> ApiResult<Self> {
+        Self::parse_with(sel, &[])
+    }
+
+    /// Parses a selector that may also name the `extra` fields of the kind.
+    pub fn parse_with(sel: &str, extra: &[&str]) -> ApiResult<Self> {
         let mut out = vec![];
         for part in sel.split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let (k, eq, v) = if let Some((k, v)) = part.split_once("!=") {
@@ -182,7 +187,7 @@ impl FieldSelector {
                 )));
             };
             let k = k.trim();
-            if k != "metadata.name" && k != "metadata.namespace" {
+            if k != "metadata.name" && k != "metadata.namespace" && !extra.contains(&k) {
                 return Err(ApiError::bad_request(format!(
                     "field label not supported: {k}"
                 )));
@@ -195,12 +200,8 @@ impl FieldSelector {
     /// Whether an object matches.
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(k, eq, v)| {
-            let ptr = if k == "metadata.name" {
-                "/metadata/name"
-            } else {
-                "/metadata/namespace"
-            };
-            let actual = obj.pointer(ptr).and_then(Value::as_str).unwrap_or("");
+            let ptr = crate::events::pointer(k);
+            let actual = obj.pointer(&ptr).and_then(Value::as_str).unwrap_or("");
             (actual == v) == *eq
         })
     }

@@ -360,6 +360,15 @@ fn decode_continue(tok: &str) -> ApiResult<(u64, String, String)> {
     Ok((rv, ns, name))
 }
 
+/// The fields a field selector may name beyond metadata.name and namespace.
+fn selectable(rt: &ResourceType) -> &'static [&'static str] {
+    if rt.flavor == Flavor::Event && rt.group.is_empty() {
+        crate::events::CORE_FIELDS
+    } else {
+        &[]
+    }
+}
+
 fn resource(
     app: &Arc<App>,
     method: &Method,
@@ -410,8 +419,10 @@ fn resource(
     }
     match (verb, t.name.as_deref()) {
         ("watch", name) => {
-            let mut fields =
-                FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
+            let mut fields = FieldSelector::parse_with(
+                q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                selectable(&rt),
+            )?;
             if let Some(n) = name {
                 fields = FieldSelector::parse(&format!("metadata.name={n}"))?;
             }
@@ -448,8 +459,10 @@ fn resource(
         ("list", _) => {
             let labels =
                 LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fields =
-                FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
+            let fields = FieldSelector::parse_with(
+                q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                selectable(&rt),
+            )?;
             let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
             let st = app.store.lock();
             let (list_rv, after) = match q.get("continue").filter(|c| !c.is_empty()) {
@@ -638,8 +651,10 @@ fn resource(
         ("deletecollection", None) => {
             let labels =
                 LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))?;
-            let fields =
-                FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))?;
+            let fields = FieldSelector::parse_with(
+                q.get("fieldSelector").map(String::as_str).unwrap_or(""),
+                selectable(&rt),
+            )?;
             let mut st = app.store.lock();
             let targets: Vec<Value> = st
                 .list(&rt, t.ns.as_deref())

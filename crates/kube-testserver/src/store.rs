@@ -207,17 +207,39 @@ impl Store {
         obj
     }
 
-    /// Objects of a type, sorted by (namespace, name); `ns` None = all namespaces.
+    /// Objects of a type, sorted by (namespace, name); `ns` None = all
+    /// namespaces. Core Events include the `events.k8s.io` ones, converted.
     pub fn list(&self, rt: &ResourceType, ns: Option<&str>) -> Vec<Value> {
-        self.objects
-            .get(&rt.key())
-            .map(|m| {
-                m.iter()
-                    .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
-                    .map(|(_, v)| v.clone())
-                    .collect()
-            })
-            .unwrap_or_default()
+        let of = |key: &ResKey| -> Vec<Value> {
+            self.objects
+                .get(key)
+                .map(|m| {
+                    m.iter()
+                        .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
+                        .map(|(_, v)| v.clone())
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut items = of(&rt.key());
+        if rt.flavor == Flavor::Event && rt.group.is_empty() {
+            let new_style = ("events.k8s.io".to_string(), "events".to_string());
+            items.extend(of(&new_style).iter().map(crate::events::to_core));
+            items.sort_by(|a, b| {
+                let key = |v: &Value| {
+                    (
+                        v.pointer("/metadata/namespace")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                        v.pointer("/metadata/name")
+                            .and_then(Value::as_str)
+                            .map(str::to_owned),
+                    )
+                };
+                key(a).cmp(&key(b))
+            });
+        }
+        items
     }
 
     /// One object.
