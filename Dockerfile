@@ -13,10 +13,10 @@ COPY src ./src
 COPY migrations ./migrations
 COPY crates ./crates
 # The cache mounts keep the registry and the build between builds; the binary is copied out of
-# the cached target directory in the same step.
+# the cached target directory in the same step. With `otlp`, the chart's tracing.enabled works.
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
-    cargo build --release --locked -p autoapproval --bin autoapproval \
+    cargo build --release --locked -p autoapproval --bin autoapproval --features otlp \
     && install -D -m 0755 target/release/autoapproval /out/autoapproval
 
 FROM gcr.io/distroless/cc-debian12:nonroot

@@ -11,5 +11,8 @@ export PATH KUBECTL="$(command -v kubectl)"
 echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL; helm: $(command -v helm)" >&2
 
 cargo fmt --all --check
+# Both builds: without features (what `cargo build` gives) and with the span export.
 cargo clippy --workspace --all-targets --locked -- -D warnings
-cargo test --workspace --locked "$@"
+cargo clippy --workspace --all-targets --locked --features autoapproval/otlp -- -D warnings
+# With the span export, so that tests/it/traces.rs also checks the OTLP path.
+cargo test --workspace --locked --features autoapproval/otlp "$@"

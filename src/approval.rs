@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, warn};
 
 use crate::clock::SharedClock;
 use crate::domain::{Candidate, Claim, Fence, RequestStatus, RequestType};
@@ -205,6 +205,25 @@ impl Approver {
         eligible_at: Option<DateTime<Utc>>,
         held: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<AttemptOutcome, StoreError> {
+        // The claim's fencing token tells apart two holders' lines about one request.
+        let span = tracing::info_span!(
+            "attempt",
+            request_id = candidate.request_id,
+            token = fence.token,
+            holder = %fence.holder,
+        );
+        self.claim_and_run(candidate, fence, eligible_at, held)
+            .instrument(span)
+            .await
+    }
+
+    async fn claim_and_run(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+        eligible_at: Option<DateTime<Utc>>,
+        held: &(dyn Fn() -> bool + Send + Sync),
+    ) -> Result<AttemptOutcome, StoreError> {
         let _running = self.join_running(candidate.request_id).await;
         let now = self.clock.now();
         let claim = match self
@@ -226,6 +245,7 @@ impl Approver {
             }
         };
         self.metrics.claim("won");
+        debug!(state_id = claim.state_id, "claimed");
         let current = std::sync::Mutex::new(Step::Owner);
         let result = match self.run_claimed(&claim, &current, held).await {
             Ok(outcome) => Ok(outcome),

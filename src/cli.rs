@@ -76,6 +76,9 @@ pub enum CliError {
     /// The CRD could not be rendered.
     #[error("rendering the CRD: {0}")]
     Crd(#[from] serde_yaml::Error),
+    /// The span export could not start.
+    #[error(transparent)]
+    Export(#[from] crate::traces::ExportError),
     /// An operator's action was refused or failed.
     #[error(transparent)]
     Request(#[from] crate::operator::RequestError),
@@ -88,7 +91,13 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Request(_) => "warn",
         _ => "info",
     };
-    crate::telemetry::init_tracing(cli.log_json, level);
+    // The export is set up with the subscriber, so its settings are checked
+    // first; the guard flushes the last spans when the command returns.
+    let otlp = match &cli.command {
+        Command::Run(args) => args.tracing.config()?,
+        _ => None,
+    };
+    let _export = crate::telemetry::init_tracing(cli.log_json, level, otlp.as_ref())?;
     match cli.command {
         Command::Migrate(args) => {
             // Migrations may wait for locks and build indexes: no session limits.

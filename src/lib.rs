@@ -22,3 +22,4 @@ pub mod retry;
 pub mod shutdown;
 pub mod store;
 pub mod telemetry;
+pub mod traces;

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::exemplar::HistogramWithExemplars;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -34,6 +35,22 @@ struct SystemLabels {
     result: String,
 }
 
+/// The exemplar of a latency observation: the trace it was made in.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TraceExemplar {
+    trace_id: String,
+}
+
+impl TraceExemplar {
+    /// The current span's trace, when spans are exported (`--otlp-endpoint`).
+    fn current() -> Option<Self> {
+        crate::traces::current_trace_id().map(|trace_id| Self { trace_id })
+    }
+}
+
+/// A latency histogram whose buckets keep the trace of their last observation.
+type TracedHistogram = HistogramWithExemplars<TraceExemplar>;
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ColumnLabel {
     column: String,
@@ -50,8 +67,8 @@ pub struct Metrics {
     malformed_rows: Family<ColumnLabel, Counter>,
     cleanser_recovered: Counter,
     cleanser_deleted: Counter,
-    pickup_latency: Histogram,
-    reconcile_duration: Family<ResultLabel, Histogram>,
+    pickup_latency: TracedHistogram,
+    reconcile_duration: Family<ResultLabel, TracedHistogram>,
     turn_candidates: Histogram,
     notify_wakeups: Counter,
     crs_created: Counter,
@@ -82,8 +99,8 @@ struct ReasonLabel {
     reason: String,
 }
 
-fn reconcile_buckets() -> Histogram {
-    Histogram::new(exponential_buckets(0.0005, 2.0, 18))
+fn reconcile_buckets() -> TracedHistogram {
+    TracedHistogram::new(exponential_buckets(0.0005, 2.0, 18))
 }
 
 impl Default for Metrics {
@@ -144,14 +161,14 @@ impl Metrics {
             "State rows of finished requests deleted",
             cleanser_deleted.clone(),
         );
-        let pickup_latency = Histogram::new(exponential_buckets(0.001, 2.0, 22));
+        let pickup_latency = TracedHistogram::new(exponential_buckets(0.001, 2.0, 22));
         registry.register(
             "pickup_latency_seconds",
             "Time from a request becoming eligible to its claim",
             pickup_latency.clone(),
         );
-        let reconcile_duration = Family::<ResultLabel, Histogram>::new_with_constructor(
-            reconcile_buckets as fn() -> Histogram,
+        let reconcile_duration = Family::<ResultLabel, TracedHistogram>::new_with_constructor(
+            reconcile_buckets as fn() -> TracedHistogram,
         );
         registry.register(
             "reconcile_duration_seconds",
@@ -334,18 +351,20 @@ impl Metrics {
         self.cleanser_deleted.inc_by(deleted);
     }
 
-    /// Records a pickup latency.
+    /// Records a pickup latency, with the current trace as its exemplar.
     pub fn pickup(&self, seconds: f64) {
-        self.pickup_latency.observe(seconds);
+        self.pickup_latency
+            .observe(seconds, TraceExemplar::current(), None);
     }
 
-    /// Records one reconcile's duration; `result` is `ok` or `error`.
+    /// Records one reconcile's duration, with the current trace as its
+    /// exemplar; `result` is `ok` or `error`.
     pub fn reconcile(&self, result: &str, seconds: f64) {
         self.reconcile_duration
             .get_or_create(&ResultLabel {
                 result: result.into(),
             })
-            .observe(seconds);
+            .observe(seconds, TraceExemplar::current(), None);
     }
 
     /// Records the candidates of one discovery turn.
@@ -445,22 +464,45 @@ impl Metrics {
     }
 }
 
-/// Installs the tracing subscriber: `RUST_LOG` filter (default `info`),
-/// JSON lines when `json` is set.
-pub fn init_tracing(json: bool, default_level: &str) {
-    use tracing_subscriber::EnvFilter;
+/// Installs the tracing subscriber: `RUST_LOG` filter (default
+/// `default_level`), JSON lines when `json` is set, and the OTLP export of
+/// the spans when `otlp` is given; the export flushes when dropped.
+pub fn init_tracing(
+    json: bool,
+    default_level: &str,
+    otlp: Option<&crate::traces::OtlpConfig>,
+) -> Result<Option<crate::traces::Export>, crate::traces::ExportError> {
+    use tracing_subscriber::prelude::*;
+    use tracing_subscriber::{EnvFilter, fmt};
     // kube's client logs every failed request at ERROR before handing the
     // error back; our callers report it once, naming what they were doing.
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new(format!("{default_level},kube_client::client::builder=off"))
     });
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    // A second init (tests) is harmless; keep the first.
-    let _ = if json {
-        builder.json().try_init()
+    let lines = if json {
+        fmt::layer().json().with_writer(std::io::stderr).boxed()
     } else {
-        builder.try_init()
+        fmt::layer().with_writer(std::io::stderr).boxed()
     };
+    #[cfg(feature = "otlp")]
+    let (spans, export) = match otlp {
+        Some(config) => {
+            let (layer, export) = crate::traces::layer(config)?;
+            (Some(layer), Some(export))
+        }
+        None => (None, None),
+    };
+    #[cfg(not(feature = "otlp"))]
+    let (spans, export): (Option<tracing_subscriber::layer::Identity>, _) = {
+        // `TracingArgs::config` refuses an endpoint in such a build.
+        let _ = otlp;
+        (None, None)
+    };
+    // A second init (tests) is harmless; keep the first.
+    let _ = tracing_subscriber::registry()
+        .with(filter)
+        .with(lines)
+        .with(spans)
+        .try_init();
+    Ok(export)
 }

@@ -31,6 +31,9 @@ pub struct RunArgs {
     /// The controller.
     #[command(flatten)]
     pub controller: ControllerArgs,
+    /// The spans' export.
+    #[command(flatten)]
+    pub tracing: crate::traces::TracingArgs,
 }
 
 /// The controller's own settings.

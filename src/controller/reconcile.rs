@@ -12,7 +12,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
-use tracing::{debug, info, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name};
 use super::status::{Observed, project};
@@ -115,6 +115,10 @@ pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Actio
     let Some(guard) = ctx.shards.guard(shard) else {
         return Ok(Action::await_change());
     };
+    // A root span: one trace per reconcile, so per attempt, whatever span
+    // the runtime's stream runs in. Every line logged under it carries the
+    // request and its shard.
+    let span = info_span!(parent: None, "reconcile", request_id = cr.spec.request_id, shard);
     let result = Reconcile {
         cr: &cr,
         ctx: &ctx,
@@ -122,10 +126,14 @@ pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Actio
         retry_ack: Mutex::new(None),
     }
     .run()
+    .instrument(span.clone())
     .await;
     let label = if result.is_ok() { "ok" } else { "error" };
-    ctx.metrics
-        .reconcile(label, started.elapsed().as_secs_f64());
+    // Inside the span: the exemplar names this reconcile's trace.
+    span.in_scope(|| {
+        ctx.metrics
+            .reconcile(label, started.elapsed().as_secs_f64())
+    });
     if result.is_ok() {
         ctx.failures
             .lock()

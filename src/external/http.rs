@@ -30,7 +30,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
-use tracing::debug;
+use tracing::{Instrument, debug};
 
 use super::{
     AdClient, CampaignApproval, ContractStatus, Dedup, ESignClient, ErrorKind, ExternalError,
@@ -194,8 +194,31 @@ impl Endpoint {
         Ok(url)
     }
 
-    /// Sends one request under the in-flight limit and the per-call timeout.
+    /// Sends one request under the in-flight limit and the per-call timeout,
+    /// in a client span whose trace context the request carries.
     async fn send<B: Serialize + ?Sized>(
+        &self,
+        operation: &'static str,
+        request_id: Option<i64>,
+        method: Method,
+        url: Url,
+        key: Option<&IdempotencyKey>,
+        body: Option<&B>,
+    ) -> Result<Answer, ExternalError> {
+        let span = tracing::info_span!(
+            "external call",
+            system = %self.system,
+            operation,
+            otel.kind = "client",
+            http.request.method = %method,
+            http.response.status_code = tracing::field::Empty,
+        );
+        self.send_in_span(operation, request_id, method, url, key, body)
+            .instrument(span)
+            .await
+    }
+
+    async fn send_in_span<B: Serialize + ?Sized>(
         &self,
         operation: &'static str,
         request_id: Option<i64>,
@@ -227,6 +250,9 @@ impl Endpoint {
         if let Some(body) = body {
             request = request.json(body);
         }
+        for (name, value) in crate::traces::propagation_headers() {
+            request = request.header(name, value);
+        }
 
         // The semaphore is never closed, so acquire cannot fail in practice.
         let _permit = self.in_flight.acquire().await.map_err(|_| {
@@ -243,6 +269,7 @@ impl Endpoint {
             .await
             .map_err(|e| self.transport_error(operation, &e))?;
         let status = response.status();
+        tracing::Span::current().record("http.response.status_code", status.as_u16());
         let body = response
             .bytes()
             .await

@@ -11,6 +11,7 @@ pub mod store_approval;
 use std::fmt;
 
 use async_trait::async_trait;
+use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::domain::{Claim, Request, RequestStatus, RequestType};
@@ -305,7 +306,8 @@ impl Chain {
                     reason: RetryReason::condition(format!("no processor for step {current}")),
                 });
             };
-            match processor.process(cx, &request).await? {
+            let span = tracing::info_span!("step", step = current.as_str());
+            match processor.process(cx, &request).instrument(span).await? {
                 Transition::Next(next) => step = Some(next),
                 Transition::Success => return Ok(ChainOutcome::Success),
                 Transition::Retry(reason) => {

@@ -53,6 +53,7 @@ impl Store {
     /// while the chain runs. A sharded fence also needs its token to be the
     /// shard's current one (migration 0008), and a paused request is never
     /// claimed (migration 0014).
+    #[tracing::instrument(name = "store.claim", skip_all)]
     pub async fn claim(
         &self,
         candidate: &Candidate,
@@ -130,6 +131,7 @@ impl Store {
     /// A person asked for a retry now: a waiting request becomes due at
     /// `now`, an exhausted one gets one more attempt, and `note` goes to its
     /// memo. False when nothing waits (no state row, or a claim running).
+    #[tracing::instrument(name = "store.retry_now", skip_all)]
     pub async fn retry_now(
         &self,
         request_id: i64,
@@ -162,6 +164,7 @@ impl Store {
     /// Touches the claim so the cleanser sees it is alive (in the database's
     /// clock, which the cleanser compares with); false when the fence no
     /// longer matches (the claim is lost: stop writing).
+    #[tracing::instrument(name = "store.heartbeat", skip_all)]
     pub async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state SET modified_at = now(), step = $4
@@ -181,6 +184,7 @@ impl Store {
     /// the retry is `counted` (a failure; a wait for a condition is not), and
     /// appends a memo when the reason changed. Returns the new retry count,
     /// `None` when the fence no longer matches.
+    #[tracing::instrument(name = "store.schedule_retry", skip_all)]
     pub async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -234,6 +238,7 @@ impl Store {
 
     /// Approves the request and deletes the state row, in one transaction,
     /// only while the fence matches.
+    #[tracing::instrument(name = "store.complete", skip_all)]
     pub async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
         // The request row first, then its state row: the order every
         // transaction takes them in (migration 0010), so none deadlocks
@@ -276,6 +281,7 @@ impl Store {
 
     /// Deletes our own state row without touching the request (a person
     /// decided, or the request vanished). False when the fence no longer matches.
+    #[tracing::instrument(name = "store.drop_claim", skip_all)]
     pub async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
         let done = sqlx::query(DELETE_FENCED)
             .bind(claim.state_id)
@@ -289,6 +295,7 @@ impl Store {
 
     /// Gives a claim back (shutdown, lost shard): due again at once, no retry
     /// counted. False when the fence no longer matches.
+    #[tracing::instrument(name = "store.release", skip_all)]
     pub async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state
@@ -306,6 +313,7 @@ impl Store {
     }
 
     /// Stores the owner number the owner service returned, under the fence.
+    #[tracing::instrument(name = "store.save_owner_number", skip_all)]
     pub async fn save_owner_number(
         &self,
         claim: &Claim,
@@ -316,6 +324,7 @@ impl Store {
     }
 
     /// Stores the store number the store service returned, under the fence.
+    #[tracing::instrument(name = "store.save_store_number", skip_all)]
     pub async fn save_store_number(
         &self,
         claim: &Claim,
@@ -326,6 +335,7 @@ impl Store {
     }
 
     /// Stores the campaign id the ad service returned, under the fence.
+    #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
     pub async fn save_campaign_id(
         &self,
         claim: &Claim,

@@ -9,6 +9,7 @@ use super::{Store, StoreError, db};
 
 impl Store {
     /// The e-contract status our ledger holds, if any.
+    #[tracing::instrument(name = "store.econtract_status", skip_all)]
     pub async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
         let row: Option<(String,)> =
             sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = $1")
@@ -23,6 +24,7 @@ impl Store {
     /// chain of `request_id`. A signature is never taken back by a stale
     /// answer: SIGNED does not go back to PENDING (it may become REJECTED,
     /// a voided contract).
+    #[tracing::instrument(name = "store.sync_econtract", skip_all)]
     pub async fn sync_econtract(
         &self,
         request_id: i64,
@@ -50,6 +52,7 @@ impl Store {
     }
 
     /// Appends a memo to a request's history.
+    #[tracing::instrument(name = "store.add_memo", skip_all)]
     pub async fn add_memo(
         &self,
         request_id: i64,

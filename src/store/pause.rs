@@ -21,6 +21,7 @@ pub struct Pause {
 impl Store {
     /// Records that `request_id` is paused, through the CR `cr_uid`; the
     /// CR it is recorded through is updated when one already stands.
+    #[tracing::instrument(name = "store.pause", skip_all)]
     pub async fn pause(
         &self,
         request_id: i64,
@@ -43,6 +44,7 @@ impl Store {
 
     /// Ends the pause of `request_id` if it was set through the CR
     /// `cr_uid`; true when one was ended.
+    #[tracing::instrument(name = "store.resume", skip_all)]
     pub async fn resume(&self, request_id: i64, cr_uid: Option<&str>) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM auto_approve_pause WHERE request_id = $1 AND cr_uid IS NOT DISTINCT FROM $2",
@@ -56,6 +58,7 @@ impl Store {
     }
 
     /// The pause of `request_id`, if it is paused.
+    #[tracing::instrument(name = "store.pause_of", skip_all)]
     pub async fn pause_of(&self, request_id: i64) -> Result<Option<Pause>, StoreError> {
         sqlx::query_as(
             "SELECT paused_by, cr_uid, paused_at FROM auto_approve_pause WHERE request_id = $1",

@@ -68,6 +68,7 @@ impl Store {
 
     /// Deletes the waiting state row of a request that is no longer open (a
     /// person decided); an IN_PROGRESS row is left to its holder.
+    #[tracing::instrument(name = "store.forget_closed", skip_all)]
     pub async fn forget_closed(&self, request_id: i64) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state s

@@ -115,6 +115,7 @@ SELECT id, request_type, status, sort_time, created_at, business_name, documents
 
 impl Store {
     /// Re-reads a request from the primary.
+    #[tracing::instrument(name = "store.request", skip_all)]
     pub async fn request(&self, request_id: i64) -> Result<Option<Request>, StoreError> {
         let row: Option<RequestRow> = sqlx::query_as(SELECT_REQUEST)
             .bind(request_id)
@@ -125,6 +126,7 @@ impl Store {
     }
 
     /// Reads a request's state row from the primary.
+    #[tracing::instrument(name = "store.state", skip_all)]
     pub async fn state(&self, request_id: i64) -> Result<Option<State>, StoreError> {
         let row: Option<StateRow> = sqlx::query_as(
             "SELECT id, request_id, status, next_retry_time, retry_count, holder, fencing_token, \

@@ -11,8 +11,8 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    NS, client_for, database_url, eventually, install_crd, owner_now, request_status, sigterm,
-    waiting_owner_now,
+    NS, client_for, database_url, eventually, free_port, install_crd, owner_now, request_status,
+    sigterm, spawn_run, waiting_owner_now,
 };
 
 #[test]
@@ -39,6 +39,8 @@ fn run_refuses_a_bad_setting_naming_it() {
         ("--poll-period", "0"),
         ("--shards", "0"),
         ("--poll-period", "soon"),
+        ("--otlp-sampling-ratio", "1.5"),
+        ("--otlp-endpoint", "https://collector:4318"),
     ] {
         let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args([
@@ -444,38 +446,6 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool
 }
 
 /// A port free on loopback now.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-/// `autoapproval run` on the test's database with `kubeconfig`, serving its
-/// endpoints on `port`, logging at info, its output captured.
-fn spawn_run(
-    kubeconfig: &std::path::Path,
-    port: u16,
-    pool: &PgPool,
-    args: &[&str],
-    env: &[(&str, &str)],
-) -> tokio::process::Child {
-    tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .arg("run")
-        .arg("--kubeconfig")
-        .arg(kubeconfig)
-        .args(["--listen", &format!("127.0.0.1:{port}")])
-        .args(args)
-        .env("AUTOAPPROVAL_DATABASE_URL", database_url(pool))
-        .env("RUST_LOG", "info")
-        .envs(env.iter().copied())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("autoapproval run starts")
-}
-
 /// Two replicas started with different `--shards` would both own one
 /// request (shard 3 of 16 and shard 3 of 8 share request 19): the first
 /// records its K in the database, and the second refuses to start, naming

@@ -16,3 +16,4 @@ mod migrate;
 mod replicas;
 mod retry;
 mod support;
+mod traces;

@@ -51,7 +51,11 @@ pub async fn run(args: LabArgs) -> Result<(), LabError> {
     // The demo and the benchmark print their own progress; their log is
     // for warnings unless RUST_LOG asks for more.
     let quiet = matches!(args.command, LabCommand::Demo(_) | LabCommand::Bench(_));
-    autoapproval::telemetry::init_tracing(args.log_json, if quiet { "warn" } else { "info" });
+    let _ = autoapproval::telemetry::init_tracing(
+        args.log_json,
+        if quiet { "warn" } else { "info" },
+        None,
+    );
     match args.command {
         LabCommand::Demo(args) => Ok(crate::demo::run(*args).await?),
         LabCommand::Bench(args) => Ok(crate::bench::run(*args).await?),

@@ -58,7 +58,7 @@ use tracing::info;
 
 pub use state::{
     Creations, FailNext, FaultCounts, FaultKind, Faults, Idempotency, PerSystem, RequestCreations,
-    SimSystem, Stats,
+    SimSystem, Stats, TRACED_CALLS_KEPT, TracedCall,
 };
 
 // === impl SimArgs ===

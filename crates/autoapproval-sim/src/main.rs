@@ -17,7 +17,7 @@ struct Cli {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    autoapproval::telemetry::init_tracing(false, "info");
+    let _ = autoapproval::telemetry::init_tracing(false, "info", None);
     match autoapproval_sim::run(cli.sim).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

@@ -171,7 +171,12 @@ async fn serve_system_call(
     let authorized = ctx.shared.authorized(request.headers());
     let (plan, _in_flight) = {
         let mut state = ctx.shared.lock();
-        state.count_call(endpoint.clone());
+        let traceparent = request
+            .headers()
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        state.count_call(endpoint.clone(), traceparent);
         if !authorized {
             state.stats.unauthorized += 1;
             drop(state);

@@ -319,6 +319,22 @@ pub struct Stats {
     pub faults_injected: FaultCounts,
     /// Calls refused with 401.
     pub unauthorized: u64,
+    /// The latest calls that carried a W3C `traceparent` header, oldest
+    /// first, at most [`TRACED_CALLS_KEPT`].
+    pub traced_calls: Vec<TracedCall>,
+}
+
+/// How many traced calls `/stats` keeps.
+pub const TRACED_CALLS_KEPT: usize = 1000;
+
+/// A call that carried trace context: what the caller's span was.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TracedCall {
+    /// e.g. `"POST /owners"`.
+    pub endpoint: String,
+    /// The header as received, `00-<trace id>-<parent span id>-<flags>`.
+    pub traceparent: String,
 }
 
 impl Stats {
@@ -438,7 +454,17 @@ impl State {
         };
     }
 
-    pub fn count_call(&mut self, endpoint: String) {
+    pub fn count_call(&mut self, endpoint: String, traceparent: Option<String>) {
+        if let Some(traceparent) = traceparent {
+            let traced = &mut self.stats.traced_calls;
+            if traced.len() == TRACED_CALLS_KEPT {
+                traced.remove(0);
+            }
+            traced.push(TracedCall {
+                endpoint: endpoint.clone(),
+                traceparent,
+            });
+        }
         *self.stats.calls.entry(endpoint).or_default() += 1;
     }
 

@@ -88,7 +88,7 @@ impl Cluster {
     /// Like `with`, the simulator failing with `faults` from the start.
     pub async fn with_faults(pool: PgPool, settings: ControllerConfig, faults: Faults) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
-            autoapproval::telemetry::init_tracing(false, "info");
+            let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
         let (server, client, sim) = backends().await;
         sim.set_faults(faults).expect("faults");

@@ -104,3 +104,36 @@ impl CutProxy {
         let _ = self.cut.send(true);
     }
 }
+
+/// A port nothing listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// `autoapproval run` on the test's database with `kubeconfig`, serving its
+/// endpoints on `port`, logging at info, its output captured.
+pub fn spawn_run(
+    kubeconfig: &std::path::Path,
+    port: u16,
+    pool: &PgPool,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> tokio::process::Child {
+    tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .arg("run")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .args(args)
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(pool))
+        .env("RUST_LOG", "info")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("autoapproval run starts")
+}

@@ -1,0 +1,368 @@
+//! Spans as an operator meets them: every JSON log line of a request's
+//! attempt names the request, its shard, the claim's token and the step;
+//! with the `otlp` feature, each attempt is one exported trace whose spans
+//! cover the external calls, and each call carries that trace to the
+//! downstream as a W3C `traceparent`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use autoapproval_sim::{SimConfig, SimHandle, Simulator};
+use kube_testserver::{Options, TestServer};
+use serde_json::Value;
+use sqlx::PgPool;
+
+use crate::support::{
+    NS, client_for, eventually, free_port, install_crd, owner_now, request_status, sigterm,
+    spawn_run,
+};
+
+/// A test API server with the CRD, the simulator and a kubeconfig for the binary.
+struct Stage {
+    _server: TestServer,
+    sim: SimHandle,
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Stage {
+    async fn start(name: &str) -> Stage {
+        let server = TestServer::start(Options::default())
+            .await
+            .expect("test API server");
+        install_crd(&client_for(&server)).await;
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
+            .await
+            .expect("simulator");
+        let dir = std::env::temp_dir().join(format!("aa-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let kubeconfig = dir.join("kubeconfig");
+        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        Stage {
+            _server: server,
+            sim,
+            dir,
+            kubeconfig,
+        }
+    }
+
+    /// `autoapproval run` against this stage, with `args` and `env` added,
+    /// and the port of its endpoints.
+    fn run(
+        &self,
+        pool: &PgPool,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> (tokio::process::Child, u16) {
+        let url = self.sim.base_url();
+        let mut all_env = vec![
+            ("AUTOAPPROVAL_ESIGN_URL", url.as_str()),
+            ("AUTOAPPROVAL_OWNER_URL", url.as_str()),
+            ("AUTOAPPROVAL_STORE_URL", url.as_str()),
+            ("AUTOAPPROVAL_AD_URL", url.as_str()),
+        ];
+        all_env.extend_from_slice(env);
+        let mut all_args = vec!["--namespace", NS, "--replica-name", "traced-1"];
+        all_args.extend_from_slice(args);
+        let port = free_port();
+        let child = spawn_run(&self.kubeconfig, port, pool, &all_args, &all_env);
+        (child, port)
+    }
+}
+
+impl Drop for Stage {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Stops `child` with SIGTERM and returns its stderr.
+async fn stop(child: tokio::process::Child) -> String {
+    sigterm(child.id().expect("pid"));
+    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("exits within 30 s of SIGTERM")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(output.status.success(), "{stderr}");
+    stderr
+}
+
+/// `key` of a JSON log line: its own field, or the nearest span's that has it.
+fn field<'a>(line: &'a Value, key: &str) -> Option<&'a Value> {
+    if let Some(v) = line["fields"].get(key) {
+        return Some(v);
+    }
+    line["spans"]
+        .as_array()?
+        .iter()
+        .rev()
+        .find_map(|span| span.get(key))
+}
+
+#[sqlx::test]
+async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(pool: PgPool) {
+    let stage = Stage::start("logs").await;
+    let (child, _) = stage.run(
+        &pool,
+        &["--log-json"],
+        &[("RUST_LOG", "info,autoapproval=debug")],
+    );
+    owner_now(31).insert(&pool).await;
+    eventually("request 31 to be approved", || async {
+        (request_status(&pool, 31).await == "APPROVED").then_some(())
+    })
+    .await;
+    let stderr = stop(child).await;
+
+    let lines: Vec<Value> = stderr
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let message = |l: &Value| l["fields"]["message"].as_str().unwrap_or("").to_owned();
+    let from = lines
+        .iter()
+        .position(|l| message(l) == "claimed")
+        .unwrap_or_else(|| panic!("no `claimed` line in:\n{stderr}"));
+    let to = lines
+        .iter()
+        .rposition(|l| message(l) == "approved")
+        .unwrap_or_else(|| panic!("no `approved` line in:\n{stderr}"));
+    // The request's own path: the chain, its external calls and its store calls.
+    let on_the_path = |l: &&Value| {
+        let target = l["target"].as_str().unwrap_or("");
+        ["approval", "processors", "external", "store"]
+            .iter()
+            .any(|m| target.starts_with(&format!("autoapproval::{m}")))
+    };
+    let attempt: Vec<&Value> = lines[from..=to].iter().filter(on_the_path).collect();
+    for line in &attempt {
+        assert_eq!(field(line, "request_id"), Some(&Value::from(31)), "{line}");
+        assert!(field(line, "shard").is_some(), "no shard: {line}");
+        assert!(field(line, "token").is_some(), "no fencing token: {line}");
+    }
+    // The e-sign check, the owner's and the store's creation, each answered
+    // inside the step that made it.
+    let calls: Vec<&&Value> = attempt
+        .iter()
+        .filter(|l| message(l) == "external call answered")
+        .collect();
+    assert!(
+        calls.len() >= 3,
+        "{} external calls: {attempt:#?}",
+        calls.len()
+    );
+    let steps: Vec<&str> = calls
+        .iter()
+        .filter_map(|l| field(l, "step")?.as_str())
+        .collect();
+    assert_eq!(
+        steps.len(),
+        calls.len(),
+        "a call outside a step: {calls:#?}"
+    );
+    assert!(
+        steps.contains(&"owner") && steps.contains(&"store"),
+        "{steps:?}"
+    );
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::{Arc, Mutex};
+
+    use autoapproval::external::System;
+    use autoapproval_sim::{FaultKind, Faults};
+    use axum::body::Bytes;
+    use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+    use opentelemetry_proto::tonic::common::v1::any_value;
+    use prost::Message;
+
+    use super::*;
+
+    /// One span as the collector received it.
+    #[derive(Clone, Debug)]
+    struct Received {
+        trace_id: String,
+        span_id: String,
+        parent: String,
+        name: String,
+        attributes: BTreeMap<String, String>,
+    }
+
+    /// An OTLP/HTTP receiver in this process: `POST /v1/traces`, protobuf.
+    async fn collector() -> (String, Arc<Mutex<Vec<Received>>>) {
+        let received = Arc::new(Mutex::new(Vec::new()));
+        let sink = received.clone();
+        let app = axum::Router::new().route(
+            "/v1/traces",
+            axum::routing::post(move |body: Bytes| {
+                let sink = sink.clone();
+                async move {
+                    let Ok(request) = ExportTraceServiceRequest::decode(body) else {
+                        return axum::http::StatusCode::BAD_REQUEST;
+                    };
+                    let spans = request
+                        .resource_spans
+                        .into_iter()
+                        .flat_map(|r| r.scope_spans)
+                        .flat_map(|s| s.spans)
+                        .map(|s| Received {
+                            trace_id: hex(&s.trace_id),
+                            span_id: hex(&s.span_id),
+                            parent: hex(&s.parent_span_id),
+                            name: s.name,
+                            attributes: s
+                                .attributes
+                                .into_iter()
+                                .map(|kv| {
+                                    let value = match kv.value.and_then(|v| v.value) {
+                                        Some(any_value::Value::StringValue(s)) => s,
+                                        Some(any_value::Value::IntValue(i)) => i.to_string(),
+                                        Some(other) => format!("{other:?}"),
+                                        None => String::new(),
+                                    };
+                                    (kv.key, value)
+                                })
+                                .collect(),
+                        });
+                    sink.lock().expect("spans").extend(spans);
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the collector");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, received)
+    }
+
+    fn hex(bytes: &[u8]) -> String {
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    #[sqlx::test]
+    async fn each_attempt_is_one_trace_covering_its_external_calls_and_the_downstream_gets_it(
+        pool: PgPool,
+    ) {
+        let (collector_url, received) = collector().await;
+        let stage = Stage::start("otlp").await;
+        // The first attempt's owner creation fails: a transient retry, so
+        // the request is approved on its second attempt.
+        stage
+            .sim
+            .set_faults(Faults::fail_next_creation(
+                System::Owner,
+                1,
+                FaultKind::Error,
+            ))
+            .expect("faults");
+        let (child, port) = stage.run(
+            &pool,
+            &[
+                "--otlp-endpoint",
+                &collector_url,
+                "--transient-retry-base",
+                "200ms",
+            ],
+            &[],
+        );
+        owner_now(41).insert(&pool).await;
+        eventually("request 41 to be approved", || async {
+            (request_status(&pool, 41).await == "APPROVED").then_some(())
+        })
+        .await;
+        let metrics = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await
+            .expect("/metrics")
+            .text()
+            .await
+            .expect("body");
+        // Shutdown flushes the spans still in the exporter's batch.
+        let stderr = stop(child).await;
+
+        let spans = received.lock().expect("spans").clone();
+        let attempts: Vec<&Received> = spans
+            .iter()
+            .filter(|s| s.name == "attempt" && s.attributes["request_id"] == "41")
+            .collect();
+        assert_eq!(attempts.len(), 2, "attempts: {attempts:#?}\n{stderr}");
+        let traces: BTreeSet<&str> = attempts.iter().map(|s| s.trace_id.as_str()).collect();
+        assert_eq!(traces.len(), 2, "two attempts, two traces: {attempts:#?}");
+        let by_id: BTreeMap<&str, &Received> =
+            spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
+        let mut calls = Vec::new();
+        for trace in &traces {
+            let in_trace: Vec<&Received> = spans.iter().filter(|s| s.trace_id == *trace).collect();
+            let roots: Vec<&str> = in_trace
+                .iter()
+                .filter(|s| s.parent.is_empty())
+                .map(|s| s.name.as_str())
+                .collect();
+            assert_eq!(roots, ["reconcile"], "trace {trace}: {in_trace:#?}");
+            let external: Vec<&&Received> = in_trace
+                .iter()
+                .filter(|s| s.name == "external call")
+                .collect();
+            assert!(external.len() >= 2, "trace {trace}: {in_trace:#?}");
+            for call in &external {
+                assert!(!call.attributes["system"].is_empty(), "{call:#?}");
+                let parent = by_id.get(call.parent.as_str()).map(|p| p.name.as_str());
+                assert_eq!(parent, Some("step"), "{call:#?}");
+            }
+            assert!(
+                in_trace.iter().any(|s| s.name == "store.claim"),
+                "trace {trace}: {in_trace:#?}"
+            );
+            calls.extend(
+                external
+                    .into_iter()
+                    .map(|s| (trace.to_string(), s.span_id.clone())),
+            );
+        }
+        // The latency histograms point at the traces they were observed in.
+        for histogram in [
+            "autoapproval_pickup_latency_seconds_bucket",
+            "autoapproval_reconcile_duration_seconds_bucket",
+        ] {
+            let exemplars: Vec<&str> = metrics
+                .lines()
+                .filter(|l| l.starts_with(histogram))
+                .filter_map(|l| l.split_once("# {trace_id=\"")?.1.split('"').next())
+                .collect();
+            assert!(
+                !exemplars.is_empty(),
+                "no exemplar on {histogram}:\n{metrics}"
+            );
+            for trace in &exemplars {
+                assert!(
+                    spans.iter().any(|s| s.trace_id == *trace),
+                    "{histogram}: exemplar {trace} is no exported trace"
+                );
+            }
+        }
+        // Every call reached the simulator with its own span as the parent.
+        let seen: Vec<(String, String)> = stage
+            .sim
+            .stats()
+            .traced_calls
+            .iter()
+            .map(|c| {
+                let parts: Vec<&str> = c.traceparent.split('-').collect();
+                assert_eq!(parts.len(), 4, "{c:?}");
+                assert_eq!(parts[3], "01", "sampled: {c:?}");
+                (parts[1].to_owned(), parts[2].to_owned())
+            })
+            .collect();
+        let mut seen = seen;
+        calls.sort();
+        seen.sort();
+        assert_eq!(
+            seen, calls,
+            "traceparents the simulator saw vs the exported call spans"
+        );
+    }
+}
