@@ -399,13 +399,18 @@ fn deep_merge(target: &mut Value, applied: &Value) {
 
 /// Server-side apply (simplified): merges the applied configuration, tracks per-manager leaf ownership,
 /// reports conflicts with other managers unless `force`, and removes fields this manager stopped applying.
+/// `subresource` is `"status"` for an apply to the status subresource: as in kube-apiserver, a
+/// manager's apply to it is an entry of its own, so its main-resource apply is not forgotten.
 pub fn apply(
     live: Option<&Value>,
     applied: &Value,
     manager: &str,
+    subresource: &str,
     force: bool,
     now: &str,
 ) -> ApiResult<Value> {
+    let mine =
+        |e: &Entry| e.manager == manager && e.operation == "Apply" && e.subresource == subresource;
     let applied_set = leaves(applied);
     let mut entries = live.map(read_managed).unwrap_or_default();
     let mut result = live.cloned().unwrap_or_else(|| json!({}));
@@ -460,7 +465,7 @@ pub fn apply(
         // Fields this manager applied before but no longer applies, and nobody else owns, are removed.
         let previous: BTreeSet<FieldPath> = entries
             .iter()
-            .filter(|e| e.manager == manager && e.operation == "Apply")
+            .filter(|e| mine(e))
             .flat_map(|e| e.fields.iter().cloned())
             .collect();
         for p in previous.difference(&applied_set) {
@@ -478,11 +483,11 @@ pub fn apply(
         m.remove("resourceVersion");
     }
     deep_merge(&mut result, &to_merge);
-    entries.retain(|e| !(e.manager == manager && e.operation == "Apply"));
+    entries.retain(|e| !mine(e));
     entries.push(Entry {
         manager: manager.into(),
         operation: "Apply".into(),
-        subresource: String::new(),
+        subresource: subresource.into(),
         api_version: applied
             .get("apiVersion")
             .and_then(Value::as_str)
@@ -544,15 +549,15 @@ mod tests {
     #[test]
     fn apply_conflicts_and_removal() {
         let a1 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "1", "b": "2"}});
-        let live = apply(None, &a1, "m1", false, "t").unwrap();
+        let live = apply(None, &a1, "m1", "", false, "t").unwrap();
         let a2 = json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {"a": "9"}});
-        let err = apply(Some(&live), &a2, "m2", false, "t").unwrap_err();
+        let err = apply(Some(&live), &a2, "m2", "", false, "t").unwrap_err();
         assert_eq!(err.code, 409);
-        let forced = apply(Some(&live), &a2, "m2", true, "t").unwrap();
+        let forced = apply(Some(&live), &a2, "m2", "", true, "t").unwrap();
         assert_eq!(forced["data"]["a"], "9");
         let a1b =
             json!({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x"}, "data": {}});
-        let after = apply(Some(&forced), &a1b, "m1", false, "t").unwrap();
+        let after = apply(Some(&forced), &a1b, "m1", "", false, "t").unwrap();
         assert_eq!(after["data"], json!({"a": "9"}));
     }
 }

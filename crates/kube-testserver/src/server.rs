@@ -583,7 +583,15 @@ fn resource(
                 if applied.get("metadata").is_none() {
                     applied["metadata"] = json!({"name": name});
                 }
-                let merged = patch::apply(cur.as_ref(), &applied, &ctx.manager, force, &now)?;
+                let subresource = if status_sub { "status" } else { "" };
+                let merged = patch::apply(
+                    cur.as_ref(),
+                    &applied,
+                    &ctx.manager,
+                    subresource,
+                    force,
+                    &now,
+                )?;
                 let applied_ctx = WriteCtx {
                     fields_applied: true,
                     ..ctx.clone()

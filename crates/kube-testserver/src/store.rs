@@ -506,6 +506,11 @@ impl Store {
                     n.as_object_mut().map(|m| m.remove("status"));
                 }
             }
+            if ctx.fields_applied
+                && let Some(mf) = obj.pointer("/metadata/managedFields")
+            {
+                n["metadata"]["managedFields"] = mf.clone();
+            }
             n["apiVersion"] = obj["apiVersion"].clone();
             n
         } else {
@@ -542,7 +547,9 @@ impl Store {
                     None => m.remove(k),
                 };
             }
-            if status {
+            // A status write changes no metadata but the managers: an apply
+            // brings its own (its entry names the status subresource).
+            if status && !ctx.fields_applied {
                 m.remove("managedFields");
                 if let Some(mf) = cur["metadata"].get("managedFields") {
                     m.insert("managedFields".into(), mf.clone());

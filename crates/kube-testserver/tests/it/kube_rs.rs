@@ -249,6 +249,69 @@ async fn custom_resource_status_generation_validation() {
     assert_eq!(applied.data["spec"]["requestId"], 7);
 }
 
+/// An apply to the status subresource is a managed-fields entry of its own (subresource
+/// `status`), as in kube-apiserver: the manager owns what it applied there, a field it stops
+/// applying is removed, and its apply to the main resource is kept beside it.
+#[tokio::test]
+async fn a_status_apply_owns_its_fields_and_drops_those_it_stops_applying() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let c = client(&server);
+    install_crd(&c).await;
+    let api = aa_api(&c);
+    api.create(&PostParams::default(), &aa("y", 8))
+        .await
+        .unwrap();
+    let status = |s: Value| {
+        Patch::Apply(
+            json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "status": s}),
+        )
+    };
+    let ctl = PatchParams::apply("ctl").force();
+    api.patch(
+        "y",
+        &ctl,
+        &Patch::Apply(json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "spec": {"requestId": 8, "requestType": "AD_CONTRACT", "paused": true}})),
+    )
+    .await
+    .unwrap();
+    let waiting = api
+        .patch_status(
+            "y",
+            &ctl,
+            &status(json!({"phase": "RetryWaiting", "step": "owner", "holder": "r1", "nextRetryTime": "2026-12-04T10:00:00Z"})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(waiting.data["status"]["step"], "owner");
+    let decided = api
+        .patch_status("y", &ctl, &status(json!({"phase": "Superseded"})))
+        .await
+        .unwrap();
+    assert_eq!(decided.data["status"], json!({"phase": "Superseded"}));
+    assert_eq!(
+        decided.data["spec"]["paused"], true,
+        "the main resource's apply stands"
+    );
+    let entries: Vec<(String, String, String)> = decided
+        .metadata
+        .managed_fields
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            (
+                e.manager.unwrap_or_default(),
+                e.operation.unwrap_or_default(),
+                e.subresource.unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        entries.contains(&("ctl".into(), "Apply".into(), "status".into()))
+            && entries.contains(&("ctl".into(), "Apply".into(), String::new())),
+        "{entries:?}"
+    );
+}
+
 #[tokio::test]
 async fn watcher_survives_closed_stream_and_410() {
     let server = TestServer::start(Options {
