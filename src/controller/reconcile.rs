@@ -429,6 +429,13 @@ impl Reconcile<'_> {
         if request.status == RequestStatus::Approved
             && request.decided_by.as_deref() == Some(DECIDED_BY_US)
         {
+            // Shown already by the attempt that approved it, with its holder
+            // and retries: a second write would only blank those (one more
+            // API write per approval). Written here only when that write
+            // was lost, e.g. to a crash right after the approval.
+            if self.cr.status.as_ref().and_then(|s| s.phase) == Some(Phase::Approved) {
+                return Ok(Action::await_change());
+            }
             self.write(Observed::phase(
                 Phase::Approved,
                 Some("approved by autoapproval".into()),

@@ -1145,3 +1145,97 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
     assert_eq!(note, "replica-1 became leader");
     cluster.stop().await;
 }
+
+/// A restarted replica finds every CR already showing what the database
+/// says: it writes no status (DESIGN: the API server is shared; a restart
+/// that rewrites statuses is load nobody asked for). Waiting, approved and
+/// superseded requests alike.
+#[sqlx::test]
+async fn a_replica_restarted_with_nothing_changed_writes_no_status(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    let waiting: Vec<i64> = (1..=30).collect();
+    for &id in &waiting {
+        waiting_owner_now(id).insert(&pool).await;
+    }
+    owner_now(31).insert(&pool).await;
+    for &id in &waiting {
+        cluster.wait_phase(id, Phase::RetryWaiting).await;
+    }
+    cluster.wait_phase(31, Phase::Approved).await;
+    cluster.stop().await;
+
+    let patches = |c: &Cluster| {
+        c.server
+            .request_counts()
+            .get("patch autoapprovals")
+            .copied()
+            .unwrap_or(0)
+    };
+    let reconciles = |c: &Cluster| {
+        metric_sum(
+            &c.metrics.encode(),
+            "autoapproval_reconcile_duration_seconds_count",
+            &[],
+        )
+    };
+    let (patched, reconciled) = (patches(&cluster), reconciles(&cluster));
+    cluster.restart(test_settings());
+    // Every CR is reconciled once its shard is taken; the status write, if
+    // any, comes before the reconcile is counted.
+    eventually("the restarted replica to reconcile every CR", || async {
+        (reconciles(&cluster) >= reconciled + 31.0).then_some(())
+    })
+    .await;
+    assert_eq!(
+        patches(&cluster) - patched,
+        0,
+        "status patches after a restart that changed nothing"
+    );
+    cluster.stop().await;
+}
+
+/// The attempt that approves a request writes its status once; later
+/// reconciles of the approved CR (the request's own NOTIFY, a watch event)
+/// find it shown and write nothing, keeping the holder and retries shown.
+#[sqlx::test]
+async fn an_approval_writes_its_status_once(pool: PgPool) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    owner_now(61).insert(&pool).await;
+    cluster.wait_phase(61, Phase::Approved).await;
+    let reconciles = |c: &Cluster| {
+        metric_sum(
+            &c.metrics.encode(),
+            "autoapproval_reconcile_duration_seconds_count",
+            &[],
+        )
+    };
+    let reconciled = reconciles(&cluster);
+    // An annotation change is a reconcile trigger: the CR is looked at again.
+    cluster
+        .api
+        .patch(
+            &crd::cr_name(61),
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {"example.com/seen": "1"}}}),
+            ),
+        )
+        .await
+        .expect("annotate");
+    eventually("a reconcile after the approval", || async {
+        (reconciles(&cluster) > reconciled).then_some(())
+    })
+    .await;
+    let patches = cluster.server.request_counts()["patch autoapprovals"];
+    assert_eq!(
+        patches, 2,
+        "the approval's status write and the test's annotation"
+    );
+    let status = cluster
+        .cr(61)
+        .await
+        .and_then(|cr| cr.status)
+        .expect("status");
+    assert_eq!(status.holder.as_deref(), Some("replica-1"), "{status:?}");
+    cluster.stop().await;
+}

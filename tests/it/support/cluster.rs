@@ -128,6 +128,13 @@ impl Cluster {
         })));
     }
 
+    /// Starts the replica again after [`Cluster::stop`], with the same
+    /// backends, database and metrics: a restart.
+    pub fn restart(&mut self, settings: ControllerConfig) {
+        assert!(self.task.is_none(), "restart after stop");
+        self.run(settings);
+    }
+
     /// Sends the shutdown signal and waits for the replica to stop; a stop
     /// that outlasts the grace period by far is a hang (nothing may wait
     /// out a poll period at shutdown).
