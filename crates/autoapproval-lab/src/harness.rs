@@ -234,6 +234,17 @@ impl Harness {
         })
     }
 
+    /// State rows waiting their retry (`RETRY_WAITING`).
+    pub async fn waiting(&self) -> Result<i64, StoreError> {
+        let (n,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM auto_approve_state WHERE status = 'RETRY_WAITING'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db("count waiting state rows"))?;
+        Ok(n)
+    }
+
     /// Open requests that no claim has reached yet, and claims still held.
     pub async fn unfinished(&self) -> Result<i64, StoreError> {
         let (n,): (i64,) = sqlx::query_as(

@@ -35,6 +35,8 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
+            // An OpenMetrics exemplar (` # {trace_id="…"} v ts`) follows the value.
+            let line = line.split(" # ").next()?;
             let (series, value) = line.rsplit_once(' ')?;
             let (name, label_text) = match series.split_once('{') {
                 Some((name, rest)) => (name, rest),

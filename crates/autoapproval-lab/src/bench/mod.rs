@@ -4,6 +4,7 @@
 //! approved, and reports pickup latency (eligible → claimed, in the
 //! database's clock), throughput and what each approval cost.
 
+pub mod at_rest;
 pub mod plot;
 pub mod report;
 pub mod seed_designs;
@@ -81,9 +82,26 @@ pub struct BenchArgs {
     /// Shards for ours.
     #[arg(long, env = "AUTOAPPROVAL_BENCH_SHARDS", default_value_t = 16)]
     pub shards: u32,
-    /// Every design's periods are divided by this, so a comparison takes about a minute per design (seed-old's 10 min cycle becomes 10 s).
+    /// Seed-old's 10-minute cycle is divided by this, so its run takes about a minute (10 s cycles at 60); the polls are not, unless --scale-polls.
     #[arg(long, env = "AUTOAPPROVAL_BENCH_TIME_SCALE", default_value_t = 60.0)]
     pub time_scale: f64,
+    /// Divide ours' and seed-new's poll period by --time-scale too; it flatters seed-new, whose pickup its 10 s poll bounds, and adds poll turns to ours [default: off: both poll for real].
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_SCALE_POLLS", default_value_t = false)]
+    pub scale_polls: bool,
+    /// Instead of approvals: 3 replicas with --waiting requests waiting and nothing to do, measured for --window (API writes, statements, CPU, memory), then one replica restarted [default: off].
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_BENCH_AT_REST",
+        default_value_t = false,
+        conflicts_with = "compare"
+    )]
+    pub at_rest: bool,
+    /// With --at-rest: requests waiting (documents not released, so each waits its 10-minute retry).
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_WAITING", default_value_t = 5000)]
+    pub waiting: u32,
+    /// With --at-rest: how long the replicas are measured at rest.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_WINDOW", default_value = "60s", value_parser = parse_duration)]
+    pub window: Duration,
     /// Where the JSON report is written.
     #[arg(
         long,
@@ -157,7 +175,35 @@ impl BenchArgs {
         if self.poll_period.is_zero() {
             return bad("--poll-period", "must be above zero");
         }
+        if self.at_rest && self.waiting == 0 {
+            return bad("--waiting", "must be at least 1");
+        }
+        if self.at_rest && self.window < Duration::from_secs(1) {
+            return bad("--window", "must be at least 1s");
+        }
         Ok(())
+    }
+
+    /// The poll period ours and seed-new run with.
+    fn poll(&self) -> Duration {
+        if self.scale_polls {
+            self.poll_period.div_f64(self.time_scale)
+        } else {
+            self.poll_period
+        }
+    }
+
+    /// What is scaled, as the output says it.
+    fn scaling(&self) -> String {
+        if self.scale_polls {
+            format!("every period / {}", self.time_scale)
+        } else {
+            format!(
+                "seed-old's cycle / {} ({} s); polls unscaled",
+                self.time_scale,
+                600.0 / self.time_scale
+            )
+        }
     }
 
     fn designs(&self) -> Vec<Design> {
@@ -179,7 +225,8 @@ impl BenchArgs {
             "notify": self.notify,
             "shards": self.shards,
             "time_scale": self.time_scale,
-            "scaled_poll_period_ms": self.poll_period.as_secs_f64() * 1000.0 / self.time_scale,
+            "scale_polls": self.scale_polls,
+            "poll_period_run_ms": self.poll().as_secs_f64() * 1000.0,
             "scaled_seed_old_cycle_s": 600.0 / self.time_scale,
         })
     }
@@ -190,16 +237,19 @@ impl BenchArgs {
 pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     args.validate()?;
     let mut interrupt = install_termination()?;
+    if args.at_rest {
+        return at_rest::run(&args, &mut interrupt).await;
+    }
     let mut designs = Vec::new();
     for design in args.designs() {
         println!(
-            "{}: {} owner contracts at {}/s, {} replicas, {} ms per external call, periods / {}",
+            "{}: {} owner contracts at {}/s, {} replicas, {} ms per external call, {}",
             design.name(),
             args.requests,
             args.rate,
             args.replicas,
             args.latency.as_millis(),
-            args.time_scale
+            args.scaling()
         );
         let report = run_design(&args, design, &mut interrupt).await?;
         println!(
@@ -222,12 +272,12 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     println!("report: {}", args.report.display());
     if args.compare {
         let subtitle = format!(
-            "{} owner contracts at {}/s, {} replicas each, {} ms per external call, periods divided by {}\n{}, {} build: autoapproval-lab bench --compare",
+            "{} owner contracts at {}/s, {} replicas each, {} ms per external call, {}\n{}, {} build: autoapproval-lab bench --compare",
             args.requests,
             args.rate,
             args.replicas,
             args.latency.as_millis(),
-            args.time_scale,
+            args.scaling(),
             report.machine,
             if cfg!(debug_assertions) {
                 "debug"
@@ -304,7 +354,7 @@ async fn measure(
     args: &BenchArgs,
     design: Design,
 ) -> Result<DesignReport, BenchError> {
-    let scaled_poll = args.poll_period.div_f64(args.time_scale);
+    let poll = args.poll();
     for i in 0..args.replicas {
         let name = format!("{}-{i}", design.name());
         let (program, argv): (Program, Vec<String>) = match design {
@@ -316,7 +366,7 @@ async fn measure(
                         "--shards".into(),
                         args.shards.to_string(),
                         "--poll-period".into(),
-                        format!("{}ms", scaled_poll.as_millis().max(1)),
+                        format!("{}ms", poll.as_millis().max(1)),
                         "--notify".into(),
                         args.notify.to_string(),
                     ],
@@ -336,8 +386,14 @@ async fn measure(
                     .into(),
                     "--replica-name".into(),
                     name.clone(),
+                    // seed-design divides every period by its time scale;
+                    // seed-new's only period is its poll.
                     "--time-scale".into(),
-                    args.time_scale.to_string(),
+                    if design == Design::SeedNew && !args.scale_polls {
+                        "1".into()
+                    } else {
+                        args.time_scale.to_string()
+                    },
                     "--poll-period".into(),
                     format!("{}ms", args.poll_period.as_millis()),
                 ],
@@ -383,7 +439,9 @@ async fn measure(
             .map_err(StackError::from)?;
     }
     // The slowest design needs up to 1.3 of its cycles after the last insert.
-    let drain = Duration::from_secs(600).div_f64(args.time_scale) * 2 + Duration::from_secs(60);
+    let drain = Duration::from_secs(600).div_f64(args.time_scale) * 2
+        + args.poll() * 3
+        + Duration::from_secs(60);
     let deadline = Instant::now() + drain;
     loop {
         stack.check_replicas()?;

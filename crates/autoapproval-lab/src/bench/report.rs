@@ -205,7 +205,7 @@ impl Report {
 }
 
 /// Cores and kernel of this machine, for the report.
-fn machine() -> String {
+pub(crate) fn machine() -> String {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
     let memory = std::fs::read_to_string("/proc/meminfo")

@@ -377,6 +377,13 @@ impl Stack {
         lost
     }
 
+    /// Stops the replica named `name` (SIGTERM, then SIGKILL after `grace`).
+    pub async fn stop_replica(&mut self, name: &str, grace: Duration) {
+        if let Some(i) = self.replicas.iter().position(|r| r.name() == name) {
+            self.replicas.remove(i).stop(grace).await;
+        }
+    }
+
     /// Stops the replicas (SIGTERM, then SIGKILL after `grace`).
     pub async fn stop_replicas(&mut self, grace: Duration) {
         let stops = self.replicas.drain(..).map(|r| r.stop(grace));

@@ -115,6 +115,20 @@ impl Replica {
             .map_err(|e| fail(format!("GET {url}: {e}")))
     }
 
+    /// Resident memory now, from `/proc/<pid>/status` (`VmRSS`), in bytes.
+    pub fn rss_bytes(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()?)).ok()?;
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))?
+            .trim()
+            .strip_suffix("kB")?
+            .trim()
+            .parse()
+            .ok()?;
+        Some(kib * 1024)
+    }
+
     /// CPU seconds (user + system) it has used so far, from `/proc/<pid>/stat`.
     pub fn cpu_seconds(&self) -> Option<f64> {
         cpu_seconds(self.child.id()?)
@@ -153,6 +167,8 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
     text.lines()
         .filter(|line| !line.starts_with('#'))
         .filter_map(|line| {
+            // An OpenMetrics exemplar (` # {trace_id="…"} v ts`) follows the value.
+            let line = line.split(" # ").next()?;
             let (series, value) = line.rsplit_once(' ')?;
             let (name, label_text) = match series.split_once('{') {
                 Some((name, rest)) => (name, rest),

@@ -246,11 +246,63 @@ async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_pl
 }
 
 #[tokio::test]
+async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes_no_status() {
+    let dir = work_dir("at-rest");
+    let report = dir.join("at-rest.json");
+    let stack_dir = dir.join("stack");
+    std::fs::create_dir_all(&stack_dir).expect("stack dir");
+    crate::assert_controller_built();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
+        .args(["bench", "--at-rest", "--waiting", "60", "--window", "4s"])
+        .args(["--replicas", "2", "--shards", "4"])
+        .arg("--report")
+        .arg(&report)
+        .arg("--work-dir")
+        .arg(&stack_dir)
+        .output()
+        .await
+        .expect("bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    for row in [
+        "kube API writes / s",
+        "RSS per waiting CR",
+        "restart: status patches",
+    ] {
+        assert!(stdout.contains(row), "missing {row:?} in\n{stdout}");
+    }
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
+    assert_eq!(json["waiting"], 60);
+    // At rest only the Leases are renewed: 4 shards, 2 members and the leader.
+    let by_kind = json["kube_writes_per_s_by_kind"]
+        .as_object()
+        .expect("by kind");
+    assert_eq!(
+        by_kind.keys().collect::<Vec<_>>(),
+        ["update leases"],
+        "{json:#}"
+    );
+    assert!(json["kube_writes_per_s"].as_f64() > Some(0.0), "{json:#}");
+    assert!(json["db_statements_per_s"].as_f64() > Some(0.0), "{json:#}");
+    assert_eq!(json["rss_mib"].as_array().map(Vec::len), Some(2));
+    assert!(
+        json["restart"]["reconciles"].as_f64() > Some(0.0),
+        "{json:#}"
+    );
+    assert_eq!(json["restart"]["status_patches"], 0, "{json:#}");
+    assert_eq!(leftovers(&stack_dir), Vec::<String>::new(), "stack removed");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
 async fn bad_demo_and_bench_settings_stop_before_anything_starts() {
     for (args, flag) in [
         (&["demo", "--replicas", "0"][..], "--replicas"),
         (&["bench", "--rate", "0"][..], "--rate"),
         (&["bench", "--time-scale", "0.5"][..], "--time-scale"),
+        (&["bench", "--at-rest", "--waiting", "0"][..], "--waiting"),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
             .args(args)
