@@ -186,6 +186,7 @@ pub async fn run_until(
     let (deleted_tx, deleted_rx) = mpsc::unbounded();
     let crs = watcher(api.clone(), watcher::Config::default())
         .default_backoff()
+        .modify(crd::trim_for_cache)
         .reflect(writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(cr) = event {

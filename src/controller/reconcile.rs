@@ -631,10 +631,7 @@ impl Reconcile<'_> {
 /// The field manager that last set annotation `key` (from managedFields):
 /// who asked, as the API server recorded it.
 fn annotation_manager(cr: &AutoApproval, key: &str) -> Option<String> {
-    let pointer = format!(
-        "/f:metadata/f:annotations/f:{}",
-        key.replace('~', "~0").replace('/', "~1")
-    );
+    let pointer = super::crd::annotation_field(key);
     cr.metadata
         .managed_fields
         .as_ref()?

@@ -1210,14 +1210,15 @@ async fn an_approval_writes_its_status_once(pool: PgPool) {
         )
     };
     let reconciled = reconciles(&cluster);
-    // An annotation change is a reconcile trigger: the CR is looked at again.
+    // A change of one of our annotations is a reconcile trigger: an operator
+    // asks for a retry of a request that is already approved.
     cluster
         .api
         .patch(
             &crd::cr_name(61),
             &PatchParams::default(),
             &Patch::Merge(
-                serde_json::json!({"metadata": {"annotations": {"example.com/seen": "1"}}}),
+                serde_json::json!({"metadata": {"annotations": {crd::RETRY_ANNOTATION: "now"}}}),
             ),
         )
         .await
