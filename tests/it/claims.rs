@@ -273,6 +273,50 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
     );
 }
 
+/// Our own approval notifies nobody (migration 0015): the replica that
+/// wrote it knows, and a NOTIFY cost the shard's holder a discovery turn and
+/// a reconcile of a finished request. A person's decision still notifies.
+#[sqlx::test]
+async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPool) {
+    use autoapproval::store::{Completion, RequestChange};
+
+    let store = Store::new(pool.clone(), pool.clone());
+    for id in [61, 62] {
+        NewRequest::ready_owner(id).insert(&pool).await;
+    }
+    let mut changes = store.request_changes().await.unwrap();
+    let claim = match store
+        .claim(
+            &new_candidate(61),
+            &fence("w1", 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Won(claim) => claim,
+        ClaimOutcome::Lost => panic!("claim 61"),
+    };
+    assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
+    // A person approves 62: delivered in commit order, after anything of 61's.
+    sqlx::query(
+        "UPDATE approval_request SET status = 'APPROVED', decided_by = 'manual:ann' WHERE id = 62",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), changes.next())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(
+        first,
+        RequestChange::Changed(62),
+        "nothing for our own approval of 61"
+    );
+}
+
 /// The change's own transaction records the wake (migration 0010: a row
 /// appended, nothing of ours locked), with no listener at all: the next
 /// discovery turn makes a waiting retry due at once, a running chain's retry
