@@ -1,7 +1,13 @@
 //! Telemetry: the Prometheus metrics every module records into, and the
 //! tracing subscriber.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use crate::store::RequestCensus;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -9,7 +15,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
+
+mod kube_client;
+
+pub use kube_client::KubeRequestsLayer;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabel {
@@ -65,6 +75,47 @@ pub struct Metrics {
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
     creations_found: Family<SystemLabel, Counter>,
+    external_call_duration: Family<SystemLabel, Histogram>,
+    shard_count: Gauge,
+    requests: Family<StateLabels, Gauge>,
+    backlog_age: Family<NoLabels, Gauge<f64, AtomicU64>>,
+    database_up: Family<PoolLabel, Gauge>,
+    pool_connections: Family<PoolLabel, Gauge>,
+    pool_idle: Family<PoolLabel, Gauge>,
+    pool_max: Family<PoolLabel, Gauge>,
+    pools: Arc<Mutex<Vec<(&'static str, PgPool)>>>,
+    kube_requests: Family<KubeLabels, Counter>,
+    kube_request_duration: Family<VerbLabel, Histogram>,
+}
+
+/// The label set of a single series that must be able to disappear (a
+/// plain gauge is always exported): no labels at all.
+type NoLabels = Vec<(String, String)>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+    reason_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeLabels {
+    verb: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabel {
+    verb: String,
+}
+
+fn call_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -236,8 +287,85 @@ impl Metrics {
             "AutoApproval CRs deleted by the garbage collector, by reason",
             crs_collected.clone(),
         );
+        let external_call_duration = Family::<SystemLabel, Histogram>::new_with_constructor(
+            call_buckets as fn() -> Histogram,
+        );
+        registry.register_with_unit(
+            "external_call_duration",
+            "Duration of external system calls by system, answered or not",
+            Unit::Seconds,
+            external_call_duration.clone(),
+        );
+        let shard_count = Gauge::default();
+        registry.register(
+            "shards",
+            "K, the shards requests are split into (--shards): all of them should be held",
+            shard_count.clone(),
+        );
+        let requests = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "requests",
+            "Requests with a state row, by state (in_progress, waiting by reason_class, exhausted); exported by the leader only, refreshed every --census-interval",
+            requests.clone(),
+        );
+        let backlog_age = Family::<NoLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "backlog_age",
+            "Age of the oldest request a candidate query would select now (0 when none); exported by the leader only",
+            Unit::Seconds,
+            backlog_age.clone(),
+        );
+        let database_up = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "database_up",
+            "1 when this replica's last census ping of the pool's database answered, else 0",
+            database_up.clone(),
+        );
+        let pool_connections = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_connections",
+            "Connections open in the pool, idle or in use",
+            pool_connections.clone(),
+        );
+        let pool_idle = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_idle_connections",
+            "Idle connections in the pool",
+            pool_idle.clone(),
+        );
+        let pool_max = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_max_connections",
+            "Most connections the pool opens",
+            pool_max.clone(),
+        );
+        let kube_requests = Family::<KubeLabels, Counter>::default();
+        registry.register(
+            "kube_requests",
+            "Requests to the API server by verb and HTTP status (error: no response)",
+            kube_requests.clone(),
+        );
+        let kube_request_duration =
+            Family::<VerbLabel, Histogram>::new_with_constructor(call_buckets as fn() -> Histogram);
+        registry.register_with_unit(
+            "kube_request_duration",
+            "Duration of requests to the API server until their response headers, by verb (watches not included)",
+            Unit::Seconds,
+            kube_request_duration.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            external_call_duration,
+            shard_count,
+            requests,
+            backlog_age,
+            database_up,
+            pool_connections,
+            pool_idle,
+            pool_max,
+            pools: Arc::default(),
+            kube_requests,
+            kube_request_duration,
             shards_held,
             leader,
             shard_acquisitions,
@@ -308,6 +436,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Records how long a call to `system` took.
+    pub fn external_call_took(&self, system: &str, took: Duration) {
+        self.external_call_duration
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts a malformed row.
@@ -436,8 +573,90 @@ impl Metrics {
             .inc();
     }
 
+    /// Records K, the configured shard count.
+    pub fn shards(&self, shard_count: u32) {
+        self.shard_count.set(i64::from(shard_count));
+    }
+
+    /// Publishes the leader's census: requests by state and the backlog's
+    /// age. Every state is set, zeros included, so a panel has its lines.
+    pub fn census(&self, census: &RequestCensus, backlog_age: Duration) {
+        let set = |state: &str, reason_class: &str, n: i64| {
+            self.requests
+                .get_or_create(&StateLabels {
+                    state: state.into(),
+                    reason_class: reason_class.into(),
+                })
+                .set(n);
+        };
+        set("in_progress", "", census.in_progress);
+        set("waiting", "transient", census.waiting_transient);
+        set("waiting", "condition_not_met", census.waiting_condition);
+        set("exhausted", "", census.exhausted);
+        self.backlog_age
+            .get_or_create(&NoLabels::new())
+            .set(backlog_age.as_secs_f64());
+    }
+
+    /// Withdraws the census (this replica no longer leads, or could not
+    /// count): the series disappear instead of showing stale numbers, so a
+    /// sum over replicas counts the leader's only.
+    pub fn census_withdrawn(&self) {
+        self.requests.clear();
+        self.backlog_age.clear();
+    }
+
+    /// Records whether the database behind `pool` answered the census ping.
+    pub fn database_up(&self, pool: &str, up: bool) {
+        self.database_up
+            .get_or_create(&PoolLabel { pool: pool.into() })
+            .set(i64::from(up));
+    }
+
+    /// Exports the size of `pool` under `name` from now on, read at every scrape.
+    pub fn watch_pool(&self, name: &'static str, pool: PgPool) {
+        if let Ok(mut pools) = self.pools.lock() {
+            pools.retain(|(n, _)| *n != name);
+            pools.push((name, pool));
+        }
+    }
+
+    /// Counts one request to the API server; `status` is the HTTP code or `error`.
+    pub fn kube_request(&self, verb: &str, status: &str, took: Option<Duration>) {
+        self.kube_requests
+            .get_or_create(&KubeLabels {
+                verb: verb.into(),
+                status: status.into(),
+            })
+            .inc();
+        if let Some(took) = took {
+            self.kube_request_duration
+                .get_or_create(&VerbLabel { verb: verb.into() })
+                .observe(took.as_secs_f64());
+        }
+    }
+
+    fn refresh_pools(&self) {
+        let Ok(pools) = self.pools.lock() else { return };
+        for (name, pool) in pools.iter() {
+            let label = PoolLabel {
+                pool: (*name).into(),
+            };
+            self.pool_connections
+                .get_or_create(&label)
+                .set(i64::from(pool.size()));
+            self.pool_idle
+                .get_or_create(&label)
+                .set(i64::try_from(pool.num_idle()).unwrap_or(i64::MAX));
+            self.pool_max
+                .get_or_create(&label)
+                .set(i64::from(pool.options().get_max_connections()));
+        }
+    }
+
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        self.refresh_pools();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
