@@ -41,8 +41,10 @@ SELECT count(*) FILTER (WHERE status = 'IN_PROGRESS') AS in_progress,
 /// retry since its `next_retry_time`. Each (type, open status) pair is one
 /// range of the candidate index read in order until its first unclaimed,
 /// unpaused row, so the cost is that of one candidate query per pair; the
-/// due retries come from the state table, which holds no backlog.
-/// docs/BENCHMARKS.md shows the plan.
+/// due retries are read from the state table in retry order until the
+/// first whose request is eligible, so their cost is bounded by the state
+/// table (in progress + waiting), not by the open requests.
+/// docs/BENCHMARKS.md shows the plans.
 pub const BACKLOG_SQL: &str = "\
 SELECT LEAST(
   (SELECT min(first.sort_time)
@@ -61,7 +63,7 @@ SELECT LEAST(
           AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
         ORDER BY r.sort_time
         LIMIT 1) AS first),
-  (SELECT min(s.next_retry_time)
+  (SELECT s.next_retry_time
      FROM auto_approve_state s
      JOIN approval_request r ON r.id = s.request_id
     WHERE s.status = 'RETRY_WAITING'
@@ -71,7 +73,9 @@ SELECT LEAST(
       AND r.request_type IN ('OWNER_CONTRACT', 'AD_CONTRACT')
       AND r.sort_time >= $1
       AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
-      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)))";
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY s.next_retry_time
+    LIMIT 1))";
 
 // === impl Store ===
 

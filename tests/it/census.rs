@@ -204,3 +204,16 @@ async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_s
     );
     assert!(!text.contains("autoapproval_requests{"), "{text}");
 }
+
+/// docs/BENCHMARKS.md shows the plan of the query the store runs, not of a copy.
+#[test]
+fn the_backlog_benchmark_runs_the_stores_query_verbatim() {
+    let script = include_str!("../../benches/backlog_plan.sql");
+    assert!(
+        script.contains(&format!(
+            "PREPARE backlog(timestamptz, timestamptz, int) AS\n{};",
+            autoapproval::store::BACKLOG_SQL
+        )),
+        "benches/backlog_plan.sql lacks the store's backlog query"
+    );
+}
