@@ -14,7 +14,7 @@ use chrono::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::support::{NewRequest, metric_sum, seed_reference_rows, t0};
+use crate::support::{NewRequest, eventually, metric_sum, seed_reference_rows, t0};
 
 const WINDOW: StdDuration = StdDuration::from_secs(30 * 86_400);
 
@@ -175,6 +175,39 @@ async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(
         metric_sum(&text, "autoapproval_database_up", &[r#"pool="primary""#]),
         1.0
     );
+}
+
+/// The running census follows leadership: it counts once this replica
+/// leads, and withdraws at once, not at its next turn, when it stops.
+#[sqlx::test]
+async fn the_census_follows_leadership_as_it_changes(pool: PgPool) {
+    seed_reference_rows(&pool).await;
+    let metrics = Metrics::new();
+    let mut census = census_of(Store::new(pool.clone(), pool), &metrics);
+    // A turn an hour away: only the changes of leadership can act.
+    census.config.interval = StdDuration::from_secs(3600);
+    let (leader, leading) = tokio::sync::watch::channel(false);
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let running = tokio::spawn(census.run(leading, stopping));
+    let counted = |text: &str| text.contains("autoapproval_requests{");
+    // The first turn runs at start: a ping, no counts.
+    eventually("the first ping", || async {
+        (metric_sum(&metrics.encode(), "autoapproval_database_up", &[]) == 1.0).then_some(())
+    })
+    .await;
+    assert!(!counted(&metrics.encode()));
+    leader.send(true).unwrap();
+    eventually("the census once leading", || async {
+        counted(&metrics.encode()).then_some(())
+    })
+    .await;
+    leader.send(false).unwrap();
+    eventually("the census withdrawn once not leading", || async {
+        (!counted(&metrics.encode())).then_some(())
+    })
+    .await;
+    stop.send(true).unwrap();
+    running.await.expect("the census stops");
 }
 
 #[sqlx::test]

@@ -1214,6 +1214,33 @@ fn the_dashboard_ships_in_a_configmap_grafana_finds_with_the_panels_the_readme_l
         .map(|p| p["title"].as_str().expect("title"))
         .collect();
     assert!(panels.len() >= 12, "{panels:?}");
+    // Every panel query is PromQL that promtool accepts: written into a rule
+    // file with Grafana's variables replaced by what they stand for.
+    let mut rules = Vec::new();
+    for panel in dashboard["panels"].as_array().expect("panels") {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().expect("expr");
+            let expr = expr
+                .replace("$__rate_interval", "5m")
+                .replace("$namespace", "autoapproval")
+                .replace("$job", "autoapproval");
+            let record = format!("dashboard:query_{}", rules.len());
+            rules.push(serde_json::json!({"record": record, "expr": expr}));
+        }
+    }
+    let file = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
+    let dir = scratch("dashboard-promql");
+    let path = dir.join("dashboard.yaml");
+    std::fs::write(&path, serde_yaml::to_string(&file).expect("YAML")).expect("write");
+    let checked = ok(
+        &promtool(),
+        &["check", "rules", path.to_str().expect("utf-8")],
+    );
+    assert!(
+        checked.contains(&format!("SUCCESS: {} rules found", rules.len())),
+        "{checked}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
     for title in panels {
         assert!(
             readme.contains(&format!("**{title}**")),
