@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: starts PostgreSQL (installing it
-# when absent), installs kubectl and helm when absent, then runs every test.
+# when absent), installs kubectl and helm when absent, and promtool (Debian's
+# prometheus package) for the alert rules' tests, then runs every test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -8,7 +9,14 @@ DATABASE_URL="$(scripts/postgres.sh | tail -n 1)"
 export DATABASE_URL
 PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
 export PATH KUBECTL="$(command -v kubectl)"
-echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL; helm: $(command -v helm)" >&2
+if ! command -v promtool >/dev/null; then
+  sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo"
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+fi
+export PROMTOOL="$(command -v promtool)"
+echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL; helm: $(command -v helm); promtool: $PROMTOOL" >&2
 
 cargo fmt --all --check
 # Both builds: without features (what `cargo build` gives) and with the span export.

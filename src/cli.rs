@@ -133,7 +133,8 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .config(String::new(), String::new())?
         .check_pool(args.database.db_max_connections)?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
-    let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref()).await?;
+    let metrics = Metrics::new();
+    let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref(), &metrics).await?;
     let namespace = match &args.controller.namespace {
         Some(ns) => ns.clone(),
         None => own_namespace().unwrap_or_else(|| client.default_namespace().to_owned()),
@@ -147,7 +148,6 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .unwrap_or_else(|| "autoapproval".to_owned());
     let settings = args.controller.config(namespace, replica_name)?;
     let store = Store::connect(&args.database, Some(&args.session)).await?;
-    let metrics = Metrics::new();
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await
@@ -182,6 +182,7 @@ pub const USER_AGENT: &str = concat!("autoapproval/", env!("CARGO_PKG_VERSION"))
 /// The client, and the API server's URL for the messages about it.
 async fn kube_client(
     kubeconfig: Option<&std::path::Path>,
+    metrics: &crate::telemetry::Metrics,
 ) -> Result<(kube::Client, String), CliError> {
     let mut config = match kubeconfig {
         Some(path) => {
@@ -201,7 +202,10 @@ async fn kube_client(
         reqwest::header::USER_AGENT,
         reqwest::header::HeaderValue::from_static(USER_AGENT),
     ));
-    let client = kube::Client::try_from(config).map_err(|e| CliError::Kube(e.to_string()))?;
+    let client = kube::client::ClientBuilder::try_from(config)
+        .map_err(|e| CliError::Kube(e.to_string()))?
+        .with_layer(&crate::telemetry::KubeRequestsLayer::new(metrics.clone()))
+        .build();
     Ok((client, url))
 }
 

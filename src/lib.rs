@@ -6,6 +6,7 @@
 #![warn(missing_docs)]
 
 pub mod approval;
+pub mod census;
 pub mod cleanser;
 pub mod cli;
 pub mod clock;

@@ -1,7 +1,9 @@
 //! Telemetry: the Prometheus metrics every module records into, and the
 //! tracing subscriber.
 
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -10,7 +12,13 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Registry, Unit};
+use sqlx::PgPool;
+
+mod kube_client;
+mod state;
+
+pub use kube_client::KubeRequestsLayer;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct TypeLabel {
@@ -82,6 +90,47 @@ pub struct Metrics {
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
     creations_found: Family<SystemLabel, Counter>,
+    external_call_duration: Family<SystemLabel, Histogram>,
+    shard_count: Gauge,
+    requests: Family<StateLabels, Gauge>,
+    backlog_age: Family<NoLabels, Gauge<f64, AtomicU64>>,
+    database_up: Family<PoolLabel, Gauge>,
+    pool_connections: Family<PoolLabel, Gauge>,
+    pool_idle: Family<PoolLabel, Gauge>,
+    pool_max: Family<PoolLabel, Gauge>,
+    pools: Arc<Mutex<Vec<(&'static str, PgPool)>>>,
+    kube_requests: Family<KubeLabels, Counter>,
+    kube_request_duration: Family<VerbLabel, Histogram>,
+}
+
+/// The label set of a single series that must be able to disappear (a
+/// plain gauge is always exported): no labels at all.
+type NoLabels = Vec<(String, String)>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabels {
+    state: String,
+    reason_class: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct PoolLabel {
+    pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KubeLabels {
+    verb: String,
+    status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct VerbLabel {
+    verb: String,
+}
+
+fn call_buckets() -> Histogram {
+    Histogram::new(exponential_buckets(0.001, 2.0, 16))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -253,8 +302,85 @@ impl Metrics {
             "AutoApproval CRs deleted by the garbage collector, by reason",
             crs_collected.clone(),
         );
+        let external_call_duration = Family::<SystemLabel, Histogram>::new_with_constructor(
+            call_buckets as fn() -> Histogram,
+        );
+        registry.register_with_unit(
+            "external_call_duration",
+            "Duration of external system calls by system, answered or not",
+            Unit::Seconds,
+            external_call_duration.clone(),
+        );
+        let shard_count = Gauge::default();
+        registry.register(
+            "shards",
+            "K, the shards requests are split into (--shards): all of them should be held",
+            shard_count.clone(),
+        );
+        let requests = Family::<StateLabels, Gauge>::default();
+        registry.register(
+            "requests",
+            "Requests with a state row, by state (in_progress, waiting by reason_class, exhausted); exported by the leader only, refreshed every --census-interval",
+            requests.clone(),
+        );
+        let backlog_age = Family::<NoLabels, Gauge<f64, AtomicU64>>::default();
+        registry.register_with_unit(
+            "backlog_age",
+            "Age of the oldest request a candidate query would select now (0 when none); exported by the leader only",
+            Unit::Seconds,
+            backlog_age.clone(),
+        );
+        let database_up = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "database_up",
+            "1 when this replica's last census ping of the pool's database answered, else 0",
+            database_up.clone(),
+        );
+        let pool_connections = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_connections",
+            "Connections open in the pool, idle or in use",
+            pool_connections.clone(),
+        );
+        let pool_idle = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_idle_connections",
+            "Idle connections in the pool",
+            pool_idle.clone(),
+        );
+        let pool_max = Family::<PoolLabel, Gauge>::default();
+        registry.register(
+            "db_pool_max_connections",
+            "Most connections the pool opens",
+            pool_max.clone(),
+        );
+        let kube_requests = Family::<KubeLabels, Counter>::default();
+        registry.register(
+            "kube_requests",
+            "Requests to the API server by verb and HTTP status (error: no response)",
+            kube_requests.clone(),
+        );
+        let kube_request_duration =
+            Family::<VerbLabel, Histogram>::new_with_constructor(call_buckets as fn() -> Histogram);
+        registry.register_with_unit(
+            "kube_request_duration",
+            "Duration of requests to the API server until their response headers, by verb (watches not included)",
+            Unit::Seconds,
+            kube_request_duration.clone(),
+        );
         Self {
             registry: Arc::new(registry),
+            external_call_duration,
+            shard_count,
+            requests,
+            backlog_age,
+            database_up,
+            pool_connections,
+            pool_idle,
+            pool_max,
+            pools: Arc::default(),
+            kube_requests,
+            kube_request_duration,
             shards_held,
             leader,
             shard_acquisitions,
@@ -325,6 +451,15 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Records how long a call to `system` took.
+    pub fn external_call_took(&self, system: &str, took: Duration) {
+        self.external_call_duration
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .observe(took.as_secs_f64());
     }
 
     /// Counts a malformed row.
@@ -457,6 +592,7 @@ impl Metrics {
 
     /// The Prometheus text exposition of every metric.
     pub fn encode(&self) -> String {
+        self.refresh_pools();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);

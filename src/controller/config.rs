@@ -14,6 +14,7 @@ use crate::store::{DatabaseArgs, SessionArgs};
 use super::discovery::DiscoveryConfig;
 use super::gc::GcConfig;
 use super::reconcile::ReconcileConfig;
+use crate::census::CensusConfig;
 use crate::coordination::CoordinationConfig;
 
 /// Arguments of `run`.
@@ -120,6 +121,9 @@ pub struct ControllerArgs {
     /// A chain running longer than this shows InProgress on its CR.
     #[arg(long, env = "AUTOAPPROVAL_IN_PROGRESS_AFTER", default_value = "1s", value_parser = parse_duration)]
     pub in_progress_after: Duration,
+    /// Delay between censuses: each replica pings the database (autoapproval_database_up), and the leader counts requests by state and the backlog's age (autoapproval_requests, autoapproval_backlog_age_seconds); at least 1s.
+    #[arg(long, env = "AUTOAPPROVAL_CENSUS_INTERVAL", default_value = "15s", value_parser = parse_duration)]
+    pub census_interval: Duration,
     /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; at least --lease-duration.
     #[arg(long, env = "AUTOAPPROVAL_API_LIVENESS_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
     pub api_liveness_timeout: Duration,
@@ -167,6 +171,8 @@ pub struct ControllerConfig {
     pub coordination: CoordinationConfig,
     /// The leader's CR garbage collector.
     pub gc: GcConfig,
+    /// The census behind the state metrics.
+    pub census: CensusConfig,
 }
 
 impl ControllerConfig {
@@ -318,6 +324,15 @@ impl ControllerArgs {
                 "must be at least --lease-duration, or a short outage restarts replicas whose Leases are still valid",
             ));
         }
+        let census_interval = positive("--census-interval", self.census_interval)?;
+        if census_interval < Duration::from_secs(1) {
+            return Err(refuse(
+                "--census-interval",
+                format_duration(census_interval),
+                "must be at least 1s, or the census queries run back to back on the database",
+            ));
+        }
+        let window = positive("--window", self.window)?;
         Ok(ControllerConfig {
             namespace,
             replica_name,
@@ -348,7 +363,7 @@ impl ControllerArgs {
                 turn: TurnConfig {
                     owner_limit: self.owner_limit,
                     ad_limit: self.ad_limit,
-                    window: positive("--window", self.window)?,
+                    window,
                     concurrency: usize::from(self.concurrency),
                 },
                 retry_limit: self.retry_limit,
@@ -366,6 +381,11 @@ impl ControllerArgs {
             gc: GcConfig {
                 interval: positive("--gc-interval", self.gc_interval)?,
                 finished_ttl: bounded("--finished-ttl", self.finished_ttl)?,
+            },
+            census: CensusConfig {
+                interval: census_interval,
+                window,
+                retry_limit: self.retry_limit,
             },
         })
     }
@@ -408,6 +428,7 @@ mod tests {
         assert_eq!(d.coordination.retry_period, Duration::from_secs(2));
         assert_eq!(d.gc.finished_ttl, Duration::from_secs(3600));
         assert_eq!(d.approver.processing_timeout, Duration::from_secs(120));
+        assert_eq!(d.census.interval, Duration::from_secs(15));
         let parsed = settings(&[]).unwrap();
         assert_eq!(parsed.approver.retry, d.approver.retry);
     }
@@ -446,6 +467,8 @@ mod tests {
             (&["--window", "99999999d"], "--window"),
             (&["--api-liveness-timeout", "10s"], "--api-liveness-timeout"),
             (&["--finished-ttl", "36501d"], "--finished-ttl"),
+            (&["--census-interval", "0"], "--census-interval"),
+            (&["--census-interval", "500ms"], "--census-interval"),
         ] {
             let err = settings(args).unwrap_err();
             assert_eq!(err.flag, flag, "{args:?}");

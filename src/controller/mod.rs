@@ -25,6 +25,7 @@ use tokio::time::MissedTickBehavior;
 use tracing::{debug, error, info, warn};
 
 use crate::approval::Approver;
+use crate::census::Census;
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
 use crate::coordination::Coordinator;
@@ -148,8 +149,14 @@ pub async fn run_until(
     ));
     // The Lease loop fences and recovers shards on connections of its own:
     // a pool busy with chains must not delay a renewal past its deadline.
+    let coordination_store = store.dedicated(COORDINATION_CONNECTIONS);
+    for (name, pool) in store.pools() {
+        metrics.watch_pool(name, pool);
+    }
+    metrics.watch_pool("coordination", coordination_store.primary().clone());
+    metrics.shards(settings.coordination.shard_count);
     let fencer = Arc::new(Cleanser::new(
-        store.dedicated(COORDINATION_CONNECTIONS),
+        coordination_store,
         clock.clone(),
         metrics.clone(),
         settings.stuck_threshold,
@@ -289,6 +296,16 @@ pub async fn run_until(
         "discovery",
         discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired),
     );
+    let census = Census {
+        store: store.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        config: settings.census.clone(),
+    };
+    let census = supervise.spawn(
+        "census",
+        census.run(coordination.leader.clone(), stop_rx.clone()),
+    );
     let leading = supervise.spawn(
         "leader",
         lead(
@@ -340,6 +357,7 @@ pub async fn run_until(
     drop(controller);
     let _ = discovery.await;
     let _ = leading.await;
+    let _ = census.await;
     let _ = sweeper.await;
     let released = store
         .release_all(&settings.replica_name, &shards.tokens(), &[], clock.now())

@@ -162,7 +162,10 @@ impl ChainContext<'_> {
         if !(self.held)() {
             return Err(ChainError::ShardLost(self.claim.request_id));
         }
+        let started = tokio::time::Instant::now();
         let result = call.await;
+        self.metrics
+            .external_call_took(system.as_str(), started.elapsed());
         let label = match &result {
             Ok(_) => "ok",
             Err(e) if e.kind == ErrorKind::Transient => "transient",

@@ -136,7 +136,11 @@ impl Store {
             Some(url) => pool(limited(reach("read replica", url).await?)),
             None => primary.clone(),
         };
-        Ok(Self { primary, read })
+        Ok(Self {
+            primary,
+            read,
+            separate_read: config.read_database_url.is_some(),
+        })
     }
 }
 

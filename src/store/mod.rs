@@ -12,6 +12,7 @@ use sqlx::{Postgres, Transaction};
 use crate::domain::UnknownValue;
 
 mod candidates;
+mod census;
 mod claims;
 mod connect;
 mod layout;
@@ -22,6 +23,7 @@ mod recovery;
 mod rows;
 
 pub use candidates::{CandidateQuery, ShardFilter, candidate_sql};
+pub use census::{BACKLOG_SQL, RequestCensus};
 pub use claims::{ClaimOutcome, Completion, RetryWrite};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
@@ -104,6 +106,8 @@ fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
 pub struct Store {
     primary: PgPool,
     read: PgPool,
+    /// The read pool reaches a replica of its own (--read-database-url).
+    separate_read: bool,
 }
 
 // === impl Store ===
@@ -111,7 +115,11 @@ pub struct Store {
 impl Store {
     /// A store over existing pools.
     pub fn new(primary: PgPool, read: PgPool) -> Self {
-        Self { primary, read }
+        Self {
+            primary,
+            read,
+            separate_read: false,
+        }
     }
 
     /// A store over a pool of its own of `connections` to the same primary
@@ -134,6 +142,16 @@ impl Store {
     pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
         sqlx::migrate!("./migrations").run(pool).await?;
         Ok(())
+    }
+
+    /// The pools to watch, by name: `primary`, and `read` when a replica
+    /// is configured (otherwise it is the primary's pool).
+    pub fn pools(&self) -> Vec<(&'static str, PgPool)> {
+        let mut pools = vec![("primary", self.primary.clone())];
+        if self.separate_read {
+            pools.push(("read", self.read.clone()));
+        }
+        pools
     }
 
     /// One round-trip to the primary, for the readiness probe.

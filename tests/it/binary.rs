@@ -11,8 +11,8 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    NS, client_for, database_url, eventually, free_port, install_crd, owner_now, request_status,
-    sigterm, spawn_run, waiting_owner_now,
+    NS, client_for, database_url, eventually, free_port, install_crd, metric_sum, owner_now,
+    request_status, sigterm, spawn_run, waiting_owner_now,
 };
 
 #[test]
@@ -634,4 +634,174 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
 
     let (ok, _, err) = request_command(&pool, &["show", "999"]).await;
     assert!(!ok && err.contains("request 999 does not exist"), "{err}");
+}
+
+/// The metric names a text exposition declares, with the suffixes its
+/// samples carry: `_total` for counters, `_bucket`/`_sum`/`_count` for
+/// histograms, `_info` for info metrics.
+fn exported_names(text: &str) -> std::collections::BTreeSet<String> {
+    let mut names = std::collections::BTreeSet::new();
+    for line in text.lines() {
+        if let Some(rest) = line.strip_prefix("# TYPE ") {
+            let mut words = rest.split(' ');
+            let (Some(name), Some(kind)) = (words.next(), words.next()) else {
+                continue;
+            };
+            let suffixes: &[&str] = match kind {
+                "counter" => &["_total"],
+                "histogram" => &["_bucket", "_sum", "_count"],
+                "info" => &["_info"],
+                _ => &[""],
+            };
+            names.extend(suffixes.iter().map(|s| format!("{name}{s}")));
+        } else if !line.starts_with('#') {
+            let name = line.split(['{', ' ']).next().unwrap_or_default();
+            if !name.is_empty() {
+                names.insert(name.to_owned());
+            }
+        }
+    }
+    names
+}
+
+/// Appends every `expr` and `query` string of a Grafana dashboard to `out`.
+fn collect_queries(value: &serde_json::Value, out: &mut String) {
+    match value {
+        serde_json::Value::Object(map) => {
+            for (key, v) in map {
+                match v {
+                    serde_json::Value::String(s) if key == "expr" || key == "query" => {
+                        out.push_str(s);
+                        out.push('\n');
+                    }
+                    _ => collect_queries(v, out),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter().for_each(|v| collect_queries(v, out)),
+        _ => {}
+    }
+}
+
+/// The `autoapproval_…` metric names a dashboard or rule file uses.
+fn used_names(text: &str) -> std::collections::BTreeSet<String> {
+    text.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == ':'))
+        .filter(|w| w.starts_with("autoapproval_"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The dashboard and the alerts cannot drift from the binary: every metric
+/// they use is one a running replica exports on /metrics, and the replica
+/// exports the census, the pools and the API server requests it counts.
+#[sqlx::test]
+async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(pool: PgPool) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let port = free_port();
+    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
+        .await
+        .expect("simulator");
+    let sim_url = sim.base_url();
+    let _child = spawn_run(
+        &kubeconfig,
+        port,
+        &pool,
+        &[
+            "--namespace",
+            NS,
+            "--replica-name",
+            "bin-metrics",
+            "--census-interval",
+            "1s",
+        ],
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
+            ("AUTOAPPROVAL_STORE_URL", &sim_url),
+            ("AUTOAPPROVAL_AD_URL", &sim_url),
+        ],
+    );
+    // One request approved (claims, external calls, outcomes, reconciles
+    // counted) and one that waits for its documents (the census counts it).
+    owner_now(130).insert(&pool).await;
+    waiting_owner_now(131).insert(&pool).await;
+    let http = reqwest::Client::new();
+    let url = format!("http://127.0.0.1:{port}/metrics");
+    let text = eventually(
+        "an approval and the leader's census on /metrics",
+        || async {
+            let text = http.get(&url).send().await.ok()?.text().await.ok()?;
+            let approved = request_status(&pool, 130).await == "APPROVED";
+            let leading = metric_sum(&text, "autoapproval_leader", &[]) == 1.0;
+            let waiting =
+                metric_sum(&text, "autoapproval_requests", &[r#"state="waiting""#]) == 1.0;
+            (approved && leading && waiting).then_some(text)
+        },
+    )
+    .await
+    .expect("the census");
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let exported = exported_names(&text);
+    let chart = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/helm/autoapproval");
+    let mut used = std::collections::BTreeSet::new();
+    let read = |file: &str| std::fs::read_to_string(chart.join(file)).expect("chart file");
+    // The dashboard's queries: every `expr`, and the variables' `query`.
+    let dashboard: serde_json::Value =
+        serde_json::from_str(&read("dashboards/autoapproval.json")).expect("dashboard JSON");
+    let mut queries = String::new();
+    collect_queries(&dashboard, &mut queries);
+    // The rule template holds no metric name outside its expressions.
+    for text in [queries, read("templates/prometheusrule.yaml")] {
+        let names = used_names(&text);
+        assert!(names.len() >= 7, "{names:?}");
+        used.extend(names);
+    }
+    let unknown: Vec<&String> = used.difference(&exported).collect();
+    assert!(
+        unknown.is_empty(),
+        "used by the dashboard or the alerts, exported by no replica: {unknown:?}\n{text}"
+    );
+    for (metric, labels, least) in [
+        ("autoapproval_shards", &[][..], 16.0),
+        ("autoapproval_database_up", &[r#"pool="primary""#][..], 1.0),
+        (
+            "autoapproval_db_pool_max_connections",
+            &[r#"pool="primary""#],
+            10.0,
+        ),
+        (
+            "autoapproval_db_pool_max_connections",
+            &[r#"pool="coordination""#],
+            2.0,
+        ),
+        (
+            "autoapproval_kube_requests_total",
+            &[r#"verb="watch""#, r#"status="200""#],
+            1.0,
+        ),
+        (
+            "autoapproval_kube_requests_total",
+            &[r#"verb="create""#, r#"status="201""#],
+            1.0,
+        ),
+    ] {
+        assert!(
+            metric_sum(&text, metric, labels) >= least,
+            "{metric}{labels:?} below {least}:\n{text}"
+        );
+    }
+    // The leader counts by state, and the units are declared.
+    assert!(
+        text.contains("# UNIT autoapproval_backlog_age_seconds seconds"),
+        "{text}"
+    );
+    assert!(text.contains(r#"autoapproval_requests{state="in_progress",reason_class=""}"#));
 }

@@ -5,7 +5,7 @@ use autoapproval::store::{ShardFilter, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{NewRequest, defaults, insert_state, t0};
+use crate::support::{NewRequest, defaults, insert_state, seed_reference_rows, t0};
 
 fn query(
     request_type: RequestType,
@@ -17,90 +17,9 @@ fn query(
         .query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
 }
 
-/// Rows 101–107 of the seed: new; first retry due; twelfth retry due;
-/// IN_PROGRESS elsewhere; retry not yet due; retry limit reached; approved.
-async fn seed_rows(pool: &PgPool) {
-    let now = t0();
-    NewRequest::ready_owner(101)
-        .sorted_at(now - Duration::minutes(1))
-        .insert(pool)
-        .await;
-    NewRequest::ready_owner(102)
-        .status("ING")
-        .sorted_at(now - Duration::minutes(11))
-        .insert(pool)
-        .await;
-    insert_state(
-        pool,
-        102,
-        "RETRY_WAITING",
-        Some(now - Duration::minutes(1)),
-        1,
-        now - Duration::minutes(11),
-    )
-    .await;
-    NewRequest::ready_owner(103)
-        .sorted_at(now - Duration::hours(2))
-        .insert(pool)
-        .await;
-    insert_state(
-        pool,
-        103,
-        "RETRY_WAITING",
-        Some(now - Duration::minutes(1)),
-        12,
-        now - Duration::minutes(11),
-    )
-    .await;
-    NewRequest::ready_owner(104)
-        .sorted_at(now - Duration::minutes(3))
-        .insert(pool)
-        .await;
-    insert_state(
-        pool,
-        104,
-        "IN_PROGRESS",
-        None,
-        0,
-        now - Duration::seconds(5),
-    )
-    .await;
-    NewRequest::ready_owner(105)
-        .sorted_at(now - Duration::minutes(30))
-        .insert(pool)
-        .await;
-    insert_state(
-        pool,
-        105,
-        "RETRY_WAITING",
-        Some(now + Duration::minutes(4)),
-        2,
-        now - Duration::minutes(6),
-    )
-    .await;
-    NewRequest::ready_owner(106)
-        .sorted_at(now - Duration::days(3))
-        .insert(pool)
-        .await;
-    insert_state(
-        pool,
-        106,
-        "RETRY_WAITING",
-        Some(now - Duration::minutes(1)),
-        300,
-        now - Duration::minutes(11),
-    )
-    .await;
-    NewRequest::ready_owner(107)
-        .status("APPROVED")
-        .sorted_at(now - Duration::minutes(2))
-        .insert(pool)
-        .await;
-}
-
 #[sqlx::test]
 async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgPool) {
-    seed_rows(&pool).await;
+    seed_reference_rows(&pool).await;
     let store = Store::new(pool.clone(), pool);
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))

@@ -3,6 +3,7 @@
 mod binary;
 mod business;
 mod candidates;
+mod census;
 mod chain;
 mod claims;
 mod cleanser;

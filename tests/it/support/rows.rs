@@ -165,3 +165,84 @@ pub fn waiting_owner_now(id: i64) -> NewRequest {
         ..owner_now(id)
     }
 }
+
+/// Rows 101–107 of the seed: new; first retry due; twelfth retry due;
+/// IN_PROGRESS elsewhere; retry not yet due; retry limit reached; approved.
+pub async fn seed_reference_rows(pool: &PgPool) {
+    let now = t0();
+    NewRequest::ready_owner(101)
+        .sorted_at(now - Duration::minutes(1))
+        .insert(pool)
+        .await;
+    NewRequest::ready_owner(102)
+        .status("ING")
+        .sorted_at(now - Duration::minutes(11))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        102,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        1,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(103)
+        .sorted_at(now - Duration::hours(2))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        103,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        12,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(104)
+        .sorted_at(now - Duration::minutes(3))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        104,
+        "IN_PROGRESS",
+        None,
+        0,
+        now - Duration::seconds(5),
+    )
+    .await;
+    NewRequest::ready_owner(105)
+        .sorted_at(now - Duration::minutes(30))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        105,
+        "RETRY_WAITING",
+        Some(now + Duration::minutes(4)),
+        2,
+        now - Duration::minutes(6),
+    )
+    .await;
+    NewRequest::ready_owner(106)
+        .sorted_at(now - Duration::days(3))
+        .insert(pool)
+        .await;
+    insert_state(
+        pool,
+        106,
+        "RETRY_WAITING",
+        Some(now - Duration::minutes(1)),
+        300,
+        now - Duration::minutes(11),
+    )
+    .await;
+    NewRequest::ready_owner(107)
+        .status("APPROVED")
+        .sorted_at(now - Duration::minutes(2))
+        .insert(pool)
+        .await;
+}

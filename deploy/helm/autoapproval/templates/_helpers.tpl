@@ -112,3 +112,8 @@ and the tokens may be absent (their variables are then unset). An empty key name
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/* The PromQL label matchers that select this release's series: the namespace and the job the ServiceMonitor (or your scrape config) gives them. */}}
+{{- define "autoapproval.promSelector" -}}
+namespace="{{ .Release.Namespace }}", job="{{ default (include "autoapproval.fullname" .) .Values.prometheusRule.job }}"
+{{- end }}
