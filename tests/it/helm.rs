@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
@@ -116,18 +117,55 @@ fn working_copy(dir: &Path) -> PathBuf {
     work
 }
 
-/// The test plays the Job controller, which the test API server lacks: each migration Job
-/// helm creates is marked complete as the Job controller marks it once its pod (`autoapproval
-/// migrate`) exits 0, so helm's wait for the hook ends. Returns the names it completed.
-fn play_job_controller(
+/// The test plays the Job controller and the kubelet, which the test API server lacks: each
+/// Job helm creates (the migration hook) is marked complete as the Job controller marks it once
+/// its pod (`autoapproval migrate`) exits 0, and each Pod (the `helm test` hook) Succeeded as the
+/// kubelet marks it once its container (`wget …/readyz`) exits 0, so helm's waits end. Returns
+/// the `Job/name` and `Pod/name` of each it completed.
+fn play_job_controller_and_kubelet(
     server: &kube_testserver::TestServer,
 ) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
     let jobs: Api<Job> = Api::namespaced(client_for(server), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client_for(server), NAMESPACE);
     let completed = Arc::new(Mutex::new(vec![]));
     let seen = completed.clone();
     let task = tokio::spawn(async move {
         let mut done: BTreeSet<String> = BTreeSet::new();
         loop {
+            for pod in pods
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if done.contains(&uid) {
+                    continue;
+                }
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let containers: Vec<Value> = pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .map(|c| json!({
+                        "name": c.name, "image": c.image, "imageID": "", "ready": false,
+                        "restartCount": 0, "started": false,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
+                    }))
+                    .collect();
+                let status = json!({"status": {
+                    "phase": "Succeeded", "startTime": now, "containerStatuses": containers,
+                    "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
+                }});
+                let patched = pods
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+                if patched.is_ok() {
+                    done.insert(uid);
+                    seen.lock().unwrap().push(format!("Pod/{name}"));
+                }
+            }
             for job in jobs
                 .list(&ListParams::default())
                 .await
@@ -153,7 +191,7 @@ fn play_job_controller(
                     .await;
                 if patched.is_ok() {
                     done.insert(uid);
-                    seen.lock().unwrap().push(name);
+                    seen.lock().unwrap().push(format!("Job/{name}"));
                 }
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -196,7 +234,7 @@ async fn the_readme_install_upgrade_rollback_and_uninstall_steps_work_with_real_
     let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
         .await
         .expect("test API server");
-    let (completed, player) = play_job_controller(&server);
+    let (completed, player) = play_job_controller_and_kubelet(&server);
     let cli = Cli::new(&server);
     let done = completed.clone();
     tokio::task::spawn_blocking(move || lifecycle(&cli, &done))
@@ -263,7 +301,7 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     assert!(!install.stdout.contains("WARNING"), "{}", install.stdout);
     assert_eq!(
         *completed.lock().unwrap(),
-        ["autoapproval-migrate"],
+        ["Job/autoapproval-migrate"],
         "the pre-install hook ran"
     );
     let status = step(&steps, "helm -n autoapproval status");
@@ -307,6 +345,30 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     assert_eq!(stored, by_name(&manifest).into_keys().collect());
     assert_eq!(replicas(), "3");
 
+    // helm test: its Pod fetches /readyz through the Service.
+    let steps = run_block(cli, "test", &work);
+    let test = step(&steps, "helm -n autoapproval test");
+    for line in [
+        "TEST SUITE:     autoapproval-test-readyz",
+        "Phase:          Succeeded",
+    ] {
+        assert!(
+            test.stdout.contains(line),
+            "helm test: no {line:?}:\n{}",
+            test.stdout
+        );
+    }
+    assert_eq!(
+        completed.lock().unwrap()[1..],
+        ["Pod/autoapproval-test-readyz"],
+        "the test hook ran"
+    );
+    let pods = cli.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "name"]);
+    assert_eq!(
+        pods, "",
+        "the succeeded test Pod was deleted by its hook policy"
+    );
+
     // Upgrade, with a CRD that gained a printer column.
     let sample = cli.dir.join("aa.yaml");
     std::fs::write(
@@ -348,8 +410,8 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
         upgrade.stdout
     );
     assert_eq!(
-        completed.lock().unwrap().len(),
-        2,
+        completed.lock().unwrap()[2..],
+        ["Job/autoapproval-migrate"],
         "the pre-upgrade hook ran"
     );
     assert_eq!(replicas(), "2");
@@ -387,7 +449,7 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     );
     assert_eq!(
         completed.lock().unwrap().len(),
-        2,
+        3,
         "no hook runs on rollback"
     );
 

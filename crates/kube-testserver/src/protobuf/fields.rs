@@ -1239,4 +1239,123 @@ super::json::messages! {
         dry_run: "dryRun",
         ignore_store_read_error_with_cluster_breaking_potential: "ignoreStoreReadErrorWithClusterBreakingPotential",
     }
+    k8s_pb::api::core::v1::PodCondition {
+        r#type: "type",
+        observed_generation: "observedGeneration",
+        status: "status",
+        last_probe_time: "lastProbeTime",
+        last_transition_time: "lastTransitionTime",
+        reason: "reason",
+        message: "message",
+    }
+    k8s_pb::api::core::v1::HostIp {
+        ip: "ip",
+    }
+    k8s_pb::api::core::v1::PodIp {
+        ip: "ip",
+    }
+    k8s_pb::api::core::v1::ContainerStateWaiting {
+        reason: "reason",
+        message: "message",
+    }
+    k8s_pb::api::core::v1::ContainerStateRunning {
+        started_at: "startedAt",
+    }
+    k8s_pb::api::core::v1::ContainerStateTerminated {
+        exit_code: "exitCode",
+        signal: "signal",
+        reason: "reason",
+        message: "message",
+        started_at: "startedAt",
+        finished_at: "finishedAt",
+        container_id: "containerID",
+    }
+    k8s_pb::api::core::v1::ContainerState {
+        waiting: "waiting",
+        running: "running",
+        terminated: "terminated",
+    }
+    k8s_pb::api::core::v1::VolumeMountStatus {
+        name: "name",
+        mount_path: "mountPath",
+        read_only: "readOnly",
+        recursive_read_only: "recursiveReadOnly",
+    }
+    k8s_pb::api::core::v1::LinuxContainerUser {
+        uid: "uid",
+        gid: "gid",
+        supplemental_groups: "supplementalGroups",
+    }
+    k8s_pb::api::core::v1::ContainerUser {
+        linux: "linux",
+    }
+    k8s_pb::api::core::v1::ResourceHealth {
+        resource_id: "resourceID",
+        health: "health",
+    }
+    k8s_pb::api::core::v1::ResourceStatus {
+        name: "name",
+        resources: "resources",
+    }
+    k8s_pb::api::core::v1::ContainerStatus {
+        name: "name",
+        state: "state",
+        last_state: "lastState",
+        ready: "ready",
+        restart_count: "restartCount",
+        image: "image",
+        image_id: "imageID",
+        container_id: "containerID",
+        started: "started",
+        allocated_resources: "allocatedResources",
+        resources: "resources",
+        volume_mounts: "volumeMounts",
+        user: "user",
+        allocated_resources_status: "allocatedResourcesStatus",
+        stop_signal: "stopSignal",
+    }
+    k8s_pb::api::core::v1::PodResourceClaimStatus {
+        name: "name",
+        resource_claim_name: "resourceClaimName",
+    }
+    k8s_pb::api::core::v1::ContainerExtendedResourceRequest {
+        container_name: "containerName",
+        resource_name: "resourceName",
+        request_name: "requestName",
+    }
+    k8s_pb::api::core::v1::PodExtendedResourceClaimStatus {
+        request_mappings: "requestMappings",
+        resource_claim_name: "resourceClaimName",
+    }
+    k8s_pb::api::core::v1::PodStatus {
+        observed_generation: "observedGeneration",
+        phase: "phase",
+        conditions: "conditions",
+        message: "message",
+        reason: "reason",
+        nominated_node_name: "nominatedNodeName",
+        host_ip: "hostIP",
+        host_ips: "hostIPs",
+        pod_ip: "podIP",
+        pod_ips: "podIPs",
+        start_time: "startTime",
+        init_container_statuses: "initContainerStatuses",
+        container_statuses: "containerStatuses",
+        qos_class: "qosClass",
+        ephemeral_container_statuses: "ephemeralContainerStatuses",
+        resize: "resize",
+        resource_claim_statuses: "resourceClaimStatuses",
+        extended_resource_claim_status: "extendedResourceClaimStatus",
+        allocated_resources: "allocatedResources",
+        resources: "resources",
+    }
+    k8s_pb::api::core::v1::Pod {
+        metadata: "metadata",
+        spec: "spec",
+        status: "status",
+    }
+    k8s_pb::api::core::v1::PodList {
+        metadata: "metadata",
+        items: "items",
+    }
 }

@@ -65,6 +65,7 @@ static KINDS: &[Kind] = kinds![
     "v1" ConfigMap ConfigMapList = api::core::v1,
     "v1" ServiceAccount ServiceAccountList = api::core::v1,
     "v1" Service ServiceList = api::core::v1,
+    "v1" Pod PodList = api::core::v1,
     "v1" Event EventList = api::core::v1,
     "apps/v1" Deployment DeploymentList = api::apps::v1,
     "batch/v1" Job JobList = api::batch::v1,

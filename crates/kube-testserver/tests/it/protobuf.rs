@@ -96,6 +96,7 @@ fn typed_metadata(api_version: &str, kind: &str, raw: &[u8]) -> ObjectMeta {
         ("v1", "ConfigMap") => meta::<core::v1::ConfigMap>(raw),
         ("v1", "ServiceAccount") => meta::<core::v1::ServiceAccount>(raw),
         ("v1", "Service") => meta::<core::v1::Service>(raw),
+        ("v1", "Pod") => meta::<core::v1::Pod>(raw),
         ("v1", "Event") => meta::<core::v1::Event>(raw),
         ("apps/v1", "Deployment") => meta::<apps::v1::Deployment>(raw),
         ("batch/v1", "Job") => meta::<batch::v1::Job>(raw),
@@ -135,7 +136,7 @@ async fn every_builtin_kind_reads_and_writes_the_same_object_in_protobuf_as_in_j
     let server = TestServer::start(Options::default()).await.unwrap();
     let http = reqwest::Client::new();
     let fixtures = fixtures();
-    assert_eq!(fixtures.len(), 16, "one object per kind served in protobuf");
+    assert_eq!(fixtures.len(), 17, "one object per kind served in protobuf");
     for fixture in fixtures {
         let api_version = fixture["apiVersion"].as_str().unwrap();
         let kind = fixture["kind"].as_str().unwrap();
@@ -396,5 +397,85 @@ async fn custom_resources_stay_json_and_refuse_protobuf_bodies_by_name() {
         message.contains(kind) && message.contains("JSON"),
         "{message}"
     );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn bad_protobuf_bodies_are_refused_by_name_and_misfits_are_answered_in_json() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let http = reqwest::Client::new();
+    let url = format!("{}/api/v1/namespaces/default/configmaps", server.url());
+    let post = |body: Vec<u8>| {
+        http.post(&url)
+            .header("content-type", PROTOBUF)
+            .body(body)
+            .send()
+    };
+
+    // Not an envelope at all.
+    let resp = post(b"{\"kind\":\"ConfigMap\"}".to_vec()).await.unwrap();
+    assert_eq!(resp.status(), 400);
+    let status: Value = resp.json().await.unwrap();
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("protobuf") && message.contains("k8s\\0"),
+        "{message}"
+    );
+
+    // An envelope whose bytes are not the message it names.
+    let resp = post(envelope("v1", "ConfigMap", vec![0xff, 0xff, 0xff]))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let status: Value = resp.json().await.unwrap();
+    assert!(
+        status["message"]
+            .as_str()
+            .unwrap()
+            .contains("not a valid message"),
+        "{status}"
+    );
+
+    // A Secret sent to the ConfigMaps: refused by kind, nothing stored.
+    let secret = k8s_pb::api::core::v1::Secret {
+        metadata: Some(ObjectMeta {
+            name: Some("misplaced".into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let resp = post(envelope("v1", "Secret", secret.encode_to_vec()))
+        .await
+        .unwrap();
+    assert!(resp.status().is_client_error(), "{}", resp.status());
+    let status: Value = resp.json().await.unwrap();
+    assert!(
+        status["message"].as_str().unwrap().contains("Secret"),
+        "{status}"
+    );
+    let (_, body) = get(&http, &url, "application/json").await;
+    let list: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(list["items"], json!([]));
+
+    // Built-ins are not validated, so a stored object may not fit its message: a protobuf
+    // client still gets it, in JSON, which it accepts too.
+    let deployments = format!(
+        "{}/apis/apps/v1/namespaces/default/deployments",
+        server.url()
+    );
+    let odd = json!({"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "odd"}, "spec": {"replicas": "three"}});
+    assert_eq!(
+        http.post(&deployments)
+            .json(&odd)
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        201
+    );
+    let (ct, body) = get(&http, &format!("{deployments}/odd"), ACCEPT_PROTOBUF).await;
+    assert!(ct.starts_with("application/json"), "{ct}");
+    let o: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(o["spec"]["replicas"], "three");
     server.shutdown().await;
 }
