@@ -11,7 +11,7 @@ use std::sync::OnceLock;
 use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
-use crate::support::{Cli, kubectl_name, parse_yaml_stream, repo, stdout_of, tool};
+use crate::support::{CHART_KINDS, Cli, kubectl_name, parse_yaml_stream, repo, stdout_of, tool};
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
 const RELEASE: &str = "autoapproval";
@@ -1032,10 +1032,6 @@ spec:
       schema:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
-
-/// The kinds the chart renders with its defaults, as `kubectl get` takes them.
-const CHART_KINDS: &str =
-    "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
 
 /// `kubectl apply -k deploy/manifests` against the test API server, after the namespace, the CRD
 /// and the Secret made with kubectl's typed commands: a server dry run that stores nothing, then

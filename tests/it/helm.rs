@@ -14,14 +14,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::support::{Cli, client_for, kubectl_name, parse_yaml_stream, repo};
+use crate::support::{CHART_KINDS, Cli, client_for, kubectl_name, parse_yaml_stream, repo};
 
 const NAMESPACE: &str = "autoapproval";
 const RELEASE: &str = "autoapproval";
-
-/// The kinds the chart renders with its defaults, as `kubectl get` takes them.
-const CHART_KINDS: &str =
-    "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
 
 /// The commands of the README block marked `<!-- tested: {name} ... -->`, continuation lines
 /// joined as the shell joins them.

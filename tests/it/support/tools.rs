@@ -7,6 +7,10 @@ use std::process::{Command, Output};
 use serde::Deserialize;
 use serde_json::Value;
 
+/// The kinds the chart renders with its defaults, as `kubectl get` takes them.
+pub const CHART_KINDS: &str =
+    "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
+
 /// The repository root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
