@@ -422,6 +422,62 @@ fn chart_readme() -> String {
 }
 
 #[test]
+fn the_schema_takes_a_duration_exactly_when_the_binary_does() {
+    let chart = chart();
+    let minimal = minimal_values();
+    let samples = [
+        "0",
+        "10s",
+        "1m30s",
+        "1m 30s",
+        "500ms",
+        "2h",
+        "30d",
+        "5min",
+        "10sec",
+        "250us",
+        "7ns",
+        "10",
+        "10x",
+        "1.5s",
+        "-1s",
+        "s",
+        "1m30",
+        "ten seconds",
+    ];
+    for sample in samples {
+        let set = format!("config.pollPeriod={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let binary = parse_duration(sample);
+        assert_eq!(
+            out.status.success(),
+            binary.is_ok(),
+            "{sample:?}: the binary says {binary:?}, helm says {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("/config/pollPeriod"), "{stderr}");
+        }
+    }
+}
+
+#[test]
 fn the_chart_readme_is_generated_from_the_commented_values() {
     // Every value is documented, itself or through the object that holds it.
     let documented: BTreeSet<String> = documented_values().into_iter().map(|d| d.path).collect();
