@@ -1037,35 +1037,101 @@ fn the_charts_defaults_are_the_binarys_defaults() {
     }
 }
 
+/// `autoapproval run` with a render's settings, the Secret's values stood in for, and a missing
+/// kubeconfig: every value is checked before anything is contacted and the first contact is
+/// the kubeconfig, so failing on it proves that all the settings were accepted.
+fn run_with_settings(r: &Rendered, kubeconfig: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_autoapproval"));
+    cmd.arg("run").env_clear().envs(r.config_map());
+    for e in r.controller()["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap();
+        let value = match name {
+            "AUTOAPPROVAL_DATABASE_URL" | "AUTOAPPROVAL_READ_DATABASE_URL" => {
+                "postgres://autoapproval@127.0.0.1:1/unused".to_owned()
+            }
+            "AUTOAPPROVAL_NAMESPACE" => NAMESPACE.to_owned(),
+            "AUTOAPPROVAL_REPLICA_NAME" => format!("{RELEASE}-0"),
+            _ => "a-token".to_owned(),
+        };
+        cmd.env(name, value);
+    }
+    cmd.env("AUTOAPPROVAL_KUBECONFIG", kubeconfig);
+    cmd
+}
+
+/// The binary accepted every setting: it went on to the (missing) kubeconfig.
+fn accepted(out: &std::process::Output) -> bool {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    out.status.code() == Some(1)
+        && stderr.contains("Kubernetes configuration")
+        && stderr.contains("no-such-kubeconfig")
+}
+
 #[test]
 fn the_rendered_settings_pass_the_binarys_validation() {
     let dir = std::env::temp_dir().join(format!("autoapproval-deploy-{}", std::process::id()));
     let missing_kubeconfig = dir.join("no-such-kubeconfig");
     for r in renders() {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_autoapproval"));
-        cmd.arg("run").env_clear().envs(r.config_map());
-        for e in r.controller()["env"].as_array().unwrap() {
-            let name = e["name"].as_str().unwrap();
-            let value = match name {
-                "AUTOAPPROVAL_DATABASE_URL" | "AUTOAPPROVAL_READ_DATABASE_URL" => {
-                    "postgres://autoapproval@127.0.0.1:1/unused".to_owned()
-                }
-                "AUTOAPPROVAL_NAMESPACE" => NAMESPACE.to_owned(),
-                "AUTOAPPROVAL_REPLICA_NAME" => format!("{RELEASE}-0"),
-                _ => "a-token".to_owned(),
-            };
-            cmd.env(name, value);
-        }
-        // Every value is checked before anything is contacted; the first contact is the
-        // kubeconfig, so a missing one proves that all the settings were accepted.
-        cmd.env("AUTOAPPROVAL_KUBECONFIG", &missing_kubeconfig);
-        let out = cmd.output().expect("run autoapproval");
+        let out = run_with_settings(r, &missing_kubeconfig)
+            .output()
+            .expect("run autoapproval");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{}: {stderr}", r.name);
         assert!(
-            stderr.contains("Kubernetes configuration") && stderr.contains("no-such-kubeconfig"),
+            accepted(&out),
             "{}: a setting was refused: {stderr}",
             r.name
+        );
+    }
+}
+
+#[test]
+fn the_schema_takes_an_external_url_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    // Empty is the one deliberate difference: the binary falls back to its loopback default,
+    // the chart has none and requires the value.
+    let samples = [
+        "http://esign:8080",
+        "https://esign.contracts.svc.cluster.local",
+        "http://10.0.0.7:8080/api/v1",
+        "http://[fd00::7]:8080",
+        "https://esign.example.com/base?tenant=1",
+        "esign:8080",
+        "ftp://esign",
+        "http://",
+        "http://user:secret@esign:8080",
+        "esign",
+    ];
+    for sample in samples {
+        let set = format!("config.esignUrl={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+        let binary = cmd
+            .env("AUTOAPPROVAL_ESIGN_URL", sample)
+            .output()
+            .expect("run autoapproval");
+        assert_eq!(
+            out.status.success(),
+            accepted(&binary),
+            "{sample:?}: the binary says {}, helm says {}",
+            String::from_utf8_lossy(&binary.stderr),
+            String::from_utf8_lossy(&out.stderr)
         );
     }
 }
