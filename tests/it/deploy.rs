@@ -1136,6 +1136,73 @@ fn the_schema_takes_an_external_url_exactly_when_the_binary_does() {
     }
 }
 
+#[test]
+fn the_schema_takes_a_count_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    // Each count's own bounds; values that only a rule across settings refuses (connections
+    // against concurrency) are the binary's to refuse, by name, at start-up.
+    let samples: [(&str, &str, &[&str]); 7] = [
+        (
+            "ownerLimit",
+            "AUTOAPPROVAL_OWNER_LIMIT",
+            &["0", "1", "10000", "10001"],
+        ),
+        (
+            "adLimit",
+            "AUTOAPPROVAL_AD_LIMIT",
+            &["0", "1", "10000", "10001"],
+        ),
+        ("shards", "AUTOAPPROVAL_SHARDS", &["0", "1", "4096", "4097"]),
+        (
+            "concurrency",
+            "AUTOAPPROVAL_CONCURRENCY",
+            &["0", "1", "65536"],
+        ),
+        (
+            "retryLimit",
+            "AUTOAPPROVAL_RETRY_LIMIT",
+            &["0", "1", "2147483647", "2147483648"],
+        ),
+        (
+            "externalConcurrency",
+            "AUTOAPPROVAL_EXTERNAL_CONCURRENCY",
+            &["0", "1"],
+        ),
+        (
+            "dbMaxConnections",
+            "AUTOAPPROVAL_DB_MAX_CONNECTIONS",
+            &["0", "4294967296"],
+        ),
+    ];
+    for (key, env, values) in samples {
+        for value in values {
+            let set = format!("config.{key}={value}");
+            let out = Command::new(tool("helm"))
+                .args([
+                    "template",
+                    RELEASE,
+                    path_str(&chart),
+                    "-f",
+                    path_str(&minimal),
+                ])
+                .args(["--set", &set, "--show-only", "templates/configmap.yaml"])
+                .output()
+                .unwrap();
+            let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+            let binary = cmd.env(env, value).output().expect("run autoapproval");
+            assert_eq!(
+                out.status.success(),
+                accepted(&binary),
+                "config.{key}={value}: the binary says {}, helm says {}",
+                String::from_utf8_lossy(&binary.stderr),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+}
+
 // === the test API server ===
 
 /// A stand-in for the Prometheus Operator's CRD, so the ServiceMonitor can be dry-run too.
