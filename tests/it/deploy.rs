@@ -1203,6 +1203,56 @@ fn the_schema_takes_a_count_exactly_when_the_binary_does() {
     }
 }
 
+#[test]
+fn the_schema_takes_a_listen_address_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    let samples = [
+        "0.0.0.0:8080",
+        "127.0.0.1:9090",
+        "[::]:8080",
+        "[::1]:8080",
+        "localhost:8080",
+        "metrics:8080",
+        "8080",
+        ":8080",
+        "0.0.0.0",
+        "0.0.0.0:99999",
+    ];
+    for sample in samples {
+        let set = format!("config.listen={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+        let binary = cmd
+            .env("AUTOAPPROVAL_LISTEN", sample)
+            .output()
+            .expect("run autoapproval");
+        assert_eq!(
+            out.status.success(),
+            accepted(&binary),
+            "{sample:?}: the binary says {}, helm says {}",
+            String::from_utf8_lossy(&binary.stderr),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
 // === the test API server ===
 
 /// A stand-in for the Prometheus Operator's CRD, so the ServiceMonitor can be dry-run too.
