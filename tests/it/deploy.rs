@@ -9,16 +9,13 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use autoapproval::flags::parse_duration;
-use serde::Deserialize;
 use serde_json::Value;
+
+use crate::support::{CHART_KINDS, Cli, kubectl_name, parse_yaml_stream, repo, stdout_of, tool};
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
 const RELEASE: &str = "autoapproval";
 const NAMESPACE: &str = "autoapproval";
-
-fn repo() -> &'static Path {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-}
 
 fn chart() -> PathBuf {
     repo().join("deploy/helm/autoapproval")
@@ -28,44 +25,28 @@ fn all_values() -> PathBuf {
     chart().join("ci/all-values.yaml")
 }
 
-// === tools ===
-
-/// The real `helm` or `kubectl`: $HELM / $KUBECTL, else PATH, else the repository's .tools/bin.
-fn tool(name: &str) -> PathBuf {
-    if let Ok(path) = std::env::var(name.to_uppercase()) {
-        return PathBuf::from(path);
-    }
-    let on_path = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .unwrap_or_default();
-    on_path
-        .into_iter()
-        .chain([repo().join(".tools/bin")])
-        .map(|dir| dir.join(name))
-        .find(|p| p.is_file())
-        .unwrap_or_else(|| {
-            panic!("{name} not found on PATH nor in .tools/bin: run scripts/install-tools.sh (scripts/test.sh does)")
-        })
+/// The four external URLs, which have no default: the least an install needs.
+fn minimal_values() -> PathBuf {
+    chart().join("ci/minimal-values.yaml")
 }
 
-/// Runs a tool and returns its stdout, failing the test with its stderr when it fails.
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+// === tools ===
+
+/// `tool args`, which must succeed: its standard output.
 fn ok(tool: &Path, args: &[&str]) -> String {
-    let out = Command::new(tool)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", tool.display()));
-    assert!(
-        out.status.success(),
-        "{} {args:?} failed:\n{}{}",
-        tool.display(),
-        String::from_utf8_lossy(&out.stderr),
-        String::from_utf8_lossy(&out.stdout)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut cmd = Command::new(tool);
+    cmd.args(args);
+    stdout_of(cmd, &format!("{} {args:?}", tool.display()))
 }
 
 fn helm(args: &[&str]) -> String {
-    ok(&tool("helm"), args)
+    let mut cmd = Command::new(tool("helm"));
+    cmd.args(args);
+    stdout_of(cmd, &format!("helm {args:?}"))
 }
 
 // === renders ===
@@ -83,18 +64,29 @@ struct Rendered {
 }
 
 impl Rendered {
+    /// `helm template` with the chart's defaults plus the required URLs, then `values`; without
+    /// the `helm test` Pod, which only `helm test` creates.
     fn render(name: &'static str, values: Option<PathBuf>) -> Rendered {
+        Rendered::render_with(name, values, &[])
+    }
+
+    fn render_with(name: &'static str, values: Option<PathBuf>, extra: &[&str]) -> Rendered {
         let chart = chart();
+        let minimal = minimal_values();
         let mut args = vec![
             "template",
             RELEASE,
-            chart.to_str().expect("utf-8 path"),
+            path_str(&chart),
             "--namespace",
             NAMESPACE,
+            "--skip-tests",
+            "-f",
+            path_str(&minimal),
         ];
         if let Some(v) = &values {
-            args.extend(["-f", v.to_str().expect("utf-8 path")]);
+            args.extend(["-f", path_str(v)]);
         }
+        args.extend(extra);
         let yaml = helm(&args);
         let objects = parse_yaml_stream(&yaml);
         Rendered {
@@ -154,14 +146,8 @@ impl Rendered {
     }
 }
 
-fn parse_yaml_stream(yaml: &str) -> Vec<Value> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|doc| Value::deserialize(doc).expect("valid YAML document"))
-        .filter(|v| !v.is_null())
-        .collect()
-}
-
-/// The chart rendered with its defaults and with `ci/all-values.yaml` (every value set).
+/// The chart rendered with its defaults (and the required URLs) and with `ci/all-values.yaml`
+/// (every value set).
 fn renders() -> &'static [Rendered; 2] {
     static RENDERS: OnceLock<[Rendered; 2]> = OnceLock::new();
     RENDERS.get_or_init(|| {
@@ -170,6 +156,12 @@ fn renders() -> &'static [Rendered; 2] {
             Rendered::render("all-values", Some(all_values())),
         ]
     })
+}
+
+/// The chart rendered for kubectl, as scripts/render-manifests.sh renders deploy/manifests/.
+fn plain() -> &'static Rendered {
+    static PLAIN: OnceLock<Rendered> = OnceLock::new();
+    PLAIN.get_or_init(|| Rendered::render_with("plain", None, &["--set", "helmHooks=false"]))
 }
 
 fn strs(v: &Value) -> Vec<&str> {
@@ -230,23 +222,400 @@ fn help_env(subcommand: &str) -> BTreeMap<String, Option<String>> {
 // === the chart ===
 
 #[test]
-fn the_chart_passes_helm_v4_lint_with_defaults_and_with_every_value_set() {
+fn the_chart_passes_helm_v4_lint_with_the_required_values_and_with_every_value_set() {
     let version = helm(&["version", "--short"]);
     assert!(
         version.starts_with("v4."),
         "Helm v4 expected, got {version}"
     );
     let chart = chart();
-    let chart = chart.to_str().expect("utf-8 path");
-    helm(&["lint", "--strict", chart]);
+    let chart = path_str(&chart);
+    let minimal = minimal_values();
+    helm(&["lint", "--strict", chart, "-f", path_str(&minimal)]);
     let values = all_values();
-    helm(&[
-        "lint",
-        "--strict",
-        chart,
+    helm(&["lint", "--strict", chart, "-f", path_str(&values)]);
+}
+
+// === values, schema and the chart's README ===
+
+fn read_yaml(path: &Path) -> Value {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+fn schema() -> Value {
+    let text = std::fs::read_to_string(chart().join("values.schema.json")).unwrap();
+    serde_json::from_str(&text).expect("values.schema.json is JSON")
+}
+
+/// The dotted paths of values.yaml the schema does not describe, walking both together; below a
+/// schema entry without `properties` (a Kubernetes object passed through) nothing is listed.
+fn undescribed(values: &Value, schema: &Value, at: &str, out: &mut Vec<String>) {
+    let (Some(values), Some(props)) = (
+        values.as_object(),
+        schema.get("properties").and_then(Value::as_object),
+    ) else {
+        return;
+    };
+    for (key, value) in values {
+        match props.get(key) {
+            None => out.push(format!("{at}{key}")),
+            Some(s) => undescribed(value, s, &format!("{at}{key}."), out),
+        }
+    }
+}
+
+#[test]
+fn every_value_has_a_schema_entry_that_refuses_typos() {
+    let values = read_yaml(&chart().join("values.yaml"));
+    let schema = schema();
+    let mut missing = vec![];
+    undescribed(&values, &schema, "", &mut missing);
+    assert!(
+        missing.is_empty(),
+        "values.yaml has values that values.schema.json does not describe: {missing:?}: add each to deploy/helm/autoapproval/values.schema.json"
+    );
+    // The other way, where values.yaml lists every value there is (the top level and the
+    // settings; Kubernetes objects such as probes take optional fields values.yaml leaves out):
+    // the schema describes no value that values.yaml lacks.
+    let mut stale = vec![];
+    let mut top = schema_as_values(&schema);
+    for (_, v) in top.as_object_mut().unwrap().iter_mut() {
+        if v.as_object().is_some() {
+            *v = Value::Null;
+        }
+    }
+    top["config"] = schema_as_values(&schema["properties"]["config"]);
+    undescribed(&top, &values_as_schema(&values), "", &mut stale);
+    assert!(
+        stale.is_empty(),
+        "values.schema.json describes values that values.yaml lacks: {stale:?}"
+    );
+    // Every entry is typed and documented; every object of ours refuses unknown keys.
+    fn check(s: &Value, at: &str) {
+        assert!(
+            s.get("type").is_some() || s.get("oneOf").is_some(),
+            "{at}: no type in values.schema.json"
+        );
+        assert!(
+            s["description"].is_string(),
+            "{at}: no description in values.schema.json"
+        );
+        if let Some(props) = s.get("properties").and_then(Value::as_object) {
+            assert_eq!(
+                s["additionalProperties"], false,
+                "{at}: unknown keys must be refused"
+            );
+            for (k, v) in props {
+                check(v, &format!("{at}.{k}"));
+            }
+        }
+    }
+    for (k, v) in schema["properties"].as_object().unwrap() {
+        check(v, k);
+    }
+    assert_eq!(schema["additionalProperties"], false);
+    // The four external systems have no default and must be given.
+    let required = strs(&schema["properties"]["config"]["required"]);
+    assert_eq!(required, ["esignUrl", "ownerUrl", "storeUrl", "adUrl"]);
+    for key in required {
+        assert_eq!(values["config"][key], "", "config.{key} has no default");
+    }
+}
+
+/// The schema's property tree as a values tree (each property a key), for the reverse walk.
+fn schema_as_values(schema: &Value) -> Value {
+    match schema.get("properties").and_then(Value::as_object) {
+        Some(props) => Value::Object(
+            props
+                .iter()
+                .map(|(k, v)| (k.clone(), schema_as_values(v)))
+                .collect(),
+        ),
+        None => Value::Null,
+    }
+}
+
+/// A values tree as a schema whose every key is a property.
+fn values_as_schema(values: &Value) -> Value {
+    match values.as_object() {
+        Some(map) => serde_json::json!({"properties": map
+            .iter()
+            .map(|(k, v)| (k.clone(), values_as_schema(v)))
+            .collect::<serde_json::Map<_, _>>()}),
+        None => serde_json::json!({}),
+    }
+}
+
+/// One `# --` documented value of values.yaml, as helm-docs reads it.
+struct Documented {
+    path: String,
+    description: String,
+}
+
+/// The `# -- ` comments of values.yaml, each with the dotted path of the key below it.
+fn documented_values() -> Vec<Documented> {
+    let text = std::fs::read_to_string(chart().join("values.yaml")).unwrap();
+    let mut stack: Vec<(usize, String)> = vec![];
+    let mut pending: Option<String> = None;
+    let mut out = vec![];
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        let indent = line.len() - trimmed.len();
+        if let Some(doc) = trimmed.strip_prefix("# -- ") {
+            pending = Some(doc.trim().to_owned());
+            continue;
+        }
+        if let (Some(more), Some(p)) = (trimmed.strip_prefix("# "), pending.as_mut()) {
+            p.push(' ');
+            p.push_str(more.trim());
+            continue;
+        }
+        let key = trimmed
+            .split_once(':')
+            .map(|(k, _)| k)
+            .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if let Some(key) = key {
+            stack.retain(|(i, _)| *i < indent);
+            stack.push((indent, key.to_owned()));
+            if let Some(description) = pending.take() {
+                let path: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).collect();
+                out.push(Documented {
+                    path: path.join("."),
+                    description,
+                });
+            }
+        } else if !trimmed.is_empty() {
+            pending = None;
+        }
+    }
+    out
+}
+
+/// The chart's README: its metadata and a table of every documented value, helm-docs style.
+fn chart_readme() -> String {
+    let meta = read_yaml(&chart().join("Chart.yaml"));
+    let values = read_yaml(&chart().join("values.yaml"));
+    let mut out = String::new();
+    let s = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    out.push_str(&format!(
+        "# {}\n\n{}\n\n",
+        s(&meta["name"]),
+        s(&meta["description"])
+    ));
+    out.push_str(&format!(
+        "Chart version `{}`, controller (app) version `{}`, Kubernetes `{}`.\n\n",
+        s(&meta["version"]),
+        s(&meta["appVersion"]),
+        s(&meta["kubeVersion"])
+    ));
+    out.push_str(
+        "Install, upgrade (CRD first) and uninstall as the repository README says, in its section\n\
+         \"Install into a cluster\"; a test runs those steps with the real helm and kubectl. Values are\n\
+         checked against `values.schema.json`: a bad value is refused by name before anything is\n\
+         stored. The four `config.*Url` values are required.\n\n",
+    );
+    out.push_str(
+        "This file is generated from the `# --` comments of `values.yaml`; a test fails while it is\n\
+         stale. Regenerate it with\n\
+         `UPDATE_CHART_README=1 cargo test --test it deploy::the_chart_readme_is_generated_from_the_commented_values`.\n\n",
+    );
+    out.push_str(
+        "## Values\n\n| Key | Type | Default | Description |\n| --- | --- | --- | --- |\n",
+    );
+    for d in documented_values() {
+        let value = d.path.split('.').fold(&values, |v, k| &v[k]);
+        let kind = match value {
+            Value::Bool(_) => "bool",
+            Value::Number(n) if n.is_i64() || n.is_u64() => "int",
+            Value::Number(_) => "float",
+            Value::String(_) => "string",
+            Value::Array(_) => "list",
+            Value::Object(_) => "object",
+            Value::Null => "null",
+        };
+        let default = serde_json::to_string(value).unwrap().replace('|', "\\|");
+        let description = d.description.replace('|', "\\|");
+        out.push_str(&format!(
+            "| `{}` | {kind} | `{default}` | {description} |\n",
+            d.path
+        ));
+    }
+    out
+}
+
+#[test]
+fn the_schema_takes_a_duration_exactly_when_the_binary_does() {
+    let chart = chart();
+    let minimal = minimal_values();
+    let samples = [
+        "0",
+        "10s",
+        "1m30s",
+        "1m 30s",
+        "500ms",
+        "2h",
+        "30d",
+        "5min",
+        "10sec",
+        "250us",
+        "7ns",
+        "10",
+        "10x",
+        "1.5s",
+        "-1s",
+        "s",
+        "1m30",
+        "ten seconds",
+    ];
+    for sample in samples {
+        let set = format!("config.pollPeriod={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let binary = parse_duration(sample);
+        assert_eq!(
+            out.status.success(),
+            binary.is_ok(),
+            "{sample:?}: the binary says {binary:?}, helm says {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert!(stderr.contains("/config/pollPeriod"), "{stderr}");
+        }
+    }
+}
+
+#[test]
+fn the_chart_readme_is_generated_from_the_commented_values() {
+    // Every value is documented, itself or through the object that holds it.
+    let documented: BTreeSet<String> = documented_values().into_iter().map(|d| d.path).collect();
+    fn leaves(v: &Value, at: &str, out: &mut Vec<String>) {
+        match v.as_object() {
+            Some(m) if !m.is_empty() => {
+                for (k, x) in m {
+                    let path = if at.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{at}.{k}")
+                    };
+                    leaves(x, &path, out);
+                }
+            }
+            _ => out.push(at.to_owned()),
+        }
+    }
+    let mut all = vec![];
+    leaves(&read_yaml(&chart().join("values.yaml")), "", &mut all);
+    let undocumented: Vec<&String> = all
+        .iter()
+        .filter(|leaf| {
+            let parts: Vec<&str> = leaf.split('.').collect();
+            !(1..=parts.len()).any(|n| documented.contains(&parts[..n].join(".")))
+        })
+        .collect();
+    assert!(
+        undocumented.is_empty(),
+        "values without a `# --` comment in values.yaml: {undocumented:?}"
+    );
+
+    let path = chart().join("README.md");
+    let generated = chart_readme();
+    if std::env::var_os("UPDATE_CHART_README").is_some() {
+        std::fs::write(&path, &generated).unwrap();
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        committed == generated,
+        "deploy/helm/autoapproval/README.md is stale: regenerate it with UPDATE_CHART_README=1 cargo test --test it deploy::the_chart_readme_is_generated_from_the_commented_values"
+    );
+}
+
+#[test]
+fn helm_test_fetches_readyz_through_the_service_and_notes_never_chain_after_port_forward() {
+    let chart = chart();
+    let minimal = minimal_values();
+    let yaml = helm(&[
+        "template",
+        RELEASE,
+        path_str(&chart),
+        "-n",
+        NAMESPACE,
         "-f",
-        values.to_str().expect("utf-8 path"),
+        path_str(&minimal),
+        "--show-only",
+        "templates/tests/readyz.yaml",
     ]);
+    let pods = parse_yaml_stream(&yaml);
+    assert_eq!(pods.len(), 1);
+    let pod = &pods[0];
+    assert_eq!(pod["kind"], "Pod");
+    assert_eq!(pod["metadata"]["annotations"]["helm.sh/hook"], "test");
+    let service = renders()[0].one("Service");
+    let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
+    let url = format!(
+        "http://{}.{NAMESPACE}.svc:{port}/readyz",
+        service["metadata"]["name"].as_str().unwrap()
+    );
+    let command = strs(&pod["spec"]["containers"][0]["command"]);
+    assert_eq!(command.first(), Some(&"wget"));
+    assert_eq!(command.last(), Some(&url.as_str()));
+    assert_eq!(pod["spec"]["restartPolicy"], "Never");
+    assert_eq!(
+        pod["spec"]["containers"][0]["securityContext"]["readOnlyRootFilesystem"],
+        true
+    );
+
+    // NOTES: port-forward blocks, so nothing may follow it with `&&`.
+    let out = Command::new(tool("helm"))
+        .args([
+            "install",
+            RELEASE,
+            path_str(&chart),
+            "-n",
+            NAMESPACE,
+            "-f",
+            path_str(&minimal),
+            "--dry-run=client",
+        ])
+        .output()
+        .unwrap();
+    let notes = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let forward = notes
+        .lines()
+        .find(|l| l.trim_start().starts_with("kubectl") && l.contains("port-forward"))
+        .unwrap_or_else(|| panic!("NOTES show port-forward: {notes}"));
+    assert!(
+        forward.trim_end().ends_with('&') && !forward.contains("&&"),
+        "{forward}"
+    );
+    assert!(
+        notes.contains(&format!("curl -s localhost:{port}/metrics")),
+        "{notes}"
+    );
+    assert!(
+        !notes.contains("WARNING"),
+        "no loopback URL, no warning: {notes}"
+    );
 }
 
 #[test]
@@ -261,6 +630,10 @@ fn the_chart_versions_follow_cargo_and_its_crd_is_the_generated_one() {
         "the chart version is semver: {version}"
     );
     assert_eq!(meta["appVersion"], env!("CARGO_PKG_VERSION"));
+    let kube = meta["kubeVersion"]
+        .as_str()
+        .expect("Chart.yaml names the kubeVersion it needs");
+    assert!(kube.starts_with(">=1."), "{kube}");
     let generated = std::fs::read(repo().join("crds/autoapproval.yaml")).unwrap();
     let in_chart = std::fs::read(chart().join("crds/autoapproval.yaml")).unwrap();
     assert!(
@@ -270,7 +643,7 @@ fn the_chart_versions_follow_cargo_and_its_crd_is_the_generated_one() {
 }
 
 #[test]
-fn the_plain_manifests_are_the_chart_rendered_with_its_defaults() {
+fn the_plain_manifests_are_the_chart_rendered_for_kubectl_without_a_trace_of_helm() {
     let path = repo().join("deploy/manifests/autoapproval.yaml");
     let committed = std::fs::read_to_string(&path).expect("deploy/manifests/autoapproval.yaml");
     // The file is helm's output behind a comment header.
@@ -279,8 +652,37 @@ fn the_plain_manifests_are_the_chart_rendered_with_its_defaults() {
         .skip_while(|line| line.starts_with('#'))
         .collect();
     assert!(
-        body == renders()[0].yaml,
+        body == plain().yaml,
         "deploy/manifests/autoapproval.yaml is stale: run scripts/render-manifests.sh"
+    );
+    let helm_keys = |m: &Value| -> Vec<String> {
+        m.as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, v)| k.starts_with("helm.sh/") || *v == "Helm")
+            .map(|(k, v)| format!("{k}: {v}"))
+            .collect()
+    };
+    for o in &plain().objects {
+        let meta = &o["metadata"];
+        let found = [helm_keys(&meta["labels"]), helm_keys(&meta["annotations"])].concat();
+        assert!(found.is_empty(), "{}: {found:?}", kubectl_name(o));
+    }
+    // The same objects as the Helm release, the migration Job included (an ordinary Job here).
+    let names = |r: &Rendered| -> BTreeSet<String> { r.objects.iter().map(kubectl_name).collect() };
+    assert_eq!(names(plain()), names(&renders()[0]));
+    // No hook orders the migration first: an init container runs the same `migrate` (it waits
+    // on the migration lock while the Job holds it), so no replica starts on an old schema.
+    let job = plain().one("Job");
+    let migrate = &job["spec"]["template"]["spec"]["containers"][0];
+    let pod = &plain().one("Deployment")["spec"]["template"]["spec"];
+    assert_eq!(pod["initContainers"].as_array().map(Vec::len), Some(1));
+    assert_eq!(&pod["initContainers"][0], migrate);
+    assert_eq!(strs(&migrate["args"]), ["migrate"]);
+    let helm_pod = &renders()[0].one("Deployment")["spec"]["template"]["spec"];
+    assert!(
+        helm_pod["initContainers"].is_null(),
+        "with Helm the hook Job runs first"
     );
 }
 
@@ -642,9 +1044,14 @@ fn the_charts_defaults_are_the_binarys_defaults() {
     let known = help_env("run");
     let config = renders()[0].config_map();
     for (name, value) in &config {
-        // The one deliberate difference: JSON logs in a cluster, where collectors parse them.
+        // The deliberate differences: JSON logs in a cluster, where collectors parse them, and
+        // the external URLs, which the chart requires instead of defaulting to a loopback.
         let expected = match name.as_str() {
             "AUTOAPPROVAL_LOG_JSON" => Some("true".to_owned()),
+            "AUTOAPPROVAL_ESIGN_URL"
+            | "AUTOAPPROVAL_OWNER_URL"
+            | "AUTOAPPROVAL_STORE_URL"
+            | "AUTOAPPROVAL_AD_URL" => None,
             _ => known.get(name).cloned().flatten(),
         };
         if let Some(expected) = expected {
@@ -653,119 +1060,234 @@ fn the_charts_defaults_are_the_binarys_defaults() {
     }
 }
 
+/// `autoapproval run` with a render's settings, the Secret's values stood in for, and a missing
+/// kubeconfig: every value is checked before anything is contacted and the first contact is
+/// the kubeconfig, so failing on it proves that all the settings were accepted.
+fn run_with_settings(r: &Rendered, kubeconfig: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_autoapproval"));
+    cmd.arg("run").env_clear().envs(r.config_map());
+    for e in r.controller()["env"].as_array().unwrap() {
+        let name = e["name"].as_str().unwrap();
+        let value = match name {
+            "AUTOAPPROVAL_DATABASE_URL" | "AUTOAPPROVAL_READ_DATABASE_URL" => {
+                "postgres://autoapproval@127.0.0.1:1/unused".to_owned()
+            }
+            "AUTOAPPROVAL_NAMESPACE" => NAMESPACE.to_owned(),
+            "AUTOAPPROVAL_REPLICA_NAME" => format!("{RELEASE}-0"),
+            _ => "a-token".to_owned(),
+        };
+        cmd.env(name, value);
+    }
+    cmd.env("AUTOAPPROVAL_KUBECONFIG", kubeconfig);
+    cmd
+}
+
+/// The binary accepted every setting: it went on to the (missing) kubeconfig.
+fn accepted(out: &std::process::Output) -> bool {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    out.status.code() == Some(1)
+        && stderr.contains("Kubernetes configuration")
+        && stderr.contains("no-such-kubeconfig")
+}
+
 #[test]
 fn the_rendered_settings_pass_the_binarys_validation() {
     let dir = std::env::temp_dir().join(format!("autoapproval-deploy-{}", std::process::id()));
     let missing_kubeconfig = dir.join("no-such-kubeconfig");
     for r in renders() {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_autoapproval"));
-        cmd.arg("run").env_clear().envs(r.config_map());
-        for e in r.controller()["env"].as_array().unwrap() {
-            let name = e["name"].as_str().unwrap();
-            let value = match name {
-                "AUTOAPPROVAL_DATABASE_URL" | "AUTOAPPROVAL_READ_DATABASE_URL" => {
-                    "postgres://autoapproval@127.0.0.1:1/unused".to_owned()
-                }
-                "AUTOAPPROVAL_NAMESPACE" => NAMESPACE.to_owned(),
-                "AUTOAPPROVAL_REPLICA_NAME" => format!("{RELEASE}-0"),
-                _ => "a-token".to_owned(),
-            };
-            cmd.env(name, value);
-        }
-        // Every value is checked before anything is contacted; the first contact is the
-        // kubeconfig, so a missing one proves that all the settings were accepted.
-        cmd.env("AUTOAPPROVAL_KUBECONFIG", &missing_kubeconfig);
-        let out = cmd.output().expect("run autoapproval");
+        let out = run_with_settings(r, &missing_kubeconfig)
+            .output()
+            .expect("run autoapproval");
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{}: {stderr}", r.name);
         if !cfg!(feature = "otlp") && r.config_map().contains_key("AUTOAPPROVAL_OTLP_ENDPOINT") {
             // The image is built with the span export; this test binary's build is not.
             assert!(
-                stderr.contains("--otlp-endpoint") && stderr.contains("`otlp` cargo feature"),
+                out.status.code() == Some(1)
+                    && stderr.contains("--otlp-endpoint")
+                    && stderr.contains("`otlp` cargo feature"),
                 "{}: {stderr}",
                 r.name
             );
             continue;
         }
         assert!(
-            stderr.contains("Kubernetes configuration") && stderr.contains("no-such-kubeconfig"),
+            accepted(&out),
             "{}: a setting was refused: {stderr}",
             r.name
         );
     }
 }
 
-// === the test API server ===
-
-/// kubectl against one test API server, with its own kubeconfig and cache.
-struct Kubectl {
-    dir: PathBuf,
-    kubeconfig: PathBuf,
-}
-
-impl Kubectl {
-    fn new(server: &kube_testserver::TestServer) -> Kubectl {
-        let dir = std::env::temp_dir().join(format!(
-            "autoapproval-deploy-{}-{}",
-            std::process::id(),
-            server.addr().port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        Kubectl { dir, kubeconfig }
-    }
-
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(tool("kubectl"));
-        cmd.arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg("--cache-dir")
-            .arg(self.dir.join("cache"))
-            .args(args);
-        cmd
-    }
-
-    fn run(&self, args: &[&str]) -> String {
-        let out = self.command(args).output().expect("run kubectl");
-        assert!(
+#[test]
+fn the_schema_takes_an_external_url_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    // Empty is the one deliberate difference: the binary falls back to its loopback default,
+    // the chart has none and requires the value.
+    let samples = [
+        "http://esign:8080",
+        "https://esign.contracts.svc.cluster.local",
+        "http://10.0.0.7:8080/api/v1",
+        "http://[fd00::7]:8080",
+        "https://esign.example.com/base?tenant=1",
+        "esign:8080",
+        "ftp://esign",
+        "http://",
+        "http://user:secret@esign:8080",
+        "esign",
+    ];
+    for sample in samples {
+        let set = format!("config.esignUrl={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+        let binary = cmd
+            .env("AUTOAPPROVAL_ESIGN_URL", sample)
+            .output()
+            .expect("run autoapproval");
+        assert_eq!(
             out.status.success(),
-            "kubectl {args:?} failed:\n{}{}",
-            String::from_utf8_lossy(&out.stderr),
-            String::from_utf8_lossy(&out.stdout)
+            accepted(&binary),
+            "{sample:?}: the binary says {}, helm says {}",
+            String::from_utf8_lossy(&binary.stderr),
+            String::from_utf8_lossy(&out.stderr)
         );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    }
-
-    /// Applies what a `kubectl create … --dry-run=client -o yaml` prints: the test API server
-    /// reads no protobuf, which kubectl's typed `create` commands send.
-    fn create(&self, args: &[&str]) -> String {
-        let mut all = vec!["create"];
-        all.extend(args);
-        all.extend(["--dry-run=client", "-o", "yaml"]);
-        let yaml = self.run(&all);
-        let file = self.dir.join("created.yaml");
-        std::fs::write(&file, yaml).unwrap();
-        self.run(&["apply", "-f", file.to_str().unwrap()])
     }
 }
 
-impl Drop for Kubectl {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
+#[test]
+fn the_schema_takes_a_count_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    // Each count's own bounds; values that only a rule across settings refuses (connections
+    // against concurrency) are the binary's to refuse, by name, at start-up.
+    let samples: [(&str, &str, &[&str]); 7] = [
+        (
+            "ownerLimit",
+            "AUTOAPPROVAL_OWNER_LIMIT",
+            &["0", "1", "10000", "10001"],
+        ),
+        (
+            "adLimit",
+            "AUTOAPPROVAL_AD_LIMIT",
+            &["0", "1", "10000", "10001"],
+        ),
+        ("shards", "AUTOAPPROVAL_SHARDS", &["0", "1", "4096", "4097"]),
+        (
+            "concurrency",
+            "AUTOAPPROVAL_CONCURRENCY",
+            &["0", "1", "65536"],
+        ),
+        (
+            "retryLimit",
+            "AUTOAPPROVAL_RETRY_LIMIT",
+            &["0", "1", "2147483647", "2147483648"],
+        ),
+        (
+            "externalConcurrency",
+            "AUTOAPPROVAL_EXTERNAL_CONCURRENCY",
+            &["0", "1"],
+        ),
+        (
+            "dbMaxConnections",
+            "AUTOAPPROVAL_DB_MAX_CONNECTIONS",
+            &["0", "4294967296"],
+        ),
+    ];
+    for (key, env, values) in samples {
+        for value in values {
+            let set = format!("config.{key}={value}");
+            let out = Command::new(tool("helm"))
+                .args([
+                    "template",
+                    RELEASE,
+                    path_str(&chart),
+                    "-f",
+                    path_str(&minimal),
+                ])
+                .args(["--set", &set, "--show-only", "templates/configmap.yaml"])
+                .output()
+                .unwrap();
+            let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+            let binary = cmd.env(env, value).output().expect("run autoapproval");
+            assert_eq!(
+                out.status.success(),
+                accepted(&binary),
+                "config.{key}={value}: the binary says {}, helm says {}",
+                String::from_utf8_lossy(&binary.stderr),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 }
 
-/// `kubectl get -o name` of an object.
-fn kubectl_name(o: &Value) -> String {
-    let kind = o["kind"].as_str().unwrap().to_lowercase();
-    let api = o["apiVersion"].as_str().unwrap();
-    let name = o["metadata"]["name"].as_str().unwrap();
-    match api.rsplit_once('/') {
-        Some((group, _)) => format!("{kind}.{group}/{name}"),
-        None => format!("{kind}/{name}"),
+#[test]
+fn the_schema_takes_a_listen_address_exactly_when_the_binary_does() {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    let chart = chart();
+    let minimal = minimal_values();
+    let samples = [
+        "0.0.0.0:8080",
+        "127.0.0.1:9090",
+        "[::]:8080",
+        "[::1]:8080",
+        "localhost:8080",
+        "metrics:8080",
+        "8080",
+        ":8080",
+        "0.0.0.0",
+        "0.0.0.0:99999",
+    ];
+    for sample in samples {
+        let set = format!("config.listen={sample}");
+        let out = Command::new(tool("helm"))
+            .args([
+                "template",
+                RELEASE,
+                path_str(&chart),
+                "-f",
+                path_str(&minimal),
+            ])
+            .args([
+                "--set-string",
+                &set,
+                "--show-only",
+                "templates/configmap.yaml",
+            ])
+            .output()
+            .unwrap();
+        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
+        let binary = cmd
+            .env("AUTOAPPROVAL_LISTEN", sample)
+            .output()
+            .expect("run autoapproval");
+        assert_eq!(
+            out.status.success(),
+            accepted(&binary),
+            "{sample:?}: the binary says {}, helm says {}",
+            String::from_utf8_lossy(&binary.stderr),
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 }
+
+// === the test API server ===
 
 /// Stand-ins for the Prometheus Operator's CRDs, so the ServiceMonitor and the PrometheusRule can be dry-run too.
 const MONITORING_CRDS: &str = r#"apiVersion: apiextensions.k8s.io/v1
@@ -799,54 +1321,76 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-/// The kinds the chart renders with its defaults, as `kubectl get` takes them.
-const CHART_KINDS: &str =
-    "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
-
-/// The README's install steps against the test API server: namespace, CRD, Secret, then the
-/// plain manifests (a server dry run that stores nothing, then for real, then idempotent).
+/// `kubectl apply -k deploy/manifests` against the test API server, after the namespace, the CRD
+/// and the Secret made with kubectl's typed commands: a server dry run that stores nothing, then
+/// for real (the objects of the Helm release, hooks as ordinary objects), then idempotent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_manifests_apply_to_the_api_server_as_the_readme_says() {
+async fn kubectl_apply_k_creates_the_objects_of_the_helm_release() {
     let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
         .await
         .expect("test API server");
-    let k = Kubectl::new(&server);
-    tokio::task::spawn_blocking(move || readme_steps(&k))
+    let cli = Cli::new(&server);
+    tokio::task::spawn_blocking(move || apply_k(&cli))
         .await
         .expect("kubectl steps");
     server.shutdown().await;
 }
 
-fn readme_steps(k: &Kubectl) {
+fn apply_k(k: &Cli) {
     let manifests = repo().join("deploy/manifests");
-    let manifests = manifests.to_str().unwrap();
-    let objects = &renders()[0].objects;
+    let manifests = path_str(&manifests);
+    let objects = &plain().objects;
     let names: BTreeSet<String> = objects.iter().map(kubectl_name).collect();
+    let helm_names: BTreeSet<String> = renders()[0].objects.iter().map(kubectl_name).collect();
+    assert_eq!(names, helm_names, "the same objects as `helm template`");
 
-    k.create(&["namespace", NAMESPACE]);
-    k.run(&["apply", "-f", repo().join("crds").to_str().unwrap()]);
+    // kustomize adds nothing to the rendered file but the namespace it already has.
+    let built = parse_yaml_stream(&k.kubectl(&["kustomize", manifests]));
+    let by_name = |objs: &[Value]| -> BTreeMap<String, Value> {
+        objs.iter().map(|o| (kubectl_name(o), o.clone())).collect()
+    };
+    assert_eq!(by_name(&built), by_name(objects));
+
+    let out = k.kubectl(&["create", "namespace", NAMESPACE]);
+    assert_eq!(out, format!("namespace/{NAMESPACE} created\n"));
+    let crds = repo().join("crds");
+    let out = k.kubectl(&["apply", "--server-side", "-f", path_str(&crds)]);
+    assert!(
+        out.contains("autoapprovals.autoapproval.io serverside-applied"),
+        "{out}"
+    );
     let url = "--from-literal=database-url=postgres://autoapproval@db:5432/contracts";
-    k.create(&["secret", "generic", RELEASE, "-n", NAMESPACE, url]);
+    let out = k.kubectl(&["-n", NAMESPACE, "create", "secret", "generic", RELEASE, url]);
+    assert_eq!(out, format!("secret/{RELEASE} created\n"));
 
-    let out = k.run(&["apply", "--dry-run=server", "-f", manifests]);
+    let out = k.kubectl(&["apply", "--dry-run=server", "-k", manifests]);
     let dry = out.matches(" created (server dry run)").count();
     assert_eq!(dry, objects.len(), "{out}");
-    let stored = k.run(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
+    let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     assert_eq!(stored, "", "a server dry run must store nothing");
 
-    let out = k.run(&["apply", "-f", manifests]);
+    let out = k.kubectl(&["apply", "-k", manifests]);
     assert_eq!(out.matches(" created\n").count(), objects.len(), "{out}");
-    let stored = k.run(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
+    let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     let stored: BTreeSet<String> = stored.lines().map(str::to_owned).collect();
     assert_eq!(stored, names);
+    let hooks = k.kubectl(&[
+        "get",
+        "jobs",
+        "-n",
+        NAMESPACE,
+        "-o",
+        "jsonpath={.items[*].metadata.annotations}",
+    ]);
+    assert!(!hooks.contains("helm.sh"), "an ordinary Job: {hooks}");
 
     // Applying again changes nothing. kubectl still says `configured` for the
     // PodDisruptionBudget, as against kube-apiserver: its selector's patch strategy is
     // `replace`, so the patch kubectl computes is never empty.
     let rv = "jsonpath={range .items[*]}{.kind}/{.metadata.name}={.metadata.resourceVersion} {end}";
-    let versions = || k.run(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", rv]);
+    let versions = || k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", rv]);
     let before = versions();
-    let out = k.run(&["apply", "-f", manifests]);
+    let out = k.kubectl(&["apply", "-k", manifests]);
     assert_eq!(versions(), before, "re-apply changed objects: {out}");
     for line in out.lines() {
         let pdb = line.starts_with("poddisruptionbudget.policy/");
@@ -855,7 +1399,7 @@ fn readme_steps(k: &Kubectl) {
 
     // The CRD serves; no request has been picked up yet.
     let aa = k
-        .command(&["get", "autoapprovals", "-n", NAMESPACE])
+        .kubectl_command(&["get", "autoapprovals", "-n", NAMESPACE])
         .output()
         .expect("run kubectl");
     let stderr = String::from_utf8_lossy(&aa.stderr);
@@ -868,16 +1412,11 @@ fn readme_steps(k: &Kubectl) {
     // PrometheusRule and the dashboard (in Grafana's namespace) included.
     let crd = k.dir.join("monitoring-crds.yaml");
     std::fs::write(&crd, MONITORING_CRDS).unwrap();
-    k.run(&["apply", "-f", crd.to_str().unwrap()]);
-    k.create(&["namespace", "monitoring"]);
+    k.kubectl(&["apply", "-f", path_str(&crd)]);
+    k.kubectl(&["create", "namespace", "monitoring"]);
     let everything = k.dir.join("all-values.yaml");
     std::fs::write(&everything, &renders()[1].yaml).unwrap();
-    let out = k.run(&[
-        "apply",
-        "--dry-run=server",
-        "-f",
-        everything.to_str().unwrap(),
-    ]);
+    let out = k.kubectl(&["apply", "--dry-run=server", "-f", path_str(&everything)]);
     let dry = out.matches(" created (server dry run)").count();
     assert_eq!(dry, renders()[1].objects.len(), "{out}");
 }
@@ -1002,12 +1541,15 @@ fn promtool() -> PathBuf {
 /// The PrometheusRule's `spec` (a Prometheus rule file) rendered with `args` added.
 fn rule_file(args: &[&str]) -> Value {
     let chart = chart();
+    let minimal = minimal_values();
     let mut all = vec![
         "template",
         RELEASE,
         chart.to_str().expect("utf-8 path"),
         "--namespace",
         NAMESPACE,
+        "-f",
+        path_str(&minimal),
     ];
     all.extend_from_slice(args);
     let objects = parse_yaml_stream(&helm(&all));
@@ -1038,6 +1580,54 @@ fn scratch(name: &str) -> PathBuf {
     dir
 }
 
+/// Fractions reach the binary as given: `--set` passes `0.25` as a string,
+/// which the schema takes like the number a values file gives.
+#[test]
+fn fractions_set_on_the_command_line_reach_the_settings() {
+    for (how, extra) in [
+        ("--set", ["--set", "tracing.samplingRatio=0.25"]),
+        ("--set-json", ["--set-json", "tracing.samplingRatio=0.25"]),
+    ] {
+        let r = Rendered::render_with(
+            "fractions",
+            None,
+            &[
+                "--set",
+                "tracing.enabled=true",
+                "--set",
+                "tracing.endpoint=http://otel-collector:4318",
+                "--set",
+                "prometheusRule.enabled=true",
+                "--set",
+                "prometheusRule.runbookBaseUrl=https://runbooks.test/RUNBOOK.md",
+                "--set",
+                "prometheusRule.thresholds.pickupP99Seconds=2.5",
+                extra[0],
+                extra[1],
+            ],
+        );
+        let settings = r.config_map();
+        assert_eq!(
+            settings
+                .get("AUTOAPPROVAL_OTLP_SAMPLING_RATIO")
+                .map(String::as_str),
+            Some("0.25"),
+            "{how}"
+        );
+        assert_eq!(
+            settings
+                .get("AUTOAPPROVAL_OTLP_ENDPOINT")
+                .map(String::as_str),
+            Some("http://otel-collector:4318"),
+            "{how}"
+        );
+        assert!(
+            r.yaml.contains("> 2.5"),
+            "{how}: the threshold reaches the rule"
+        );
+    }
+}
+
 #[test]
 fn the_prometheus_rule_and_the_dashboard_are_off_by_default() {
     let defaults = &renders()[0];
@@ -1045,14 +1635,21 @@ fn the_prometheus_rule_and_the_dashboard_are_off_by_default() {
     assert_eq!(defaults.all("ConfigMap").len(), 1, "only the settings");
     // Enabled without a runbook address: refused, naming the value.
     let chart = chart();
+    let minimal = minimal_values();
     let out = Command::new(tool("helm"))
         .args(["template", RELEASE, chart.to_str().expect("utf-8 path")])
+        .args(["-f", path_str(&minimal)])
         .args(["--set", "prometheusRule.enabled=true"])
         .output()
         .expect("helm");
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("prometheusRule.runbookBaseUrl"), "{stderr}");
+    // The schema refuses it first (`/prometheusRule/runbookBaseUrl`); the template's
+    // `required` says `prometheusRule.runbookBaseUrl`. Either names the value.
+    assert!(
+        stderr.contains("prometheusRule") && stderr.contains("runbookBaseUrl"),
+        "{stderr}"
+    );
 }
 
 #[test]

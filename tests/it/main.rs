@@ -11,6 +11,7 @@ mod controller;
 mod deploy;
 mod external;
 mod fencing;
+mod helm;
 mod malformed;
 mod manual;
 mod migrate;

@@ -20,6 +20,7 @@ mod kubeconfig;
 mod net;
 mod openapi;
 mod patch;
+mod protobuf;
 mod resources;
 mod selector;
 mod server;

@@ -111,6 +111,7 @@ const BUILTINS: &[Builtin] = &[
     Builtin { group: "", kind: "ConfigMap", plural: "configmaps", short_names: &["cm"], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
     Builtin { group: "", kind: "Secret", plural: "secrets", short_names: &[], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
     Builtin { group: "", kind: "ServiceAccount", plural: "serviceaccounts", short_names: &["sa"], namespaced: true, status: false, all: false, flavor: Flavor::Plain },
+    Builtin { group: "", kind: "Pod", plural: "pods", short_names: &["po"], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
     Builtin { group: "", kind: "Service", plural: "services", short_names: &["svc"], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
     Builtin { group: "apps", kind: "Deployment", plural: "deployments", short_names: &["deploy"], namespaced: true, status: true, all: true, flavor: Flavor::Plain },
     Builtin { group: "batch", kind: "Job", plural: "jobs", short_names: &[], namespaced: true, status: true, all: true, flavor: Flavor::Plain },

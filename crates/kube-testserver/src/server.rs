@@ -6,6 +6,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::faults::{FaultRule, Outage, RequestInfo};
 use crate::openapi;
 use crate::patch;
+use crate::protobuf;
 use crate::resources::{Flavor, ResourceType};
 use crate::selector::{FieldSelector, LabelSelector};
 use crate::store::WriteCtx;
@@ -307,9 +308,15 @@ fn dispatch(
     }
 }
 
-fn decode_body(body: &Bytes) -> ApiResult<Value> {
+/// A request body: protobuf when its content type says so, else JSON or YAML.
+fn decode_body(body: &Bytes, content_type: &str) -> ApiResult<Value> {
     if body.is_empty() {
         return Err(ApiError::bad_request("the request body is empty"));
+    }
+    if content_type.starts_with(protobuf::MEDIA_TYPE) {
+        return protobuf::decode(body).map_err(|e| {
+            ApiError::bad_request(format!("error decoding protobuf request body: {e}"))
+        });
     }
     serde_json::from_slice(body).or_else(|_| {
         serde_yaml::from_slice::<Value>(body)
@@ -408,15 +415,22 @@ fn resource(
         .get("content-type")
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    if content_type.starts_with("application/vnd.kubernetes.protobuf") {
-        // kubectl's typed commands (`create namespace`, `create secret`) send protobuf, which we
-        // cannot decode without the built-in Go types: say so instead of failing on the bytes.
+    // Built-in kinds speak protobuf as in kube-apiserver; custom resources (and CRDs here) JSON.
+    let in_protobuf = protobuf::serves(&rt.api_version(&version), &rt.kind);
+    if content_type.starts_with(protobuf::MEDIA_TYPE) && !in_protobuf {
         return Err(ApiError::new(
             415,
             "UnsupportedMediaType",
-            "protobuf bodies are not served by kube-testserver, only JSON and YAML: pipe `kubectl create ... --dry-run=client -o yaml` into `kubectl apply -f -`",
+            format!(
+                "{} {} is served in JSON only, as custom resources are by kube-apiserver: send application/json",
+                rt.kind,
+                rt.api_version(&version)
+            ),
         ));
     }
+    let reply = Reply {
+        protobuf: in_protobuf && protobuf::wanted(&accept),
+    };
     match (verb, t.name.as_deref()) {
         ("watch", name) => {
             let mut fields = FieldSelector::parse_with(
@@ -442,16 +456,22 @@ fn resource(
                         .and_then(|v| v.parse().ok())
                         .unwrap_or(1800),
                 ),
+                protobuf: reply.protobuf,
                 table: table::wants_table(&accept).then(|| {
                     q.get("includeObject")
                         .cloned()
                         .unwrap_or_else(|| "Metadata".into())
                 }),
             };
+            let content_type = if p.protobuf {
+                format!("{};stream=watch", protobuf::MEDIA_TYPE)
+            } else {
+                "application/json".to_owned()
+            };
             let body = watch::start(app.clone(), p);
             Ok(Response::builder()
                 .status(200)
-                .header("content-type", "application/json")
+                .header("content-type", content_type)
                 .header("transfer-encoding", "chunked")
                 .body(body)
                 .unwrap_or_else(|_| ApiError::internal("response").into_response()))
@@ -513,7 +533,7 @@ fn resource(
                     &table::table(&rt, &version, &items, inc, meta),
                 ));
             }
-            Ok(json_resp(
+            Ok(reply.object(
                 200,
                 &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(&version), "metadata": meta, "items": items}),
             ))
@@ -534,20 +554,20 @@ fn resource(
                     &table::table(&rt, &version, &[o], inc, json!({"resourceVersion": rv})),
                 ));
             }
-            Ok(json_resp(200, &o))
+            Ok(reply.object(200, &o))
         }
         ("create", None) => {
-            let obj = decode_body(body)?;
+            let obj = decode_body(body, content_type)?;
             let o = app.store.lock().create(&rt, &version, &ns, obj, &ctx)?;
-            Ok(json_resp(201, &with_version(&rt, &version, o)))
+            Ok(reply.object(201, &with_version(&rt, &version, o)))
         }
         ("update", Some(name)) => {
-            let obj = decode_body(body)?;
+            let obj = decode_body(body, content_type)?;
             let o = app
                 .store
                 .lock()
                 .update(&rt, &version, &ns, name, obj, status_sub, &ctx)?;
-            Ok(json_resp(200, &with_version(&rt, &version, o)))
+            Ok(reply.object(200, &with_version(&rt, &version, o)))
         }
         ("patch", Some(name)) => {
             let ct = headers
@@ -556,7 +576,7 @@ fn resource(
                 .unwrap_or("")
                 .to_string();
             let ct = ct.split(';').next().unwrap_or("").trim().to_string();
-            let p = decode_body(body)?;
+            let p = decode_body(body, &ct)?;
             let mut st = app.store.lock();
             if ct == "application/apply-patch+yaml" {
                 if q.get("fieldManager").is_none_or(|m| m.is_empty()) {
@@ -617,7 +637,7 @@ fn resource(
                         st.update(&rt, &version, &ns, name, merged, status_sub, &applied_ctx)?,
                     ),
                 };
-                return Ok(json_resp(code, &with_version(&rt, &version, o)));
+                return Ok(reply.object(code, &with_version(&rt, &version, o)));
             }
             let mut cur = st.get(&rt, &ns, name)?;
             match ct.as_str() {
@@ -633,11 +653,14 @@ fn resource(
                 other => return Err(ApiError::unsupported_media(other)),
             }
             let o = st.update(&rt, &version, &ns, name, cur, status_sub, &ctx)?;
-            Ok(json_resp(200, &with_version(&rt, &version, o)))
+            Ok(reply.object(200, &with_version(&rt, &version, o)))
         }
         ("delete", Some(name)) => {
+            // DeleteOptions: JSON from most clients, protobuf from client-go's typed ones.
             let opts: Option<Value> = if body.is_empty() {
                 None
+            } else if content_type.starts_with(protobuf::MEDIA_TYPE) {
+                Some(decode_body(body, content_type)?)
             } else {
                 serde_json::from_slice(body).ok()
             };
@@ -649,12 +672,12 @@ fn resource(
                 if !rt.group.is_empty() {
                     details["group"] = json!(rt.group);
                 }
-                return Ok(json_resp(
+                return Ok(reply.object(
                     200,
                     &json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "details": details}),
                 ));
             }
-            Ok(json_resp(200, &with_version(&rt, &version, o)))
+            Ok(reply.object(200, &with_version(&rt, &version, o)))
         }
         ("deletecollection", None) => {
             let labels =
@@ -681,11 +704,37 @@ fn resource(
                 items.push(with_version(&rt, &version, d));
             }
             let rv = st.rv;
-            Ok(json_resp(
+            Ok(reply.object(
                 200,
                 &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(&version), "metadata": {"resourceVersion": rv.to_string()}, "items": items}),
             ))
         }
         _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+/// How a resource request is answered: protobuf when the client asks for it first and the kind
+/// is a built-in one, as kube-apiserver negotiates; JSON otherwise.
+struct Reply {
+    protobuf: bool,
+}
+
+impl Reply {
+    fn object(&self, code: u16, v: &Value) -> Response {
+        if self.protobuf {
+            match protobuf::encode(v) {
+                Ok(bytes) => {
+                    let code = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
+                    return (code, [("content-type", protobuf::MEDIA_TYPE)], bytes).into_response();
+                }
+                // A stored object that does not fit its message (a field of the wrong type,
+                // accepted because built-ins are not validated) still reaches the client in
+                // JSON, which every client that asks for protobuf also accepts.
+                Err(e) => {
+                    tracing::warn!(error = %e, "answering in JSON: the object does not fit its protobuf message")
+                }
+            }
+        }
+        json_resp(code, v)
     }
 }

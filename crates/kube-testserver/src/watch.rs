@@ -37,6 +37,8 @@ pub struct WatchParams {
     pub timeout: Duration,
     /// Table output with this includeObject mode.
     pub table: Option<String>,
+    /// Length-delimited protobuf frames instead of JSON lines.
+    pub protobuf: bool,
 }
 
 impl WatchParams {
@@ -66,6 +68,17 @@ impl WatchParams {
                 inc,
                 json!({"resourceVersion": rv}),
             );
+        }
+        if self.protobuf {
+            match crate::protobuf::watch_frame(type_, &o) {
+                Ok(frame) => return Bytes::from(frame),
+                // The stream's media type is fixed by now: a frame that cannot be encoded ends
+                // the watch as a closed stream would, and the client lists and watches again.
+                Err(e) => {
+                    tracing::warn!(error = %e, "watch event does not fit its protobuf message");
+                    return Bytes::new();
+                }
+            }
         }
         let mut s = json!({"type": type_, "object": o}).to_string();
         s.push('\n');

@@ -4,14 +4,17 @@
 //! - `engine`: an approver, the simulator and a manual clock over the test's database;
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
 //! - `cluster`: the test API server, the simulator and one replica in this process;
-//! - `processes`: the real binary as a child process, signals, `/metrics`.
+//! - `processes`: the real binary as a child process, signals, `/metrics`;
+//! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod cluster;
 pub mod engine;
 pub mod processes;
 pub mod rows;
+pub mod tools;
 
 pub use cluster::*;
 pub use engine::*;
 pub use processes::*;
 pub use rows::*;
+pub use tools::*;

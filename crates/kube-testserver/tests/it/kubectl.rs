@@ -252,9 +252,21 @@ fn builtin_kinds_dry_run_apply_and_reapply() {
             assert_eq!(cluster, "ClusterRole/demo/;ClusterRoleBinding/demo/;");
             let (ok, _, err) = k.run(&["get", "deploy", "demo", "-n", "kube-system"]);
             assert!(!ok && err.contains("NotFound"), "namespaced: {err}");
-            // kubectl's typed `create` commands send protobuf: refused, with the way around it.
-            let (ok, _, err) = k.run(&["create", "namespace", "typed"]);
-            assert!(!ok && err.contains("UnsupportedMediaType") && err.contains("--dry-run=client -o yaml"), "{err}");
+            // kubectl's typed `create` commands speak protobuf.
+            let out = k.ok(&["create", "namespace", "typed"]);
+            assert_eq!(out, "namespace/typed created\n");
+            let out = k.ok(&["create", "secret", "generic", "creds", "-n", "typed", "--from-literal=url=postgres://db/x"]);
+            assert_eq!(out, "secret/creds created\n");
+            let url = k.ok(&["get", "secret", "creds", "-n", "typed", "-o", "jsonpath={.data.url}"]);
+            assert_eq!(url, "cG9zdGdyZXM6Ly9kYi94", "base64 of postgres://db/x");
+            let out = k.ok(&["create", "configmap", "settings", "-n", "typed", "--from-literal=a=1"]);
+            assert_eq!(out, "configmap/settings created\n");
+            let out = k.ok(&["create", "serviceaccount", "robot", "-n", "typed"]);
+            assert_eq!(out, "serviceaccount/robot created\n");
+            let out = k.ok(&["create", "role", "reader", "-n", "typed", "--verb=get", "--resource=configmaps"]);
+            assert_eq!(out, "role.rbac.authorization.k8s.io/reader created\n");
+            let rules = k.ok(&["get", "role", "reader", "-n", "typed", "-o", "jsonpath={.rules}"]);
+            assert_eq!(rules, r#"[{"apiGroups":[""],"resources":["configmaps"],"verbs":["get"]}]"#);
 
             // A second apply with changes goes through a strategic merge patch.
             let dir = k.kubeconfig.parent().unwrap().to_path_buf();

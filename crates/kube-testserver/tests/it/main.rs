@@ -3,3 +3,4 @@
 mod faults;
 mod kube_rs;
 mod kubectl;
+mod protobuf;

@@ -17,12 +17,22 @@
 {{- end }}
 {{- end }}
 
-{{/* Labels of every object. */}}
+{{/* Labels of the controller's objects. */}}
 {{- define "autoapproval.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "autoapproval.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- include "autoapproval.labelsOf" (list . "controller") }}
+{{- end }}
+
+{{/* Labels of the objects of one component: (list $ "component"). */}}
+{{- define "autoapproval.labelsOf" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ include "autoapproval.name" $ }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+app.kubernetes.io/version: {{ $.Chart.AppVersion | quote }}
+{{- if $.Values.helmHooks }}
+app.kubernetes.io/managed-by: {{ $.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
 {{- end }}
 
 {{/* Labels that select the controller pods. */}}
@@ -80,6 +90,26 @@ It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two can
 {{- end }}
 {{- div (add $total 999999999) 1000000000 }}
 {{- end }}
+{{- end }}
+
+{{/* The migration container, for the hook Job and (plain manifests) the Deployment's init container. */}}
+{{- define "autoapproval.migrateContainer" -}}
+- name: migrate
+  image: {{ include "autoapproval.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["migrate"]
+  env:
+    - name: AUTOAPPROVAL_DATABASE_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "autoapproval.secretName" . }}
+          key: {{ required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl }}
+    - name: AUTOAPPROVAL_LOG_JSON
+      value: {{ toString .Values.config.logJson | quote }}
+  resources:
+    {{- toYaml .Values.migrations.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
 {{- end }}
 
 {{/*

@@ -1,0 +1,614 @@
+//! The install path an operator walks: the README's `tested` blocks run verbatim with the real
+//! kubectl v1.35 and helm v4 against the test API server (install with its migration hook,
+//! status, upgrade with a CRD that gains a printer column, history, rollback, uninstall), each
+//! step's output checked; and the chart refusing a bad value of each kind by name before
+//! anything is stored.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use serde_json::{Value, json};
+
+use crate::support::{CHART_KINDS, Cli, client_for, kubectl_name, parse_yaml_stream, repo};
+
+const NAMESPACE: &str = "autoapproval";
+const RELEASE: &str = "autoapproval";
+
+/// The commands of the README block marked `<!-- tested: {name} ... -->`, continuation lines
+/// joined as the shell joins them.
+fn readme_block(name: &str) -> Vec<String> {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let marker = format!("<!-- tested: {name}");
+    let at = readme
+        .find(&marker)
+        .unwrap_or_else(|| panic!("README.md has no block marked {marker} -->"));
+    let block = &readme[at..];
+    let start = block
+        .find("```sh\n")
+        .expect("a ```sh block after the marker")
+        + 6;
+    let end = block[start..].find("```").expect("the block's end") + start;
+    let mut commands = vec![];
+    let mut current = String::new();
+    for line in block[start..end].lines() {
+        match line.strip_suffix('\\') {
+            Some(head) => current.push_str(head),
+            None => {
+                current.push_str(line);
+                commands.push(std::mem::take(&mut current));
+            }
+        }
+    }
+    commands
+        .into_iter()
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .filter(|c| !c.is_empty())
+        .collect()
+}
+
+/// What one command printed.
+struct Step {
+    command: String,
+    stdout: String,
+    stderr: String,
+}
+
+/// Runs a README block from `work`, each command required to succeed.
+fn run_block(cli: &Cli, name: &str, work: &Path) -> Vec<Step> {
+    readme_block(name)
+        .into_iter()
+        .map(|command| {
+            let out = cli.shell(&command, work);
+            let step = Step {
+                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+                command,
+            };
+            assert!(
+                out.status.success(),
+                "README `{name}` step failed: {}\n{}{}",
+                step.command,
+                step.stderr,
+                step.stdout
+            );
+            step
+        })
+        .collect()
+}
+
+/// The step whose command starts with `prefix`.
+fn step<'a>(steps: &'a [Step], prefix: &str) -> &'a Step {
+    steps
+        .iter()
+        .find(|s| s.command.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no README step starts with {prefix:?}"))
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).unwrap();
+        }
+    }
+}
+
+/// A working copy holding what the README's commands read: `crds/` and the chart.
+fn working_copy(dir: &Path) -> PathBuf {
+    let work = dir.join("work");
+    copy_dir(&repo().join("crds"), &work.join("crds"));
+    copy_dir(
+        &repo().join("deploy/helm/autoapproval"),
+        &work.join("deploy/helm/autoapproval"),
+    );
+    work
+}
+
+/// The test plays the Job controller and the kubelet, which the test API server lacks: each
+/// Job helm creates (the migration hook) is marked complete as the Job controller marks it once
+/// its pod (`autoapproval migrate`) exits 0, and each Pod (the `helm test` hook) Succeeded as the
+/// kubelet marks it once its container (`wget …/readyz`) exits 0, so helm's waits end. Returns
+/// the `Job/name` and `Pod/name` of each it completed.
+fn play_job_controller_and_kubelet(
+    server: &kube_testserver::TestServer,
+) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
+    let jobs: Api<Job> = Api::namespaced(client_for(server), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client_for(server), NAMESPACE);
+    let completed = Arc::new(Mutex::new(vec![]));
+    let seen = completed.clone();
+    let task = tokio::spawn(async move {
+        let mut done: BTreeSet<String> = BTreeSet::new();
+        loop {
+            for pod in pods
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                if done.contains(&uid) {
+                    continue;
+                }
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let containers: Vec<Value> = pod
+                    .spec
+                    .iter()
+                    .flat_map(|s| &s.containers)
+                    .map(|c| json!({
+                        "name": c.name, "image": c.image, "imageID": "", "ready": false,
+                        "restartCount": 0, "started": false,
+                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
+                    }))
+                    .collect();
+                let status = json!({"status": {
+                    "phase": "Succeeded", "startTime": now, "containerStatuses": containers,
+                    "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
+                }});
+                let patched = pods
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+                if patched.is_ok() {
+                    done.insert(uid);
+                    seen.lock().unwrap().push(format!("Pod/{name}"));
+                }
+            }
+            for job in jobs
+                .list(&ListParams::default())
+                .await
+                .map(|l| l.items)
+                .unwrap_or_default()
+            {
+                let name = job.metadata.name.clone().unwrap_or_default();
+                let uid = job.metadata.uid.clone().unwrap_or_default();
+                if done.contains(&uid) {
+                    continue;
+                }
+                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+                let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastProbeTime": now, "lastTransitionTime": now});
+                let status = json!({"status": {
+                    "startTime": now, "completionTime": now, "succeeded": 1, "active": 0, "ready": 0,
+                    "conditions": [
+                        condition("SuccessCriteriaMet", "CompletionsReached"),
+                        condition("Complete", "CompletionsReached"),
+                    ],
+                }});
+                let patched = jobs
+                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+                if patched.is_ok() {
+                    done.insert(uid);
+                    seen.lock().unwrap().push(format!("Job/{name}"));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    });
+    (completed, task)
+}
+
+/// Adds a printer column to the working copy's CRD, as a newer release's CRD would.
+fn add_printer_column(work: &Path) -> &'static str {
+    let path = work.join("crds/autoapproval.yaml");
+    let mut crd: Value = serde_yaml::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_array_mut()
+        .expect("printer columns");
+    columns.push(json!({"name": "Paused", "type": "boolean", "jsonPath": ".spec.paused"}));
+    std::fs::write(&path, serde_yaml::to_string(&crd).unwrap()).unwrap();
+    "PAUSED"
+}
+
+fn revisions(history: &str) -> Vec<(u32, String, String)> {
+    history
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let cols: Vec<&str> = l.split('\t').map(str::trim).collect();
+            (
+                cols[0]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("history line: {l}")),
+                cols[2].to_owned(),
+                cols.last().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_install_upgrade_rollback_and_uninstall_steps_work_with_real_helm() {
+    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
+        .await
+        .expect("test API server");
+    let (completed, player) = play_job_controller_and_kubelet(&server);
+    let cli = Cli::new(&server);
+    let done = completed.clone();
+    tokio::task::spawn_blocking(move || lifecycle(&cli, &done))
+        .await
+        .expect("helm lifecycle");
+    player.abort();
+    server.shutdown().await;
+}
+
+fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
+    let work = working_copy(&cli.dir);
+    let replicas = || {
+        cli.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment",
+            RELEASE,
+            "-o",
+            "jsonpath={.spec.replicas}",
+        ])
+    };
+
+    // Install.
+    let steps = run_block(cli, "install", &work);
+    assert_eq!(
+        step(&steps, "kubectl create namespace").stdout,
+        "namespace/autoapproval created\n"
+    );
+    let crd = step(&steps, "kubectl apply --server-side -f crds/");
+    assert_eq!(
+        crd.stdout,
+        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io serverside-applied\n"
+    );
+    let secret = step(&steps, "kubectl -n autoapproval create secret generic");
+    assert_eq!(secret.stdout, "secret/autoapproval created\n");
+    let template = r#"go-template={{index .data "database-url" | base64decode}}"#;
+    let url = cli.kubectl(&["-n", NAMESPACE, "get", "secret", RELEASE, "-o", template]);
+    assert_eq!(
+        url,
+        "postgres://autoapproval:PASSWORD@primary:5432/contracts"
+    );
+
+    let install = step(&steps, "helm install");
+    for line in [
+        "NAME: autoapproval",
+        "NAMESPACE: autoapproval",
+        "STATUS: deployed",
+        "REVISION: 1",
+    ] {
+        assert!(
+            install.stdout.contains(line),
+            "helm install: no {line:?}:\n{}",
+            install.stdout
+        );
+    }
+    assert!(
+        install
+            .stdout
+            .contains("autoapproval 0.1.0 is installed in namespace autoapproval (3 replicas)"),
+        "NOTES: {}",
+        install.stdout
+    );
+    assert!(!install.stdout.contains("WARNING"), "{}", install.stdout);
+    assert_eq!(
+        *completed.lock().unwrap(),
+        ["Job/autoapproval-migrate"],
+        "the pre-install hook ran"
+    );
+    let status = step(&steps, "helm -n autoapproval status");
+    assert!(
+        status.stdout.contains("STATUS: deployed") && status.stdout.contains("REVISION: 1"),
+        "{}",
+        status.stdout
+    );
+    let aa = step(&steps, "kubectl -n autoapproval get autoapprovals");
+    assert_eq!(aa.stdout, "");
+    assert_eq!(aa.stderr, "No resources found in autoapproval namespace.\n");
+
+    // What helm stored is what the chart renders with the same values, the hooks aside; and
+    // the cluster holds exactly that (the succeeded hook Job was deleted by its policy).
+    let install_line = &install.command;
+    let template = install_line.replacen("helm install", "helm template", 1) + " --skip-tests";
+    let rendered = cli.shell(&template, &work);
+    assert!(
+        rendered.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+    let rendered: Vec<Value> = parse_yaml_stream(&String::from_utf8_lossy(&rendered.stdout))
+        .into_iter()
+        .filter(|o| o["metadata"]["annotations"]["helm.sh/hook"].is_null())
+        .collect();
+    let manifest = cli.shell(
+        &format!("helm -n {NAMESPACE} get manifest {RELEASE}"),
+        &work,
+    );
+    let manifest = parse_yaml_stream(&String::from_utf8_lossy(&manifest.stdout));
+    let by_name = |objs: &[Value]| -> std::collections::BTreeMap<String, Value> {
+        objs.iter().map(|o| (kubectl_name(o), o.clone())).collect()
+    };
+    assert_eq!(by_name(&manifest), by_name(&rendered), "helm get manifest");
+    let stored: BTreeSet<String> = cli
+        .kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"])
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(stored, by_name(&manifest).into_keys().collect());
+    assert_eq!(replicas(), "3");
+
+    // helm test: its Pod fetches /readyz through the Service.
+    let steps = run_block(cli, "test", &work);
+    let test = step(&steps, "helm -n autoapproval test");
+    for line in [
+        "TEST SUITE:     autoapproval-test-readyz",
+        "Phase:          Succeeded",
+    ] {
+        assert!(
+            test.stdout.contains(line),
+            "helm test: no {line:?}:\n{}",
+            test.stdout
+        );
+    }
+    assert_eq!(
+        completed.lock().unwrap()[1..],
+        ["Pod/autoapproval-test-readyz"],
+        "the test hook ran"
+    );
+    let pods = cli.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "name"]);
+    assert_eq!(
+        pods, "",
+        "the succeeded test Pod was deleted by its hook policy"
+    );
+
+    // Upgrade, with a CRD that gained a printer column.
+    let sample = cli.dir.join("aa.yaml");
+    std::fs::write(
+        &sample,
+        "apiVersion: autoapproval.io/v1alpha1\nkind: AutoApproval\nmetadata: {name: request-1, namespace: autoapproval}\nspec: {requestId: 1, requestType: OWNER_CONTRACT, paused: true}\n",
+    )
+    .unwrap();
+    cli.kubectl(&["apply", "-f", sample.to_str().unwrap()]);
+    let header = add_printer_column(&work);
+    let before = cli.kubectl(&["-n", NAMESPACE, "get", "autoapprovals"]);
+    assert!(!before.lines().next().unwrap().contains(header), "{before}");
+    let steps = run_block(cli, "upgrade", &work);
+    let crd = step(
+        &steps,
+        "kubectl apply --server-side --force-conflicts -f crds/",
+    );
+    assert_eq!(
+        crd.stdout,
+        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io serverside-applied\n"
+    );
+    let table = cli.kubectl(&["-n", NAMESPACE, "get", "autoapprovals"]);
+    let mut lines = table.lines();
+    assert!(
+        lines.next().unwrap().contains(header),
+        "the new column: {table}"
+    );
+    assert!(lines.next().unwrap().contains("true"), "its value: {table}");
+    let upgrade = step(&steps, "helm upgrade");
+    assert!(
+        upgrade
+            .stdout
+            .contains("Release \"autoapproval\" has been upgraded."),
+        "{}",
+        upgrade.stdout
+    );
+    assert!(
+        upgrade.stdout.contains("REVISION: 2") && upgrade.stdout.contains("(2 replicas)"),
+        "{}",
+        upgrade.stdout
+    );
+    assert_eq!(
+        completed.lock().unwrap()[2..],
+        ["Job/autoapproval-migrate"],
+        "the pre-upgrade hook ran"
+    );
+    assert_eq!(replicas(), "2");
+    let history = revisions(&step(&steps, "helm -n autoapproval history").stdout);
+    assert_eq!(
+        history,
+        [
+            (1, "superseded".to_owned(), "Install complete".to_owned()),
+            (2, "deployed".to_owned(), "Upgrade complete".to_owned()),
+        ]
+    );
+    // --reuse-values kept the install's settings.
+    let esign = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "configmap",
+        RELEASE,
+        "-o",
+        "jsonpath={.data.AUTOAPPROVAL_ESIGN_URL}",
+    ]);
+    assert_eq!(esign, "http://esign:8080");
+
+    // Rollback.
+    let steps = run_block(cli, "rollback", &work);
+    let rollback = step(&steps, "helm -n autoapproval rollback");
+    assert_eq!(rollback.stdout, "Rollback was a success! Happy Helming!\n");
+    assert_eq!(replicas(), "3");
+    let history = cli.shell(&format!("helm -n {NAMESPACE} history {RELEASE}"), &work);
+    let history = revisions(&String::from_utf8_lossy(&history.stdout));
+    assert_eq!(history.len(), 3);
+    assert_eq!(
+        history[2],
+        (3, "deployed".to_owned(), "Rollback to 1".to_owned())
+    );
+    assert_eq!(
+        completed.lock().unwrap().len(),
+        3,
+        "no hook runs on rollback"
+    );
+
+    // Uninstall: the CRD (from crds/) and the user's Secret remain, nothing else.
+    let steps = run_block(cli, "uninstall", &work);
+    assert_eq!(
+        step(&steps, "helm uninstall").stdout,
+        "release \"autoapproval\" uninstalled\n"
+    );
+    let left = cli.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
+    assert_eq!(left, "");
+    let secrets = cli.kubectl(&["get", "secrets", "-n", NAMESPACE, "-o", "name"]);
+    assert_eq!(
+        secrets, "secret/autoapproval\n",
+        "no release record is left"
+    );
+    let crds = cli.kubectl(&["get", "crds", "-o", "name"]);
+    assert_eq!(
+        crds,
+        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io\n"
+    );
+}
+
+/// One bad value of each kind: helm refuses the install before storing anything, naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_refuses_a_bad_value_of_each_kind_by_name_before_storing_anything() {
+    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
+        .await
+        .expect("test API server");
+    let cli = Cli::new(&server);
+    tokio::task::spawn_blocking(move || refusals(&cli))
+        .await
+        .expect("helm refusals");
+    server.shutdown().await;
+}
+
+fn refusals(cli: &Cli) {
+    let chart = repo().join("deploy/helm/autoapproval");
+    let chart = chart.to_str().unwrap();
+    cli.kubectl(&["create", "namespace", NAMESPACE]);
+    let urls = [
+        "config.esignUrl=http://esign:8080",
+        "config.ownerUrl=http://owner:8080",
+        "config.storeUrl=http://store:8080",
+        "config.adUrl=http://ad:8080",
+    ];
+    // (what is wrong, --set, the value helm must name, what it must say about it)
+    let cases: [(&str, &str, &str, &str); 13] = [
+        (
+            "not an integer",
+            "replicaCount=abc",
+            "/replicaCount",
+            "want integer",
+        ),
+        (
+            "below the minimum",
+            "config.shards=0",
+            "/config/shards",
+            "minimum",
+        ),
+        (
+            "outside the enum",
+            "image.pullPolicy=Sometimes",
+            "/image/pullPolicy",
+            "must be one of",
+        ),
+        (
+            "not a boolean",
+            "config.notify=maybe",
+            "/config/notify",
+            "want boolean",
+        ),
+        (
+            "not a duration",
+            "config.pollPeriod=10x",
+            "/config/pollPeriod",
+            "does not match pattern",
+        ),
+        (
+            "not a URL",
+            "config.esignUrl=esign:8080",
+            "/config/esignUrl",
+            "does not match pattern",
+        ),
+        (
+            "not host:port",
+            "config.listen=metrics",
+            "/config/listen",
+            "does not match pattern",
+        ),
+        (
+            "a misspelt key",
+            "config.pollPerod=10s",
+            "'pollPerod' not allowed",
+            "additional properties",
+        ),
+        (
+            "a missing URL",
+            "config.adUrl=",
+            "/config/adUrl",
+            "is not valid uri",
+        ),
+        (
+            "a wrong type deeper down",
+            "service.port=http",
+            "/service/port",
+            "want integer",
+        ),
+        (
+            "a share above 1",
+            "tracing.samplingRatio=1.5",
+            "/tracing/samplingRatio",
+            "does not match pattern",
+        ),
+        (
+            "a collector over TLS, which the exporter cannot speak",
+            "tracing.endpoint=https://collector:4318",
+            "/tracing/endpoint",
+            "does not match pattern",
+        ),
+        (
+            "tracing on without a collector",
+            "tracing.enabled=true",
+            "/tracing/endpoint",
+            "minLength",
+        ),
+    ];
+    for (what, bad, named, says) in cases {
+        let mut args = vec!["install", RELEASE, chart, "-n", NAMESPACE];
+        for url in urls {
+            args.extend(["--set", url]);
+        }
+        args.extend(["--set", bad]);
+        let out = cli.helm_output(&args);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: {bad} was accepted");
+        assert!(
+            stderr.contains("values don't meet the specifications of the schema")
+                && stderr.contains(named)
+                && stderr.contains(says),
+            "{what}: {bad}: helm's refusal must name {named}: {stderr}"
+        );
+        // Refused, not half-installed: no release record, no object.
+        assert_eq!(
+            cli.kubectl(&["get", "secrets", "-n", NAMESPACE, "-o", "name"]),
+            "",
+            "{what}"
+        );
+        assert_eq!(
+            cli.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]),
+            "",
+            "{what}"
+        );
+    }
+    // The same URLs and nothing bad install.
+    let mut args = vec!["install", RELEASE, chart, "-n", NAMESPACE, "--no-hooks"];
+    for url in urls {
+        args.extend(["--set", url]);
+    }
+    let out = cli.helm_output(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
