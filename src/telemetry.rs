@@ -211,17 +211,19 @@ impl Metrics {
             cleanser_deleted.clone(),
         );
         let pickup_latency = TracedHistogram::new(exponential_buckets(0.001, 2.0, 22));
-        registry.register(
-            "pickup_latency_seconds",
+        registry.register_with_unit(
+            "pickup_latency",
             "Time from a request becoming eligible to its claim",
+            Unit::Seconds,
             pickup_latency.clone(),
         );
         let reconcile_duration = Family::<ResultLabel, TracedHistogram>::new_with_constructor(
             reconcile_buckets as fn() -> TracedHistogram,
         );
-        registry.register(
-            "reconcile_duration_seconds",
+        registry.register_with_unit(
+            "reconcile_duration",
             "Duration of one reconcile by result",
+            Unit::Seconds,
             reconcile_duration.clone(),
         );
         let turn_candidates = Histogram::new([0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 50.0, 100.0]);
