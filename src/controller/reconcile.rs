@@ -216,8 +216,10 @@ impl Reconcile<'_> {
                 .await
                 .map_err(self.store_err())?;
         }
-        let request = match store.request(id).await {
-            Ok(Some(request)) => request,
+        // One statement for both: the state row is read again below only
+        // when a retry asked for on the CR has just changed it.
+        let (request, state) = match store.request_with_state(id).await {
+            Ok(Some(found)) => found,
             Ok(None) => {
                 let reason = format!("request {id} does not exist");
                 return self.invalid("RequestNotFound", reason).await;
@@ -250,8 +252,11 @@ impl Reconcile<'_> {
         if !request.status.is_open() {
             return self.closed(&request).await;
         }
-        self.act_on_retry_request().await?;
-        let state = store.state(id).await.map_err(self.store_err())?;
+        let state = if self.act_on_retry_request().await? {
+            store.state(id).await.map_err(self.store_err())?
+        } else {
+            state
+        };
         if *self.ctx.stopping.borrow() {
             // Shutting down: leave it for the next holder.
             return Ok(Action::requeue(Duration::from_secs(1)));
@@ -493,9 +498,11 @@ impl Reconcile<'_> {
     /// a waiting or exhausted request is made due now (one more attempt for
     /// an exhausted one), with who asked in the memo and an Event; the value
     /// is echoed in `status.lastRetryRequest` by this reconcile's status write.
-    async fn act_on_retry_request(&self) -> Result<(), ReconcileError> {
+    /// True when it made the request's state row due (the caller's copy of
+    /// the row is then stale).
+    async fn act_on_retry_request(&self) -> Result<bool, ReconcileError> {
         let Some(asked) = self.cr.annotations().get(RETRY_ANNOTATION) else {
-            return Ok(());
+            return Ok(false);
         };
         let done = self
             .cr
@@ -503,7 +510,7 @@ impl Reconcile<'_> {
             .as_ref()
             .and_then(|s| s.last_retry_request.as_ref());
         if done == Some(asked) {
-            return Ok(());
+            return Ok(false);
         }
         let who = annotation_manager(self.cr, RETRY_ANNOTATION).unwrap_or_else(|| "someone".into());
         let note = format!("retry requested by {who} at {asked} ({RETRY_ANNOTATION})");
@@ -524,7 +531,7 @@ impl Reconcile<'_> {
         self.event(EventType::Normal, "RetryRequested", "Retry", note)
             .await;
         *self.retry_ack.lock().unwrap_or_else(|e| e.into_inner()) = Some(asked.clone());
-        Ok(())
+        Ok(made_due)
     }
 
     /// Deletes this CR (exactly this one, by uid) so discovery recreates it

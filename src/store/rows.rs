@@ -111,6 +111,73 @@ SELECT id, request_type, status, sort_time, created_at, business_name, documents
        target_store_number, owner_number, store_number, campaign_id, decided_by
   FROM approval_request WHERE id = $1";
 
+/// A request row with its state row's columns beside it (`LEFT JOIN`), all
+/// of the state's null when it has none.
+#[derive(FromRow)]
+struct RequestWithStateRow {
+    #[sqlx(flatten)]
+    request: RequestRow,
+    s_id: Option<i64>,
+    s_status: Option<String>,
+    s_next_retry_time: Option<DateTime<Utc>>,
+    s_retry_count: Option<i32>,
+    s_holder: Option<String>,
+    s_fencing_token: Option<i64>,
+    s_step: Option<String>,
+    s_last_reason: Option<String>,
+    s_modified_at: Option<DateTime<Utc>>,
+}
+
+impl RequestWithStateRow {
+    fn into_parts(self) -> Result<(Request, Option<State>), StoreError> {
+        let request_id = self.request.id;
+        let state = match (
+            self.s_id,
+            self.s_status,
+            self.s_retry_count,
+            self.s_holder,
+            self.s_fencing_token,
+            self.s_modified_at,
+        ) {
+            (
+                Some(id),
+                Some(status),
+                Some(retry_count),
+                Some(holder),
+                Some(fencing_token),
+                Some(modified_at),
+            ) => Some(
+                StateRow {
+                    id,
+                    request_id,
+                    status,
+                    next_retry_time: self.s_next_retry_time,
+                    retry_count,
+                    holder,
+                    fencing_token,
+                    step: self.s_step,
+                    last_reason: self.s_last_reason,
+                    modified_at,
+                }
+                .into_state()?,
+            ),
+            _ => None,
+        };
+        Ok((self.request.into_request()?, state))
+    }
+}
+
+const SELECT_REQUEST_WITH_STATE: &str = "\
+SELECT r.id, r.request_type, r.status, r.sort_time, r.created_at, r.business_name,
+       r.documents_released, r.operational_hold, r.menu_registered, r.logo_registered,
+       r.previous_step_approved, r.econtract_ref, r.target_store_number, r.owner_number,
+       r.store_number, r.campaign_id, r.decided_by,
+       s.id AS s_id, s.status AS s_status, s.next_retry_time AS s_next_retry_time,
+       s.retry_count AS s_retry_count, s.holder AS s_holder, s.fencing_token AS s_fencing_token,
+       s.step AS s_step, s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
+  FROM approval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
+ WHERE r.id = $1";
+
 // === impl Store ===
 
 impl Store {
@@ -123,6 +190,22 @@ impl Store {
             .await
             .map_err(db("re-read request"))?;
         row.map(RequestRow::into_request).transpose()
+    }
+
+    /// A request and its state row, read together from the primary in one
+    /// statement (one snapshot): what a reconcile looks at before it claims.
+    /// `None` when the request does not exist.
+    #[tracing::instrument(name = "store.request_with_state", skip_all)]
+    pub async fn request_with_state(
+        &self,
+        request_id: i64,
+    ) -> Result<Option<(Request, Option<State>)>, StoreError> {
+        let row: Option<RequestWithStateRow> = sqlx::query_as(SELECT_REQUEST_WITH_STATE)
+            .bind(request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read request and state"))?;
+        row.map(RequestWithStateRow::into_parts).transpose()
     }
 
     /// Reads a request's state row from the primary.

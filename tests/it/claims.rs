@@ -608,3 +608,40 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
         "1 is claimed, 2 still paused"
     );
 }
+
+/// The reconcile's one read before a claim gives what the two reads it
+/// replaced gave: the request, its state row or none, nothing for an
+/// unknown request, and a malformed request row reported as such.
+#[sqlx::test]
+async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them(pool: PgPool) {
+    let store = Store::new(pool.clone(), pool.clone());
+    for id in [71, 72, 73] {
+        NewRequest::ready_owner(id).insert(&pool).await;
+    }
+    let retry_at = t0() + Duration::minutes(10);
+    insert_state(&pool, 72, "RETRY_WAITING", Some(retry_at), 4, t0()).await;
+    for id in [71, 72] {
+        let (request, state) = store
+            .request_with_state(id)
+            .await
+            .unwrap()
+            .expect("the request exists");
+        assert_eq!(Some(request), store.request(id).await.unwrap(), "{id}");
+        assert_eq!(state, store.state(id).await.unwrap(), "{id}");
+    }
+    let (_, state) = store.request_with_state(72).await.unwrap().unwrap();
+    let state = state.expect("72 has a state row");
+    assert_eq!(
+        (state.retry_count, state.next_retry_time),
+        (4, Some(retry_at))
+    );
+    assert!(store.request_with_state(99).await.unwrap().is_none());
+    sqlx::query("UPDATE approval_request SET status = 'SOMETHING' WHERE id = 73")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert!(matches!(
+        store.request_with_state(73).await,
+        Err(autoapproval::store::StoreError::Malformed { request_id: 73, .. })
+    ));
+}
