@@ -113,7 +113,7 @@ impl Discovery {
             // A closed channel (NOTIFY off, or the listener gone at
             // shutdown) disables its branch; the poll and the stop remain.
             let woken = tokio::select! {
-                () = tokio::time::sleep_until(next_turn) => Vec::new(),
+                () = tokio::time::sleep_until(next_turn) => Woken::default(),
                 Some(first) = changes.next() => drain(first, &mut changes),
                 Some(first) = deleted.next() => {
                     self.restore(&drain_ids(first, &mut deleted)).await;
@@ -125,18 +125,34 @@ impl Discovery {
                         shards.insert(shard);
                     }
                     self.reconcile_shards(&shards);
-                    Vec::new()
+                    Woken::default()
                 }
                 () = stopped(&mut stopping) => return,
             };
-            if !woken.is_empty() {
+            if !woken.ids.is_empty() {
                 self.metrics.notify_wakeup();
-                self.wake(&woken);
+                self.wake(&woken.ids);
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
                 let ours = self.ours();
-                if !woken.iter().any(|id| ours(*id)) {
+                let mine: Vec<i64> = woken.ids.iter().copied().filter(|id| ours(*id)).collect();
+                if mine.is_empty() && !woken.reconnected {
                     continue;
+                }
+                // Only new requests (no CR yet, so no state row and no wake
+                // row to apply): one look at them instead of a whole turn.
+                // The poll keeps its time; it remains the safety net.
+                if !woken.reconnected
+                    && mine
+                        .iter()
+                        .all(|id| self.cache.get(&self.key(*id)).is_none())
+                {
+                    match self.look_at(&mine).await {
+                        Ok(_) => continue,
+                        Err(error) => {
+                            warn!(%error, "looking at new requests failed; a whole turn instead")
+                        }
+                    }
                 }
             }
             let delay = match self.turn().await {
@@ -221,6 +237,31 @@ impl Discovery {
                 let _ = self.trigger.unbounded_send(key);
             }
         }
+    }
+
+    /// The notified requests alone, by the candidate queries' conditions in
+    /// one statement: a CR for each that is a candidate.
+    async fn look_at(&self, request_ids: &[i64]) -> Result<TurnSummary, DiscoveryError> {
+        let now = self.clock.now();
+        let query = self.settings.turn.query(
+            RequestType::OwnerContract,
+            now,
+            self.settings.retry_limit,
+            None,
+        );
+        let found = self.store.candidates_among(request_ids, &query).await?;
+        let mut summary = TurnSummary::default();
+        for candidate in &found {
+            self.metrics.candidates(candidate.request_type.as_str(), 1);
+            summary.candidates += 1;
+            self.ensure(candidate, &mut summary).await;
+        }
+        debug!(
+            ?summary,
+            notified = request_ids.len(),
+            "looked at notified new requests"
+        );
+        Ok(summary)
     }
 
     /// One turn: the candidate query of each type; a CR for each new
@@ -335,19 +376,34 @@ fn drain_ids(first: i64, deleted: &mut mpsc::UnboundedReceiver<i64>) -> Vec<i64>
     ids.into_iter().collect()
 }
 
-/// Everything already waiting in the channel, deduplicated.
-fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChange>) -> Vec<i64> {
+/// What the notifications waiting in the channel said.
+#[derive(Debug, Default, PartialEq)]
+struct Woken {
+    /// The changed requests, deduplicated.
+    ids: Vec<i64>,
+    /// The listener reconnected: notifications may be lost, so a whole turn.
+    reconnected: bool,
+}
+
+/// Everything already waiting in the channel.
+fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChange>) -> Woken {
     let mut ids = BTreeSet::new();
-    let mut add = |change: RequestChange| {
-        if let RequestChange::Changed(id) = change {
+    let mut reconnected = false;
+    let mut add = |change: RequestChange| match change {
+        RequestChange::Changed(id) => {
             ids.insert(id);
         }
+        RequestChange::Reconnected => reconnected = true,
+        RequestChange::Malformed(_) => {}
     };
     add(first);
     while let Ok(change) = changes.try_recv() {
         add(change);
     }
-    ids.into_iter().collect()
+    Woken {
+        ids: ids.into_iter().collect(),
+        reconnected,
+    }
 }
 
 /// Forwards request changes from LISTEN; reconnects with backoff. A
@@ -419,5 +475,34 @@ pub(crate) async fn wait_ready(cache: &Cache<AutoApproval>) {
             _ = cache.wait_until_ready() => return,
             () = tokio::time::sleep(Duration::from_millis(100)) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reconnect_among_changes_still_asks_for_a_whole_turn() {
+        let (tx, mut rx) = mpsc::unbounded();
+        for change in [
+            RequestChange::Changed(5),
+            RequestChange::Reconnected,
+            RequestChange::Changed(3),
+        ] {
+            tx.unbounded_send(change).unwrap();
+        }
+        let first = RequestChange::Changed(5);
+        assert_eq!(
+            drain(first, &mut rx),
+            Woken {
+                ids: vec![3, 5],
+                reconnected: true
+            }
+        );
+        tx.unbounded_send(RequestChange::Changed(9)).unwrap();
+        let only_changes = drain(RequestChange::Changed(8), &mut rx);
+        assert_eq!(only_changes.ids, [8, 9]);
+        assert!(!only_changes.reconnected);
     }
 }

@@ -69,6 +69,21 @@ SELECT r.id AS request_id, s.id AS state_id
  ORDER BY r.status, r.sort_time
  LIMIT $4";
 
+// The same conditions, for given requests of both types at once: the ones a
+// notification named. Read by primary key, so no order and no limit.
+const CANDIDATES_AMONG: &str = "\
+SELECT r.id AS request_id, r.request_type, s.id AS state_id
+  FROM approval_request r
+  LEFT JOIN auto_approve_state s ON s.request_id = r.id
+ WHERE r.id = ANY($4::bigint[])
+   AND r.status IN ('ING', 'PENDING', 'RETRY')
+   AND (r.request_type = 'OWNER_CONTRACT'
+        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
+   AND r.sort_time >= $1
+   AND (s.id IS NULL
+        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
+
 /// The candidate SQL for a type; `None` for types that are not auto-approvable.
 pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
     match request_type {
@@ -81,6 +96,36 @@ pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
 // === impl Store ===
 
 impl Store {
+    /// Which of `request_ids` are candidates, by the candidate queries'
+    /// conditions (window, retry due and under the limit, not paused, an ad
+    /// contract's store), in one statement on the read pool; the window,
+    /// `now` and the limit come from `query`, its type and shards are not used.
+    pub async fn candidates_among(
+        &self,
+        request_ids: &[i64],
+        query: &CandidateQuery,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(CANDIDATES_AMONG)
+            .bind(query.window_start)
+            .bind(query.now)
+            .bind(query.retry_limit)
+            .bind(request_ids)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("candidates among requests"))?;
+        rows.into_iter()
+            .map(|(request_id, request_type, state_id)| {
+                Ok(Candidate {
+                    request_id,
+                    request_type: request_type
+                        .parse()
+                        .map_err(|error| StoreError::Malformed { request_id, error })?,
+                    state_id,
+                })
+            })
+            .collect()
+    }
+
     /// Runs the thin candidate query on the read pool.
     pub async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
         let Some(sql) = candidate_sql(query.request_type) else {

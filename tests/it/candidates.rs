@@ -174,3 +174,44 @@ fn benchmark_script_prepares_the_store_queries_verbatim() {
         );
     }
 }
+
+/// The one-statement look at notified requests selects, among them, exactly
+/// what the two range queries select: the seed's reference rows 101–107 and
+/// ad contracts with and without their store, other types, an old one.
+#[sqlx::test]
+async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(pool: PgPool) {
+    seed_reference_rows(&pool).await;
+    NewRequest::ready_ad(110, 7).insert(&pool).await;
+    let mut without_store = NewRequest::ready_ad(111, 7);
+    without_store.target_store_number = None;
+    without_store.insert(&pool).await;
+    let mut other = NewRequest::ready_owner(112);
+    other.request_type = "MENU_CHANGE";
+    other.insert(&pool).await;
+    NewRequest::ready_owner(113)
+        .sorted_at(t0() - Duration::days(31))
+        .insert(&pool)
+        .await;
+    let store = Store::new(pool.clone(), pool);
+    let mut ranged = Vec::new();
+    for request_type in RequestType::AUTO_APPROVABLE {
+        ranged.extend(store.candidates(&query(request_type, None)).await.unwrap());
+    }
+    ranged.sort_by_key(|c| c.request_id);
+    let ids: Vec<i64> = (101..=113).collect();
+    let mut among = store
+        .candidates_among(&ids, &query(RequestType::OwnerContract, None))
+        .await
+        .unwrap();
+    among.sort_by_key(|c| c.request_id);
+    assert_eq!(among, ranged);
+    let selected: Vec<i64> = among.iter().map(|c| c.request_id).collect();
+    assert_eq!(selected, [101, 102, 103, 110]);
+    assert!(
+        store
+            .candidates_among(&[104, 105], &query(RequestType::OwnerContract, None))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}

@@ -1240,3 +1240,43 @@ async fn an_approval_writes_its_status_once(pool: PgPool) {
     assert_eq!(status.holder.as_deref(), Some("replica-1"), "{status:?}");
     cluster.stop().await;
 }
+
+/// A new request's notification costs its shard's holder one look at that
+/// request, not a whole discovery turn (the wake batch and a range query
+/// per type); a change to a waiting request still gets the whole turn,
+/// which applies its wake.
+#[sqlx::test]
+async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole_turn(
+    pool: PgPool,
+) {
+    let mut cluster = Cluster::start(pool.clone()).await;
+    cluster.wait_listening().await;
+    waiting_owner_now(80).insert(&pool).await;
+    cluster.wait_phase(80, Phase::RetryWaiting).await;
+    let turns = |c: &Cluster| {
+        metric_sum(
+            &c.metrics.encode(),
+            "autoapproval_discovery_turn_candidates_count",
+            &[],
+        )
+    };
+    let before = turns(&cluster);
+    for id in 81..=85 {
+        owner_now(id).insert(&pool).await;
+    }
+    for id in 81..=85 {
+        cluster.wait_phase(id, Phase::Approved).await;
+    }
+    assert_eq!(turns(&cluster), before, "no whole turn for new requests");
+    // The waiting request's documents are released: its wake is applied by a turn.
+    sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 80")
+        .execute(&pool)
+        .await
+        .unwrap();
+    cluster.wait_phase(80, Phase::Approved).await;
+    assert!(
+        turns(&cluster) > before,
+        "a whole turn for a waiting request's change"
+    );
+    cluster.stop().await;
+}
