@@ -411,6 +411,8 @@ async fn measure(
         .iter()
         .map(|r| r.cpu_seconds().unwrap_or(0.0))
         .collect();
+    let postgres_before = stack.postgres_cpu_seconds();
+    let lab_before = crate::stack::replicas::cpu_seconds(std::process::id());
     let writes_before = stack.apiserver().map_or(0, |s| s.write_count());
     let calls_before = sim_calls(stack);
     let lost_before = stack.failed_claims(&http).await;
@@ -471,6 +473,13 @@ async fn measure(
     } else {
         (None, Vec::new())
     };
+    let postgres_cpu = stack
+        .postgres_cpu_seconds()
+        .zip(postgres_before)
+        .map(|(after, before)| after - before);
+    let lab_cpu = crate::stack::replicas::cpu_seconds(std::process::id())
+        .zip(lab_before)
+        .map(|(after, before)| after - before);
     let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
     let calls = sim_calls(stack) - calls_before;
     let lost = stack.failed_claims(&http).await - lost_before;
@@ -499,6 +508,8 @@ async fn measure(
             0.0
         },
         cpu_seconds_per_1000: per(cpu) * 1000.0,
+        postgres_cpu_seconds_per_1000: postgres_cpu.map(|c| per(c) * 1000.0),
+        lab_cpu_seconds_per_1000: lab_cpu.map(|c| per(c) * 1000.0),
         db_statements_per_approval: statements.map(|s| per(s as f64)),
         db_statements_top: top,
         kube_writes_per_approval: per(writes as f64),

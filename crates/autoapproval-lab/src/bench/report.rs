@@ -68,6 +68,11 @@ pub struct DesignReport {
     pub throughput_per_s: f64,
     /// CPU seconds of the replica processes per 1,000 approvals.
     pub cpu_seconds_per_1000: f64,
+    /// CPU seconds of PostgreSQL (server and backends) per 1,000 approvals.
+    pub postgres_cpu_seconds_per_1000: Option<f64>,
+    /// CPU seconds of the benchmark's own process per 1,000 approvals: the
+    /// in-memory API server, the simulator and the inserts.
+    pub lab_cpu_seconds_per_1000: Option<f64>,
     /// Statements the replicas sent, per approval (`pg_stat_statements`);
     /// `None` when the extension is not available.
     pub db_statements_per_approval: Option<f64>,
@@ -164,6 +169,14 @@ impl Report {
             get(&|d| f(d.cpu_seconds_per_1000)),
         ));
         rows.push((
+            "  PostgreSQL CPU s / 1,000".into(),
+            get(&|d| d.postgres_cpu_seconds_per_1000.map_or("n/a".into(), f)),
+        ));
+        rows.push((
+            "  API server + sim CPU s / 1,000".into(),
+            get(&|d| d.lab_cpu_seconds_per_1000.map_or("n/a".into(), f)),
+        ));
+        rows.push((
             "DB statements / approval".into(),
             get(&|d| d.db_statements_per_approval.map_or("n/a".into(), f)),
         ));
@@ -248,6 +261,8 @@ mod tests {
             pickup_samples_ms: vec![p99],
             throughput_per_s: 1.0,
             cpu_seconds_per_1000: 1.0,
+            postgres_cpu_seconds_per_1000: None,
+            lab_cpu_seconds_per_1000: None,
             db_statements_per_approval: None,
             db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,

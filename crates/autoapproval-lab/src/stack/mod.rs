@@ -321,6 +321,11 @@ impl Stack {
         Ok(())
     }
 
+    /// CPU seconds PostgreSQL (server and backends) has used so far.
+    pub fn postgres_cpu_seconds(&self) -> Option<f64> {
+        self.postgres.as_ref()?.cpu_seconds()
+    }
+
     /// The running replicas.
     pub fn replicas(&self) -> &[Replica] {
         &self.replicas

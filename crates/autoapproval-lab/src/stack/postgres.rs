@@ -27,6 +27,11 @@ pub struct Postgres {
 // === impl Postgres ===
 
 impl Postgres {
+    /// CPU seconds the server and its backends have used so far.
+    pub fn cpu_seconds(&self) -> Option<f64> {
+        super::replicas::tree_cpu_seconds(self.child.id()?)
+    }
+
     /// Initialises a cluster under `dir` and starts it; `bindir` overrides
     /// where `initdb` and `postgres` are found.
     pub async fn start(dir: &Path, bindir: Option<&Path>) -> Result<Self, StackError> {

@@ -148,17 +148,48 @@ impl Replica {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the parenthesised command name
+/// (which may hold spaces): the line's field 3 is the first.
+fn stat_fields(pid: u32) -> Option<Vec<u64>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = stat.rsplit_once(')')?.1;
+    // The state letter (field 3) is not a number; keep the positions.
+    Some(
+        rest.split_whitespace()
+            .map(|f| f.parse().unwrap_or(0))
+            .collect(),
+    )
+}
+
 /// CPU seconds of process `pid`: utime + stime of `/proc/<pid>/stat`, in
 /// USER_HZ ticks, which the kernel's ABI fixes at 100 per second.
 pub fn cpu_seconds(pid: u32) -> Option<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields after the command name, which is parenthesised and may hold spaces.
-    let rest = stat.rsplit_once(')')?.1;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let fields = stat_fields(pid)?;
     // utime and stime are fields 14 and 15 of the line; 12 and 13 after ')'.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some((utime + stime) as f64 / 100.0)
+    Some((fields.get(11)? + fields.get(12)?) as f64 / 100.0)
+}
+
+/// CPU seconds of process `pid` and of its children, living (their utime +
+/// stime) and reaped (its cutime + cstime): a PostgreSQL server with its
+/// backends.
+pub fn tree_cpu_seconds(pid: u32) -> Option<f64> {
+    let fields = stat_fields(pid)?;
+    // cutime and cstime are fields 16 and 17: 14 and 15 after ')'.
+    let mut ticks = fields.get(11)? + fields.get(12)? + fields.get(13)? + fields.get(14)?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(child) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        // The parent pid is field 4: 1 after ')'.
+        if let Some(f) = stat_fields(child).filter(|f| f.get(1) == Some(&u64::from(pid))) {
+            ticks += f.get(11).unwrap_or(&0) + f.get(12).unwrap_or(&0);
+        }
+    }
+    Some(ticks as f64 / 100.0)
 }
 
 /// The sum of the samples of `metric` whose labels contain every one of

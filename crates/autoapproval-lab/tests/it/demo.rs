@@ -225,6 +225,9 @@ async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_pl
             d["cpu_seconds_per_1000"].as_f64() > Some(0.0),
             "{name}: measured"
         );
+        for part in ["postgres_cpu_seconds_per_1000", "lab_cpu_seconds_per_1000"] {
+            assert!(d[part].as_f64() > Some(0.0), "{name}: {part} measured");
+        }
         for p in ["p50", "p95", "p99", "max"] {
             assert!(d["pickup_ms"][p].as_f64().is_some(), "{name} {p}");
         }
