@@ -7,14 +7,13 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use autoapproval_sim::{SimConfig, SimHandle, Simulator};
-use kube_testserver::{Options, TestServer};
+use autoapproval_sim::SimHandle;
+use kube_testserver::TestServer;
 use serde_json::Value;
 use sqlx::PgPool;
 
 use crate::support::{
-    NS, client_for, eventually, free_port, install_crd, owner_now, request_status, sigterm,
-    spawn_run,
+    NS, backends, eventually, free_port, owner_now, request_status, sigterm, spawn_run,
 };
 
 /// A test API server with the CRD, the simulator and a kubeconfig for the binary.
@@ -27,13 +26,7 @@ struct Stage {
 
 impl Stage {
     async fn start(name: &str) -> Stage {
-        let server = TestServer::start(Options::default())
-            .await
-            .expect("test API server");
-        install_crd(&client_for(&server)).await;
-        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-            .await
-            .expect("simulator");
+        let (server, _, sim) = backends().await;
         let dir = std::env::temp_dir().join(format!("aa-{name}-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let kubeconfig = dir.join("kubeconfig");

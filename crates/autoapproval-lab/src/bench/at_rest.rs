@@ -125,20 +125,8 @@ async fn reconciles_of(stack: &Stack, name: &str, http: &reqwest::Client) -> f64
 }
 
 async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, BenchError> {
-    let replica_args = |stack: &Stack, name: &str| {
-        [
-            stack.run_args(name),
-            vec![
-                "--shards".into(),
-                args.shards.to_string(),
-                "--poll-period".into(),
-                format!("{}ms", args.poll_period.as_millis()),
-                "--notify".into(),
-                args.notify.to_string(),
-            ],
-        ]
-        .concat()
-    };
+    let replica_args =
+        |stack: &Stack, name: &str| super::ours_argv(stack, args, name, args.poll_period);
     let names: Vec<String> = (0..args.replicas).map(|i| format!("ours-{i}")).collect();
     for name in &names {
         let argv = replica_args(stack, name);

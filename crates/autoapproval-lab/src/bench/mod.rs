@@ -358,21 +358,7 @@ async fn measure(
     for i in 0..args.replicas {
         let name = format!("{}-{i}", design.name());
         let (program, argv): (Program, Vec<String>) = match design {
-            Design::Ours => (
-                Program::Controller,
-                [
-                    stack.run_args(&name),
-                    vec![
-                        "--shards".into(),
-                        args.shards.to_string(),
-                        "--poll-period".into(),
-                        format!("{}ms", poll.as_millis().max(1)),
-                        "--notify".into(),
-                        args.notify.to_string(),
-                    ],
-                ]
-                .concat(),
-            ),
+            Design::Ours => (Program::Controller, ours_argv(stack, args, &name, poll)),
             Design::SeedNew | Design::SeedOld => (
                 Program::Lab,
                 vec![
@@ -517,6 +503,23 @@ async fn measure(
         duplicate_creations: stack.sim().map_or(0, |s| duplicate_creations(&s.stats())),
         failed_claims: lost.max(0.0) as u64,
     })
+}
+
+/// The command line of one of our replicas: the stack's, then the
+/// benchmark's shards, poll period and NOTIFY.
+fn ours_argv(stack: &Stack, args: &BenchArgs, name: &str, poll: Duration) -> Vec<String> {
+    [
+        stack.run_args(name),
+        vec![
+            "--shards".into(),
+            args.shards.to_string(),
+            "--poll-period".into(),
+            format!("{}ms", poll.as_millis().max(1)),
+            "--notify".into(),
+            args.notify.to_string(),
+        ],
+    ]
+    .concat()
 }
 
 fn sim_calls(stack: &Stack) -> u64 {
