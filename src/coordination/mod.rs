@@ -73,9 +73,9 @@ pub struct CoordinationConfig {
 
 impl CoordinationConfig {
     /// Turns between renewals of the member and leader Leases: half the
-    /// renew deadline rounded up to whole turns (3 turns, 6 s, by default),
-    /// so a renew that fails is retried every turn and at least two are sent
-    /// before the deadline (validation keeps the deadline above a turn).
+    /// renew deadline rounded up to whole turns (3 turns, 6 s, by default).
+    /// A renew that fails is retried every turn: with a deadline of 4 turns
+    /// or more (5 by default), two tries are sent before it.
     pub fn renew_every_turns(&self) -> u64 {
         let half = self.renew_deadline.as_nanos() / 2;
         let turn = self.retry_period.as_nanos().max(1);
@@ -442,5 +442,30 @@ impl Coordinator {
                 "some Leases could not be released; they expire after the lease duration"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(renew_deadline_ms: u64, retry_period_ms: u64) -> CoordinationConfig {
+        CoordinationConfig {
+            shard_count: 16,
+            lease_duration: Duration::from_secs(3600),
+            renew_deadline: Duration::from_millis(renew_deadline_ms),
+            retry_period: Duration::from_millis(retry_period_ms),
+        }
+    }
+
+    #[test]
+    fn renewals_come_every_half_renew_deadline_in_whole_turns() {
+        // The defaults: 10 s and 2 s, a renew every 3 turns (6 s), tried
+        // again at 8 s, both before the 10-s deadline.
+        assert_eq!(timings(10_000, 2_000).renew_every_turns(), 3);
+        assert_eq!(timings(3_000, 500).renew_every_turns(), 3);
+        assert_eq!(timings(8_000, 2_000).renew_every_turns(), 2);
+        // A deadline barely above a turn: renew every turn.
+        assert_eq!(timings(2_100, 2_000).renew_every_turns(), 1);
     }
 }
