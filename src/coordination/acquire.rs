@@ -193,6 +193,13 @@ impl Coordinator {
                 }
             }
         }
+        // Forget absences of members no shard Lease names any more.
+        let named: std::collections::BTreeSet<String> = by_shard
+            .values()
+            .filter_map(|l| l.spec.as_ref()?.holder_identity.as_deref())
+            .map(member_lease_name)
+            .collect();
+        self.absent.retain(|name, _| named.contains(name));
         let view = balance::View {
             shard_count: k,
             me: self.identity(),
