@@ -100,13 +100,13 @@ pub struct ControllerArgs {
     /// A claim untouched this long is stuck; must be at least 3 × --heartbeat-interval and 2 × --processing-timeout.
     #[arg(long, env = "AUTOAPPROVAL_STUCK_THRESHOLD", default_value = "5m", value_parser = parse_duration)]
     pub stuck_threshold: Duration,
-    /// A shard or leader Lease not renewed for this long may be taken by another replica (at least --renew-deadline + 2 × --retry-period).
+    /// A member or leader Lease not changed for this long may be taken over by another replica, and with a member Lease the shards of its holder (at least --renew-deadline + 2 × --retry-period).
     #[arg(long, env = "AUTOAPPROVAL_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
     pub lease_duration: Duration,
-    /// A replica that could not renew a Lease for this long stops claiming under it, and its chains in that shard stop within 100 ms, before any further external call: at least 2 × --retry-period before another replica may take the shard (--lease-duration).
+    /// A replica that could not renew its member Lease (or the leader Lease) for this long stops claiming under it, and its chains stop within 100 ms, before any further external call: at least 2 × --retry-period before another replica may take its shards (--lease-duration). Both Leases are renewed every half of it, rounded up to whole retry periods (6 s by default).
     #[arg(long, env = "AUTOAPPROVAL_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
     pub renew_deadline: Duration,
-    /// Delay between coordination turns (renew, acquire, balance).
+    /// Delay between coordination turns (list, acquire, balance; a renew that failed is retried at the next turn).
     #[arg(long, env = "AUTOAPPROVAL_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub retry_period: Duration,
     /// A chain running longer than this is stopped and retried with backoff.

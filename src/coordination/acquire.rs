@@ -1,17 +1,35 @@
-//! Shards: noticing losses, renewing what is held, balancing to the fair
-//! share (the decision is `balance::plan`), acquiring free or expired
-//! shards with their fence, and handing drained shards back.
+//! Shards: noticing losses, balancing to the fair share (the decision is
+//! `balance::plan`), acquiring free or expired shards with their fence, and
+//! handing drained shards back. Held shards are vouched for by the member
+//! Lease (see `leader.rs`), not renewed one by one.
 
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use tokio::time::Instant;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::fence::next_generation;
-use super::lease::{is_member, shard_lease_name, shard_of_lease};
+use super::lease::{is_member, member_lease_name, shard_lease_name, shard_of_lease};
 use super::{Coordinator, balance};
+
+/// A shard Lease's holder, for the balance.
+enum Holder<'l> {
+    /// Nobody, or a former run of this replica: free.
+    Nobody,
+    /// A replica that may still be claiming in the shard.
+    Live(&'l str),
+    /// A replica that has stopped claiming; its member Lease, when given,
+    /// must be written out first.
+    Gone(Option<&'l Lease>),
+}
+
+/// What a shard holder's member Lease says of it.
+enum MemberState<'l> {
+    Live,
+    Gone(Option<&'l Lease>),
+}
 
 // === impl Coordinator ===
 
@@ -43,35 +61,6 @@ impl Coordinator {
         warn!(shard, to, "shard lost: no more claims in it");
     }
 
-    pub(super) async fn renew_shards(&mut self, sent: Instant, now: DateTime<Utc>) {
-        for shard in self.shards.held() {
-            let name = shard_lease_name(shard);
-            let overdue = self.shards.is_overdue(shard);
-            match self.renew(&name, now).await {
-                Ok(true) => {
-                    self.shards.renewed(shard, sent);
-                    if overdue {
-                        // Reconciles refused meanwhile dropped their requeues.
-                        info!(
-                            shard,
-                            "shard renewed again after its renew deadline: claiming resumes"
-                        );
-                        let _ = self.acquired.unbounded_send(shard);
-                    }
-                }
-                Ok(false) => self.lose(shard, "another replica"),
-                Err(error) => {
-                    self.metrics.lease_renew_failure();
-                    if self.shards.is_overdue(shard) {
-                        warn!(shard, %error, "cannot renew the shard's Lease past the renew deadline: not claiming in it");
-                    } else {
-                        debug!(shard, %error, "shard Lease renew failed; retrying");
-                    }
-                }
-            }
-        }
-    }
-
     /// Hands back the shards being drained once no reconcile runs in them
     /// (or the renew deadline passed: the new owner's fence covers the rest).
     pub(super) async fn release_drained(&mut self, now: DateTime<Utc>) {
@@ -100,37 +89,117 @@ impl Coordinator {
         }
     }
 
+    /// Who holds a shard's Lease, as far as taking it goes. A holder other
+    /// than us is live while the shard Lease itself changed within the lease
+    /// duration (it was just taken) or its member Lease names it and is
+    /// live; gone once its member Lease names someone else, or expired (it
+    /// must then be written out of it first), or has been missing for the
+    /// lease duration.
+    fn shard_holder<'l>(
+        &mut self,
+        lease: &'l Lease,
+        members: &BTreeMap<String, &'l Lease>,
+        at: Instant,
+    ) -> Holder<'l> {
+        let Some(holder) = lease
+            .spec
+            .as_ref()
+            .and_then(|s| s.holder_identity.as_deref())
+            .filter(|h| !h.is_empty())
+        else {
+            return Holder::Nobody;
+        };
+        // Our own name on a shard we do not hold is a former run of this
+        // replica: take it over.
+        if holder == self.identity() {
+            return Holder::Nobody;
+        }
+        let name = member_lease_name(holder);
+        let member = match members.get(&name) {
+            Some(member) => {
+                self.absent.remove(&name);
+                let names_holder = member
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.holder_identity.as_deref())
+                    == Some(holder);
+                if !names_holder {
+                    MemberState::Gone(None)
+                } else if self.live_holder(member).is_some() {
+                    MemberState::Live
+                } else {
+                    MemberState::Gone(Some(*member))
+                }
+            }
+            None => {
+                let since = *self.absent.entry(name).or_insert(at);
+                if at.duration_since(since) > self.settings.lease_duration {
+                    MemberState::Gone(None)
+                } else {
+                    MemberState::Live
+                }
+            }
+        };
+        match member {
+            MemberState::Live => Holder::Live(holder),
+            _ if self.live_holder(lease).is_some() => Holder::Live(holder),
+            MemberState::Gone(evict) => Holder::Gone(evict),
+        }
+    }
+
     pub(super) async fn balance(&mut self, leases: &[Lease], sent: Instant, now: DateTime<Utc>) {
+        // Without a fresh member Lease nothing vouches for a new shard.
+        if !self.member_fresh() {
+            return;
+        }
         let k = self.settings.shard_count;
         let mut by_shard: BTreeMap<u32, &Lease> = BTreeMap::new();
+        let mut member_leases: BTreeMap<String, &Lease> = BTreeMap::new();
         let mut members: BTreeMap<String, Vec<u32>> = BTreeMap::new();
         members.insert(self.identity().to_owned(), self.shards.held());
         for lease in leases {
             if let Some(shard) = shard_of_lease(lease, k) {
                 by_shard.insert(shard, lease);
-            } else if is_member(lease)
-                && let Some(holder) = self.live_holder(lease)
-            {
-                members.entry(holder.to_owned()).or_default();
+            } else if is_member(lease) {
+                if let Some(name) = &lease.metadata.name {
+                    member_leases.insert(name.clone(), lease);
+                }
+                if let Some(holder) = self.live_holder(lease) {
+                    members.entry(holder.to_owned()).or_default();
+                }
             }
         }
         let held = self.shards.held();
         let mut free = Vec::new();
+        let mut gone: BTreeMap<u32, Option<Lease>> = BTreeMap::new();
         for shard in 0..k {
             if held.contains(&shard) {
                 continue;
             }
-            match by_shard.get(&shard).and_then(|l| self.live_holder(l)) {
-                // A live holder other than us (our own name on a shard we do
-                // not hold is a former run of this replica: take it over).
-                Some(holder) if holder != self.identity() => {
+            let Some(lease) = by_shard.get(&shard).copied() else {
+                free.push(shard);
+                continue;
+            };
+            match self.shard_holder(lease, &member_leases, sent) {
+                Holder::Live(holder) => {
                     if let Some(shards) = members.get_mut(holder) {
                         shards.push(shard);
                     }
                 }
-                _ => free.push(shard),
+                Holder::Nobody => free.push(shard),
+                Holder::Gone(evict) => {
+                    gone.insert(shard, evict.cloned());
+                    free.push(shard);
+                }
             }
         }
+        // Forget absences of members no shard Lease names any more.
+        let named: std::collections::BTreeSet<String> = by_shard
+            .values()
+            .filter_map(|l| l.spec.as_ref()?.holder_identity.as_deref())
+            .map(member_lease_name)
+            .collect();
+        self.absent.retain(|name, _| named.contains(name));
         let view = balance::View {
             shard_count: k,
             me: self.identity(),
@@ -151,7 +220,23 @@ impl Coordinator {
         if self.shards.is_stopping() {
             return;
         }
+        // Member Leases written out this turn (true) or that could not be.
+        let mut evicted: BTreeMap<String, bool> = BTreeMap::new();
         for shard in plan.acquire {
+            if let Some(Some(member)) = gone.get(&shard) {
+                let name = member.metadata.name.clone().unwrap_or_default();
+                let done = match evicted.get(&name) {
+                    Some(done) => *done,
+                    None => {
+                        let done = self.evict(member, now).await;
+                        evicted.insert(name, done);
+                        done
+                    }
+                };
+                if !done {
+                    continue;
+                }
+            }
             let existing = by_shard.get(&shard).copied().cloned();
             self.acquire_shard(shard, existing, sent, now).await;
         }

@@ -2,13 +2,24 @@
 //! shards held by the live replicas, and elect the one leader that runs the
 //! cleanser and the CR garbage collector. Every Lease call is here.
 //!
-//! Each replica keeps a member Lease; every retry period it renews what it
-//! holds, takes free or expired shards up to its fair share and hands one
-//! back when another live replica is below it. Expiry is judged by the local
-//! time at which a Lease was last seen to change, as client-go does, so clock
-//! skew between nodes does not matter. Acquiring a shard raises its fencing
-//! token in the DB to the Lease's new generation and recovers the claims the
-//! previous holder left (see `Store::fence_shard`).
+//! Each replica keeps a member Lease. Every retry period it lists the
+//! Leases, takes free or expired shards up to its fair share and hands one
+//! back when another live replica is below it; every few turns (about half
+//! the renew deadline) it renews its member Lease, and the leader its leader
+//! Lease. A shard Lease is written only when it changes hands: its holder
+//! holds it while the holder's member Lease is renewed, so a replica at rest
+//! writes one Lease per renewal, however many shards it holds.
+//!
+//! Expiry is judged by the local time at which a Lease was last seen to
+//! change, as client-go does, so clock skew between nodes does not matter.
+//! A shard is taken from another replica only when both its Lease and its
+//! holder's member Lease have not changed for the lease duration, and only
+//! after the taker has written the holder out of that member Lease (with the
+//! version it judged, so a renew that landed meanwhile makes it fail): the
+//! holder's next renew then fails and it drops every shard. Acquiring a
+//! shard raises its fencing token in the DB to the Lease's new generation
+//! and recovers the claims the previous holder left (see
+//! `Store::fence_shard`).
 
 mod acquire;
 pub mod balance;
@@ -60,6 +71,20 @@ pub struct CoordinationConfig {
     pub retry_period: Duration,
 }
 
+impl CoordinationConfig {
+    /// Turns between renewals of the member and leader Leases: half the
+    /// renew deadline rounded up to whole turns (3 turns, 6 s, by default).
+    /// A renew that fails is retried every turn: with a deadline of 4 turns
+    /// or more (5 by default), two tries are sent before it.
+    pub fn renew_every_turns(&self) -> u64 {
+        let half = self.renew_deadline.as_nanos() / 2;
+        let turn = self.retry_period.as_nanos().max(1);
+        u64::try_from(half.div_ceil(turn))
+            .unwrap_or(u64::MAX)
+            .max(1)
+    }
+}
+
 /// When a Lease was last seen to change, by the local clock.
 #[derive(Debug)]
 struct Seen {
@@ -83,6 +108,18 @@ pub struct Coordinator {
     /// The last version we wrote of each Lease we hold.
     mine: HashMap<String, Lease>,
     leader_renewed: Option<Instant>,
+    /// Turns run so far: renewals are due every few of them.
+    turns: u64,
+    /// The turn in which the member Lease was last written.
+    member_turn: Option<u64>,
+    /// The turn in which the leader Lease was last written.
+    leader_turn: Option<u64>,
+    /// When the last successful write of the member Lease was sent: it
+    /// vouches for every shard held, and no shard is acquired without it.
+    member_renewed: Option<Instant>,
+    /// Member Leases found missing, from when: a holder whose member Lease
+    /// is gone for the lease duration has stopped claiming.
+    absent: HashMap<String, Instant>,
     /// The API server's address, for the log lines about it.
     api_server: String,
     outage: Outage,
@@ -141,6 +178,11 @@ impl Coordinator {
             last_list: None,
             mine: HashMap::new(),
             leader_renewed: None,
+            turns: 0,
+            member_turn: None,
+            leader_turn: None,
+            member_renewed: None,
+            absent: HashMap::new(),
             api_server: api_server.to_owned(),
             outage: Outage::new(OUTAGE_REPORT_EVERY),
             api_ok,
@@ -203,7 +245,7 @@ impl Coordinator {
         self.release_all().await;
     }
 
-    /// One turn: membership, renewals, then acquisitions and hand-backs.
+    /// One turn: membership, losses, then acquisitions and hand-backs.
     /// A replica that has not reached the database for the renew deadline
     /// holds nothing: it could claim nothing, and its shards would wait for
     /// their Leases to expire while the others can work them.
@@ -220,8 +262,9 @@ impl Coordinator {
             return;
         }
         self.withdrawn = false;
+        self.turns += 1;
         let now = self.clock.now();
-        self.renew_member(now).await;
+        self.renew_member(sent, now).await;
         let listed = self
             .api
             .list(&ListParams::default().labels(ROLE_LABEL))
@@ -257,7 +300,6 @@ impl Coordinator {
             self.observe(leases, sent);
             self.notice_losses(leases);
         }
-        self.renew_shards(sent, now).await;
         self.release_drained(now).await;
         if let Some(leases) = leases {
             self.balance(&leases, sent, now).await;
@@ -355,9 +397,23 @@ impl Coordinator {
         (!expired).then_some(holder)
     }
 
+    /// Whether a renewal written in turn `last` is due again.
+    fn renew_due(&self, last: Option<u64>) -> bool {
+        last.is_none_or(|turn| self.turns.saturating_sub(turn) >= self.settings.renew_every_turns())
+    }
+
+    /// Whether the member Lease was written within the renew deadline.
+    fn member_fresh(&self) -> bool {
+        self.member_renewed
+            .is_some_and(|at| at.elapsed() < self.settings.renew_deadline)
+    }
+
     /// Hands every Lease back at shutdown.
     async fn release_all(&mut self) {
         let now = self.clock.now();
+        self.member_renewed = None;
+        self.member_turn = None;
+        self.leader_turn = None;
         let mut kept = 0;
         for shard in self.shards.held() {
             kept += usize::from(!self.release_shard(shard, now).await);
@@ -386,5 +442,30 @@ impl Coordinator {
                 "some Leases could not be released; they expire after the lease duration"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timings(renew_deadline_ms: u64, retry_period_ms: u64) -> CoordinationConfig {
+        CoordinationConfig {
+            shard_count: 16,
+            lease_duration: Duration::from_secs(3600),
+            renew_deadline: Duration::from_millis(renew_deadline_ms),
+            retry_period: Duration::from_millis(retry_period_ms),
+        }
+    }
+
+    #[test]
+    fn renewals_come_every_half_renew_deadline_in_whole_turns() {
+        // The defaults: 10 s and 2 s, a renew every 3 turns (6 s), tried
+        // again at 8 s, both before the 10-s deadline.
+        assert_eq!(timings(10_000, 2_000).renew_every_turns(), 3);
+        assert_eq!(timings(3_000, 500).renew_every_turns(), 3);
+        assert_eq!(timings(8_000, 2_000).renew_every_turns(), 2);
+        // A deadline barely above a turn: renew every turn.
+        assert_eq!(timings(2_100, 2_000).renew_every_turns(), 1);
     }
 }

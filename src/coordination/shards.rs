@@ -23,7 +23,8 @@ struct Held {
 }
 
 impl Held {
-    /// Renewed within `deadline`: until then no other replica can take it.
+    /// Renewed within `deadline` (the shard's Lease taken, or the member
+    /// Lease renewed, since): until then no other replica can take it.
     fn fresh(&self, deadline: Duration) -> bool {
         self.renewed.elapsed() < deadline
     }
@@ -196,11 +197,28 @@ impl Shards {
         );
     }
 
-    /// Records a successful renew sent at `at`.
-    pub(super) fn renewed(&self, shard: u32, at: Instant) {
-        if let Some(held) = self.lock().held.get_mut(&shard) {
+    /// Records a successful renew of the member Lease sent at `at`: it
+    /// vouches for every shard held. Returns the shards that were past
+    /// their renew deadline (claiming in them resumes).
+    pub(super) fn renewed_all(&self, at: Instant) -> Vec<u32> {
+        let mut inner = self.lock();
+        let mut resumed = Vec::new();
+        for (shard, held) in &mut inner.held {
+            if !held.fresh(self.renew_deadline) {
+                resumed.push(*shard);
+            }
             held.renewed = held.renewed.max(at);
         }
+        resumed
+    }
+
+    /// Forgets every shard (the member Lease was taken: another replica
+    /// judged this one gone and may be taking its shards).
+    pub(super) fn remove_all(&self) -> Vec<u32> {
+        let mut inner = self.lock();
+        let lost = inner.held.keys().copied().collect();
+        inner.held.clear();
+        lost
     }
 
     /// Forgets a shard (lost or released).
@@ -243,8 +261,10 @@ mod tests {
         assert!(shards.guard(3).is_none(), "renew deadline passed");
         assert!(shards.workable().is_empty());
         assert!(shards.is_overdue(3));
-        shards.renewed(3, Instant::now());
+        assert_eq!(shards.renewed_all(Instant::now()), vec![3]);
         assert!(shards.guard(3).is_some());
+        assert_eq!(shards.remove_all(), vec![3]);
+        assert!(shards.guard(3).is_none(), "forgotten");
     }
 
     #[tokio::test]

@@ -1280,3 +1280,251 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
     );
     cluster.stop().await;
 }
+
+/// At rest a replica writes one Lease per renewal round (its member Lease)
+/// and the leader one more (the leader Lease), however many shards it
+/// holds: shard Leases are written only when they change hands. Rounds are
+/// counted by the member Lease's own writes, so the assertion is about
+/// writes per round, not per second.
+#[sqlx::test]
+async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
+    use std::collections::BTreeMap;
+
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::coordination::v1::Lease;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+
+    const ROUNDS: u64 = 5;
+    let mut settings = test_settings();
+    settings.coordination.lease_duration = Duration::from_secs(3);
+    settings.coordination.renew_deadline = Duration::from_secs(2);
+    settings.coordination.retry_period = Duration::from_millis(250);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    eventually("the replica to hold all 16 shards and lead", || async {
+        let text = cluster.metrics.encode();
+        (metric_sum(&text, "autoapproval_shards_held", &[]) == 16.0
+            && metric_sum(&text, "autoapproval_leader", &[]) == 1.0)
+            .then_some(())
+    })
+    .await
+    .expect("settled");
+    let lease_writes = |server: &TestServer| -> u64 {
+        let counts = server.request_counts();
+        ["update leases", "create leases"]
+            .iter()
+            .map(|k| counts.get(*k).copied().unwrap_or(0))
+            .sum()
+    };
+
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let version = leases
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut events = leases
+        .watch(&WatchParams::default(), &version)
+        .await
+        .expect("watch")
+        .boxed();
+    let member = autoapproval::coordination::member_lease_name("replica-1");
+    // From the first member renew seen, count ROUNDS more.
+    let mut written: BTreeMap<String, u64> = BTreeMap::new();
+    let mut start = None;
+    let mut rounds = 0;
+    let watched = tokio::time::timeout(Duration::from_secs(120), async {
+        while rounds < ROUNDS {
+            let event = events.try_next().await.expect("watch").expect("open");
+            let (WatchEvent::Added(lease) | WatchEvent::Modified(lease)) = event else {
+                continue;
+            };
+            let name = lease.metadata.name.unwrap_or_default();
+            if name == member {
+                match start {
+                    None => {
+                        start = Some(lease_writes(&cluster.server));
+                        continue;
+                    }
+                    Some(_) => rounds += 1,
+                }
+            }
+            if start.is_some() {
+                *written.entry(name).or_default() += 1;
+            }
+        }
+    })
+    .await;
+    assert!(watched.is_ok(), "no {ROUNDS} member renewals within 120 s");
+    let delta = lease_writes(&cluster.server) - start.unwrap_or_default();
+    let others: Vec<_> = written
+        .keys()
+        .filter(|n| **n != member && n.as_str() != autoapproval::coordination::LEADER_LEASE)
+        .collect();
+    assert!(
+        others.is_empty(),
+        "only the member and leader Leases are written at rest: {written:?}"
+    );
+    // Per round, the member Lease and the leader Lease: 2 writes, give or
+    // take the leader write of the rounds at either end.
+    assert!(
+        (2 * ROUNDS - 2..=2 * ROUNDS + 1).contains(&delta),
+        "{delta} Lease writes in {ROUNDS} renewal rounds, 2 per round expected: {written:?}"
+    );
+    cluster.stop().await;
+}
+
+/// A replica whose member Lease was written by another replica (which
+/// judged it gone and may be taking its shards) drops every shard at its
+/// next renew, before it joins again: each shard is then fenced anew.
+#[sqlx::test]
+async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPool) {
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let mut settings = test_settings();
+    settings.coordination.lease_duration = Duration::from_secs(3);
+    settings.coordination.renew_deadline = Duration::from_secs(2);
+    settings.coordination.retry_period = Duration::from_millis(250);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let text = || cluster.metrics.encode();
+    eventually("the replica to hold all 16 shards", || async {
+        (metric_sum(&text(), "autoapproval_shards_held", &[]) == 16.0).then_some(())
+    })
+    .await
+    .expect("settled");
+    let (before,): (i64,) =
+        sqlx::query_as("SELECT max(token) FROM shard_fence WHERE shard_count = 16")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let member = autoapproval::coordination::member_lease_name("replica-1");
+    eventually("the member Lease to be written out", || async {
+        let mut lease = leases.get(&member).await.ok()?;
+        lease.spec.as_mut()?.holder_identity = None;
+        leases
+            .replace(&member, &PostParams::default(), &lease)
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await
+    .expect("written out");
+
+    eventually("every shard to be dropped and fenced anew", || async {
+        let lost = metric_sum(&text(), "autoapproval_shard_losses_total", &[]);
+        let (refenced,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM shard_fence WHERE shard_count = 16 AND token > $1",
+        )
+        .bind(before)
+        .fetch_one(&pool)
+        .await
+        .ok()?;
+        (lost == 16.0 && refenced == 16).then_some(())
+    })
+    .await
+    .expect("dropped and taken again");
+    let lease = leases.get(&member).await.expect("member Lease");
+    assert_eq!(
+        lease.spec.and_then(|s| s.holder_identity).as_deref(),
+        Some("replica-1"),
+        "the replica joined again"
+    );
+    cluster.stop().await;
+}
+
+/// A shard held by a replica whose member Lease stopped changing is taken
+/// only after the taker wrote that replica out of its member Lease (so a
+/// renew it sent meanwhile would have failed the taker's write instead),
+/// and the failover is an Event naming the old holder.
+#[sqlx::test]
+async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken(pool: PgPool) {
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use kube::api::ObjectMeta;
+
+    let mut settings = test_settings();
+    settings.coordination.lease_duration = Duration::from_secs(3);
+    settings.coordination.renew_deadline = Duration::from_secs(2);
+    settings.coordination.retry_period = Duration::from_millis(250);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    eventually("the replica to hold all 16 shards", || async {
+        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            .then_some(())
+    })
+    .await
+    .expect("settled");
+    // A ghost replica joins and takes shard 9, then dies: neither of its
+    // Leases changes again.
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let ghost = |name: &str, role: &str| Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    autoapproval::coordination::ROLE_LABEL.to_owned(),
+                    role.to_owned(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("ghost".into()),
+            lease_duration_seconds: Some(3),
+            lease_transitions: Some(1),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases
+        .create(
+            &PostParams::default(),
+            &ghost("autoapproval-member-ghost", "member"),
+        )
+        .await
+        .expect("ghost member Lease");
+    eventually("the ghost to take shard 9", || async {
+        let mut lease = leases.get("autoapproval-shard-9").await.ok()?;
+        lease.spec = ghost("autoapproval-shard-9", "shard").spec;
+        leases
+            .replace("autoapproval-shard-9", &PostParams::default(), &lease)
+            .await
+            .ok()
+            .map(drop)
+    })
+    .await
+    .expect("ghost holds shard 9");
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let holder = |lease: Lease| lease.spec.and_then(|s| s.holder_identity);
+    eventually("shard 9 to be taken from the ghost", || async {
+        let lease = leases.get("autoapproval-shard-9").await.ok()?;
+        (holder(lease).as_deref() == Some("replica-1")).then_some(())
+    })
+    .await
+    .expect("taken");
+    let ghost = leases
+        .get("autoapproval-member-ghost")
+        .await
+        .expect("ghost member Lease");
+    assert_eq!(
+        holder(ghost),
+        None,
+        "the ghost was written out of its member Lease first"
+    );
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(cluster.client.clone(), NS);
+    eventually("a ShardFailover Event naming the ghost", || async {
+        let list = events.list(&kube::api::ListParams::default()).await.ok()?;
+        list.items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("ShardFailover")
+                    && e.note.as_deref().is_some_and(|n| n.contains("from ghost,"))
+            })
+            .then_some(())
+    })
+    .await
+    .expect("event");
+    cluster.stop().await;
+}
