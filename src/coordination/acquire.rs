@@ -11,7 +11,9 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::fence::next_generation;
-use super::lease::{is_member, member_lease_name, shard_lease_name, shard_of_lease};
+use super::lease::{
+    is_member, member_lease_name, shard_lease_name, shard_of_lease, speaks_protocol,
+};
 use super::{Coordinator, balance};
 
 /// A shard Lease's holder, for the balance.
@@ -59,6 +61,43 @@ impl Coordinator {
         self.mine.remove(&shard_lease_name(shard));
         self.metrics.shard_lost();
         warn!(shard, to, "shard lost: no more claims in it");
+    }
+
+    /// Notices live member Leases of replicas of the previous protocol (no
+    /// protocol annotation): during a rolling upgrade they would take any
+    /// shard Lease they see unrenewed for the lease duration.
+    pub(super) fn notice_legacy_members(&mut self, leases: &[Lease]) {
+        let legacy = leases
+            .iter()
+            .filter(|l| is_member(l) && !speaks_protocol(l))
+            .any(|l| self.live_holder(l).is_some());
+        if legacy != self.legacy_members {
+            if legacy {
+                warn!(
+                    "a replica of the previous coordination protocol is live (an upgrade in progress): renewing shard Leases every turn until it is gone"
+                );
+            } else {
+                info!(
+                    "every live replica speaks this coordination protocol: shard Leases are written only when they change hands"
+                );
+            }
+            self.legacy_members = legacy;
+        }
+    }
+
+    /// Renews every held shard Lease, as the previous protocol expects; a
+    /// Lease found naming another replica is lost.
+    pub(super) async fn renew_shard_leases(&mut self, now: DateTime<Utc>) {
+        for shard in self.shards.held() {
+            match self.renew(&shard_lease_name(shard), now).await {
+                Ok(true) => {}
+                Ok(false) => self.lose(shard, "another replica"),
+                Err(error) => {
+                    self.metrics.lease_renew_failure();
+                    warn!(shard, %error, "could not renew the shard's Lease for a replica of the previous protocol");
+                }
+            }
+        }
     }
 
     /// Hands back the shards being drained once no reconcile runs in them

@@ -36,13 +36,15 @@ impl Coordinator {
         let result = match existing {
             Some(mut lease) => {
                 lease.spec = Some(spec);
+                mark_protocol(&mut lease);
                 self.api.replace(name, &post_params(), &lease).await
             }
             None => {
-                let lease = Lease {
+                let mut lease = Lease {
                     metadata: lease_meta(name, role),
                     spec: Some(spec),
                 };
+                mark_protocol(&mut lease);
                 self.api.create(&post_params(), &lease).await
             }
         };
@@ -73,6 +75,7 @@ impl Coordinator {
             if let Some(spec) = lease.spec.as_mut() {
                 spec.renew_time = Some(micro_time(now));
             }
+            mark_protocol(&mut lease);
             match self.api.replace(name, &post_params(), &lease).await {
                 Ok(renewed) => {
                     self.mine.insert(name.to_owned(), renewed);
@@ -140,6 +143,34 @@ pub(super) fn shard_of_lease(lease: &Lease, shard_count: u32) -> Option<u32> {
     let name = lease.metadata.name.as_deref()?;
     let shard: u32 = name.strip_prefix(SHARD_LEASE_PREFIX)?.parse().ok()?;
     (shard < shard_count).then_some(shard)
+}
+
+/// The annotation naming the coordination protocol of the replica that
+/// wrote a Lease. Protocol 2 renews shard Leases only when they change hands
+/// (the member Lease vouches for them); a replica without the annotation
+/// renews each shard Lease every turn and takes one it sees unrenewed for
+/// the lease duration, so while such a replica lives, protocol 2 renews its
+/// shard Leases every turn too.
+pub const PROTOCOL_ANNOTATION: &str = "autoapproval.io/coordination-protocol";
+const PROTOCOL: &str = "2";
+
+/// Marks a Lease as written by this protocol.
+pub(super) fn mark_protocol(lease: &mut Lease) {
+    lease
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(PROTOCOL_ANNOTATION.to_owned(), PROTOCOL.to_owned());
+}
+
+/// Whether a Lease was written by a replica of this protocol or a later one.
+pub(super) fn speaks_protocol(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(PROTOCOL_ANNOTATION))
+        .is_some_and(|v| v.parse::<u32>().is_ok_and(|n| n >= 2))
 }
 
 pub(super) fn is_member(lease: &Lease) -> bool {

@@ -39,7 +39,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-pub use self::lease::{member_lease_name, shard_lease_name};
+pub use self::lease::{PROTOCOL_ANNOTATION, member_lease_name, shard_lease_name};
 pub use self::shards::{ShardGuard, Shards};
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
@@ -120,6 +120,9 @@ pub struct Coordinator {
     /// Member Leases found missing, from when: a holder whose member Lease
     /// is gone for the lease duration has stopped claiming.
     absent: HashMap<String, Instant>,
+    /// A live member Lease was written by a replica of the previous protocol
+    /// (an upgrade in progress): shard Leases are then renewed every turn.
+    legacy_members: bool,
     /// The API server's address, for the log lines about it.
     api_server: String,
     outage: Outage,
@@ -183,6 +186,7 @@ impl Coordinator {
             leader_turn: None,
             member_renewed: None,
             absent: HashMap::new(),
+            legacy_members: false,
             api_server: api_server.to_owned(),
             outage: Outage::new(OUTAGE_REPORT_EVERY),
             api_ok,
@@ -299,6 +303,10 @@ impl Coordinator {
         if let Some(leases) = &leases {
             self.observe(leases, sent);
             self.notice_losses(leases);
+            self.notice_legacy_members(leases);
+        }
+        if self.legacy_members {
+            self.renew_shard_leases(now).await;
         }
         self.release_drained(now).await;
         if let Some(leases) = leases {

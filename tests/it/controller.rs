@@ -1528,3 +1528,141 @@ async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_ta
     .expect("event");
     cluster.stop().await;
 }
+
+/// During a rolling upgrade a replica of the previous coordination protocol
+/// (its member Lease carries no protocol annotation) judges each shard Lease
+/// by its own renewals and would take one left unrenewed: while one lives,
+/// the shard Leases held are renewed every turn again; once it is gone, they
+/// are written only when they change hands.
+#[sqlx::test]
+async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives(pool: PgPool) {
+    use futures::{StreamExt, TryStreamExt};
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+
+    let mut settings = test_settings();
+    settings.coordination.lease_duration = Duration::from_secs(3);
+    settings.coordination.renew_deadline = Duration::from_secs(2);
+    settings.coordination.retry_period = Duration::from_millis(250);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    eventually("the replica to hold all 16 shards", || async {
+        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            .then_some(())
+    })
+    .await;
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let version = leases
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    let mut events = leases
+        .watch(&WatchParams::default(), &version)
+        .await
+        .expect("watch")
+        .boxed();
+
+    // The old replica's member Lease, as the previous protocol writes it,
+    // renewed by this test.
+    let old_name = autoapproval::coordination::member_lease_name("old-replica");
+    let old = Lease {
+        metadata: ObjectMeta {
+            name: Some(old_name.clone()),
+            labels: Some(
+                [(
+                    autoapproval::coordination::ROLE_LABEL.to_owned(),
+                    "member".to_owned(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some("old-replica".into()),
+            lease_duration_seconds: Some(3),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    };
+    leases
+        .create(&PostParams::default(), &old)
+        .await
+        .expect("old member");
+    let renewing = {
+        let leases = leases.clone();
+        let name = old_name.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                if let Ok(mut lease) = leases.get(&name).await {
+                    if let Some(spec) = lease.spec.as_mut() {
+                        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+                    }
+                    let _ = leases.replace(&name, &PostParams::default(), &lease).await;
+                }
+            }
+        })
+    };
+    // A shard Lease renewed, not taken: it names replica-1 at the generation it had.
+    let renewal = |lease: &Lease, seen: &mut BTreeMap<String, i32>| -> bool {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let spec = lease.spec.clone().unwrap_or_default();
+        if !name.starts_with(autoapproval::coordination::SHARD_LEASE_PREFIX)
+            || spec.holder_identity.as_deref() != Some("replica-1")
+        {
+            return false;
+        }
+        let generation = spec.lease_transitions.unwrap_or_default();
+        seen.insert(name, generation) == Some(generation)
+    };
+    use std::collections::BTreeMap;
+    let mut seen = BTreeMap::new();
+    let mut renewals = 0;
+    let renewed = tokio::time::timeout(Duration::from_secs(60), async {
+        while renewals < 6 {
+            let event = events.try_next().await.expect("watch").expect("open");
+            if let WatchEvent::Modified(lease) = event {
+                if renewal(&lease, &mut seen) {
+                    renewals += 1;
+                }
+            }
+        }
+    })
+    .await;
+    assert!(
+        renewed.is_ok(),
+        "shard Leases not renewed while the old replica lives"
+    );
+
+    renewing.abort();
+    leases
+        .delete(&old_name, &Default::default())
+        .await
+        .expect("old member gone");
+    // Once it is gone: three renewals of our member Lease in a row with no
+    // shard Lease renewed between them.
+    let member = autoapproval::coordination::member_lease_name("replica-1");
+    let mut quiet_rounds = 0;
+    let quiet = tokio::time::timeout(Duration::from_secs(60), async {
+        while quiet_rounds < 3 {
+            let event = events.try_next().await.expect("watch").expect("open");
+            let WatchEvent::Modified(lease) = event else {
+                continue;
+            };
+            if lease.metadata.name.as_deref() == Some(member.as_str()) {
+                quiet_rounds += 1;
+            } else if renewal(&lease, &mut seen) {
+                quiet_rounds = 0;
+            }
+        }
+    })
+    .await;
+    assert!(
+        quiet.is_ok(),
+        "shard Leases still renewed after the old replica left"
+    );
+    cluster.stop().await;
+}
