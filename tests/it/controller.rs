@@ -1624,10 +1624,10 @@ async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives
     let renewed = tokio::time::timeout(Duration::from_secs(60), async {
         while renewals < 6 {
             let event = events.try_next().await.expect("watch").expect("open");
-            if let WatchEvent::Modified(lease) = event {
-                if renewal(&lease, &mut seen) {
-                    renewals += 1;
-                }
+            if let WatchEvent::Modified(lease) = event
+                && renewal(&lease, &mut seen)
+            {
+                renewals += 1;
             }
         }
     })
