@@ -127,6 +127,9 @@ impl Coordinator {
                     self.leader_turn = Some(self.turns);
                 }
                 Ok(false) => {
+                    // Someone else's now: forgotten, so that a later turn
+                    // takes it again once it is free or expired.
+                    self.mine.remove(LEADER_LEASE);
                     self.leader_renewed = None;
                     self.metrics.leadership_lost();
                     warn!("leadership lost");

@@ -1666,3 +1666,59 @@ async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives
     );
     cluster.stop().await;
 }
+
+/// A leader whose Lease another replica took (a partition from the API
+/// server, say) stands again once that one is gone: it leads again after
+/// the Lease expires, instead of renewing a Lease that is not its own.
+#[sqlx::test]
+async fn a_replica_that_lost_the_leader_lease_leads_again_once_it_expires(pool: PgPool) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let mut settings = test_settings();
+    settings.coordination.lease_duration = Duration::from_secs(3);
+    settings.coordination.renew_deadline = Duration::from_secs(2);
+    settings.coordination.retry_period = Duration::from_millis(250);
+    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let leading = |c: &Cluster| metric_sum(&c.metrics.encode(), "autoapproval_leader", &[]);
+    eventually("the replica to lead", || async {
+        (leading(&cluster) == 1.0).then_some(())
+    })
+    .await;
+    // Another replica takes the Lease, then vanishes without renewing it.
+    let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
+    let mut lease = leases
+        .get(autoapproval::coordination::LEADER_LEASE)
+        .await
+        .expect("leader Lease");
+    if let Some(spec) = lease.spec.as_mut() {
+        spec.holder_identity = Some("partitioned-away".into());
+        spec.renew_time = Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+        spec.lease_transitions = spec.lease_transitions.map(|t| t + 1);
+    }
+    leases
+        .replace(
+            autoapproval::coordination::LEADER_LEASE,
+            &PostParams::default(),
+            &lease,
+        )
+        .await
+        .expect("taken");
+    eventually("the replica to notice it lost the lead", || async {
+        (leading(&cluster) == 0.0).then_some(())
+    })
+    .await;
+    eventually(
+        "the replica to lead again after the Lease expired",
+        || async { (leading(&cluster) == 1.0).then_some(()) },
+    )
+    .await;
+    let holder = leases
+        .get(autoapproval::coordination::LEADER_LEASE)
+        .await
+        .expect("leader Lease")
+        .spec
+        .and_then(|s| s.holder_identity);
+    assert_eq!(holder.as_deref(), Some("replica-1"));
+    cluster.stop().await;
+}
