@@ -278,16 +278,13 @@ async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes
     let json: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
     assert_eq!(json["waiting"], 60);
-    // At rest only the Leases are renewed: 4 shards, 2 members and the leader.
+    // At rest nothing but Lease renewals is written: the member and leader
+    // Leases, every 6 s, so the window holds one round or two.
     let by_kind = json["kube_writes_per_s_by_kind"]
         .as_object()
         .expect("by kind");
-    assert_eq!(
-        by_kind.keys().collect::<Vec<_>>(),
-        ["update leases"],
-        "{json:#}"
-    );
-    assert!(json["kube_writes_per_s"].as_f64() > Some(0.0), "{json:#}");
+    assert!(by_kind.keys().all(|k| k == "update leases"), "{json:#}");
+    assert!(json["kube_writes_per_s"].as_f64() < Some(1.0), "{json:#}");
     assert!(json["db_statements_per_s"].as_f64() > Some(0.0), "{json:#}");
     assert_eq!(json["rss_mib"].as_array().map(Vec::len), Some(2));
     assert!(
