@@ -17,7 +17,7 @@ use sqlx::PgPool;
 
 use crate::support::{
     Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, metric_sum,
-    owner_now, request_status, request_view, set, test_settings, waiting_owner_now,
+    owner_now, quick_leases, request_status, request_view, set, test_settings, waiting_owner_now,
 };
 
 async fn state_exists(pool: &PgPool, id: i64) -> bool {
@@ -1295,11 +1295,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
     use kube::api::{ListParams, WatchEvent, WatchParams};
 
     const ROUNDS: u64 = 5;
-    let mut settings = test_settings();
-    settings.coordination.lease_duration = Duration::from_secs(3);
-    settings.coordination.renew_deadline = Duration::from_secs(2);
-    settings.coordination.retry_period = Duration::from_millis(250);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
     eventually("the replica to hold all 16 shards and lead", || async {
         let text = cluster.metrics.encode();
         (metric_sum(&text, "autoapproval_shards_held", &[]) == 16.0
@@ -1382,11 +1378,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
 async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPool) {
     use k8s_openapi::api::coordination::v1::Lease;
 
-    let mut settings = test_settings();
-    settings.coordination.lease_duration = Duration::from_secs(3);
-    settings.coordination.renew_deadline = Duration::from_secs(2);
-    settings.coordination.retry_period = Duration::from_millis(250);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
     let text = || cluster.metrics.encode();
     eventually("the replica to hold all 16 shards", || async {
         (metric_sum(&text(), "autoapproval_shards_held", &[]) == 16.0).then_some(())
@@ -1444,11 +1436,7 @@ async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_ta
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use kube::api::ObjectMeta;
 
-    let mut settings = test_settings();
-    settings.coordination.lease_duration = Duration::from_secs(3);
-    settings.coordination.renew_deadline = Duration::from_secs(2);
-    settings.coordination.retry_period = Duration::from_millis(250);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
     eventually("the replica to hold all 16 shards", || async {
         (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
             .then_some(())
@@ -1541,11 +1529,7 @@ async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
     use kube::api::{ListParams, WatchEvent, WatchParams};
 
-    let mut settings = test_settings();
-    settings.coordination.lease_duration = Duration::from_secs(3);
-    settings.coordination.renew_deadline = Duration::from_secs(2);
-    settings.coordination.retry_period = Duration::from_millis(250);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
     eventually("the replica to hold all 16 shards", || async {
         (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
             .then_some(())
@@ -1675,11 +1659,7 @@ async fn a_replica_that_lost_the_leader_lease_leads_again_once_it_expires(pool: 
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    let mut settings = test_settings();
-    settings.coordination.lease_duration = Duration::from_secs(3);
-    settings.coordination.renew_deadline = Duration::from_secs(2);
-    settings.coordination.retry_period = Duration::from_millis(250);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
     let leading = |c: &Cluster| metric_sum(&c.metrics.encode(), "autoapproval_leader", &[]);
     eventually("the replica to lead", || async {
         (leading(&cluster) == 1.0).then_some(())

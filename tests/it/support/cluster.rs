@@ -48,6 +48,16 @@ pub fn test_settings() -> ControllerConfig {
     s
 }
 
+/// `test_settings` with Leases of 3 s (renew deadline 2 s, turns every
+/// 250 ms), for tests that watch renewals, expiries and takeovers.
+pub fn quick_leases() -> ControllerConfig {
+    let mut s = test_settings();
+    s.coordination.lease_duration = Duration::from_secs(3);
+    s.coordination.renew_deadline = Duration::from_secs(2);
+    s.coordination.retry_period = Duration::from_millis(250);
+    s
+}
+
 pub fn client_for(server: &TestServer) -> Client {
     let mut config = kube::Config::new(server.url().parse().expect("url"));
     config.default_namespace = NS.into();
