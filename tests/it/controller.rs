@@ -16,8 +16,9 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    Cluster, NS, NewRequest, client_for, eventually, insert_state, install_crd, metric_sum,
-    owner_now, quick_leases, request_status, request_view, set, test_settings, waiting_owner_now,
+    Cluster, NS, NewRequest, client_for, eventually, foreign_lease, insert_state, install_crd,
+    lease_changes, metric_sum, owner_now, quick_leases, request_status, request_view, set,
+    test_settings, waiting_owner_now,
 };
 
 async fn state_exists(pool: &PgPool, id: i64) -> bool {
@@ -1290,9 +1291,9 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
 async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
     use std::collections::BTreeMap;
 
-    use futures::{StreamExt, TryStreamExt};
+    use futures::TryStreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
-    use kube::api::{ListParams, WatchEvent, WatchParams};
+    use kube::api::WatchEvent;
 
     const ROUNDS: u64 = 5;
     let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
@@ -1313,18 +1314,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
     };
 
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
-    let version = leases
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .metadata
-        .resource_version
-        .unwrap_or_default();
-    let mut events = leases
-        .watch(&WatchParams::default(), &version)
-        .await
-        .expect("watch")
-        .boxed();
+    let mut events = lease_changes(&leases).await;
     let member = autoapproval::coordination::member_lease_name("replica-1");
     // From the first member renew seen, count ROUNDS more.
     let mut written: BTreeMap<String, u64> = BTreeMap::new();
@@ -1433,38 +1423,13 @@ async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPoo
 /// and the failover is an Event naming the old holder.
 #[sqlx::test]
 async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken(pool: PgPool) {
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-    use kube::api::ObjectMeta;
+    use k8s_openapi::api::coordination::v1::Lease;
 
-    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
-    eventually("the replica to hold all 16 shards", || async {
-        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
-            .then_some(())
-    })
-    .await
-    .expect("settled");
+    let mut cluster = Cluster::holding_every_shard(pool.clone()).await;
     // A ghost replica joins and takes shard 9, then dies: neither of its
     // Leases changes again.
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
-    let ghost = |name: &str, role: &str| Lease {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some(
-                [(
-                    autoapproval::coordination::ROLE_LABEL.to_owned(),
-                    role.to_owned(),
-                )]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("ghost".into()),
-            lease_duration_seconds: Some(3),
-            lease_transitions: Some(1),
-            ..LeaseSpec::default()
-        }),
-    };
+    let ghost = |name: &str, role: &str| foreign_lease(name, role, "ghost");
     leases
         .create(
             &PostParams::default(),
@@ -1524,53 +1489,19 @@ async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_ta
 /// are written only when they change hands.
 #[sqlx::test]
 async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives(pool: PgPool) {
-    use futures::{StreamExt, TryStreamExt};
-    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-    use kube::api::{ListParams, WatchEvent, WatchParams};
+    use futures::TryStreamExt;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+    use kube::api::WatchEvent;
 
-    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
-    eventually("the replica to hold all 16 shards", || async {
-        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
-            .then_some(())
-    })
-    .await;
+    let mut cluster = Cluster::holding_every_shard(pool.clone()).await;
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
-    let version = leases
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .metadata
-        .resource_version
-        .unwrap_or_default();
-    let mut events = leases
-        .watch(&WatchParams::default(), &version)
-        .await
-        .expect("watch")
-        .boxed();
+    let mut events = lease_changes(&leases).await;
 
     // The old replica's member Lease, as the previous protocol writes it,
     // renewed by this test.
     let old_name = autoapproval::coordination::member_lease_name("old-replica");
-    let old = Lease {
-        metadata: ObjectMeta {
-            name: Some(old_name.clone()),
-            labels: Some(
-                [(
-                    autoapproval::coordination::ROLE_LABEL.to_owned(),
-                    "member".to_owned(),
-                )]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        spec: Some(LeaseSpec {
-            holder_identity: Some("old-replica".into()),
-            lease_duration_seconds: Some(3),
-            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
-            ..LeaseSpec::default()
-        }),
-    };
+    let old = foreign_lease(&old_name, "member", "old-replica");
     leases
         .create(&PostParams::default(), &old)
         .await

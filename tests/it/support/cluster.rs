@@ -14,9 +14,13 @@ use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimConfig, SimHandle, Simulator};
+use futures::StreamExt;
+use futures::stream::BoxStream;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, ListParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, CustomResourceExt};
 use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
@@ -56,6 +60,50 @@ pub fn quick_leases() -> ControllerConfig {
     s.coordination.renew_deadline = Duration::from_secs(2);
     s.coordination.retry_period = Duration::from_millis(250);
     s
+}
+
+/// A Lease named `name` with `role` as another replica, `holder`, writes it
+/// (no protocol annotation: as the previous protocol, or a replica about to
+/// die, leaves it), valid 3 s as `quick_leases` has them.
+pub fn foreign_lease(name: &str, role: &str, holder: &str) -> Lease {
+    Lease {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some(
+                [(
+                    autoapproval::coordination::ROLE_LABEL.to_owned(),
+                    role.to_owned(),
+                )]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        spec: Some(LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(3),
+            lease_transitions: Some(1),
+            renew_time: Some(MicroTime(k8s_openapi::jiff::Timestamp::now())),
+            ..LeaseSpec::default()
+        }),
+    }
+}
+
+/// Every change to the Leases from now on.
+pub async fn lease_changes(
+    leases: &Api<Lease>,
+) -> BoxStream<'static, kube::Result<WatchEvent<Lease>>> {
+    let version = leases
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .unwrap_or_default();
+    leases
+        .watch(&WatchParams::default(), &version)
+        .await
+        .expect("watch")
+        .boxed()
 }
 
 pub fn client_for(server: &TestServer) -> Client {
@@ -136,6 +184,17 @@ impl Cluster {
         self.task = Some(tokio::spawn(run_until(settings, parts, async move {
             let _ = rx.await;
         })));
+    }
+
+    /// One replica with `quick_leases`, once it holds all 16 shards.
+    pub async fn holding_every_shard(pool: PgPool) -> Cluster {
+        let cluster = Self::with(pool, quick_leases()).await;
+        eventually("the replica to hold all 16 shards", || async {
+            (super::metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+                .then_some(())
+        })
+        .await;
+        cluster
     }
 
     /// Starts the replica again after [`Cluster::stop`], with the same
