@@ -446,8 +446,6 @@ fn chart_readme() -> String {
 
 #[test]
 fn the_schema_takes_a_duration_exactly_when_the_binary_does() {
-    let chart = chart();
-    let minimal = minimal_values();
     let samples = [
         "0",
         "10s",
@@ -469,23 +467,7 @@ fn the_schema_takes_a_duration_exactly_when_the_binary_does() {
         "ten seconds",
     ];
     for sample in samples {
-        let set = format!("config.pollPeriod={sample}");
-        let out = Command::new(tool("helm"))
-            .args([
-                "template",
-                RELEASE,
-                path_str(&chart),
-                "-f",
-                path_str(&minimal),
-            ])
-            .args([
-                "--set-string",
-                &set,
-                "--show-only",
-                "templates/configmap.yaml",
-            ])
-            .output()
-            .unwrap();
+        let out = helm_takes("--set-string", "pollPeriod", sample);
         let binary = parse_duration(sample);
         assert_eq!(
             out.status.success(),
@@ -1118,11 +1100,46 @@ fn the_rendered_settings_pass_the_binarys_validation() {
     }
 }
 
+/// Helm's verdict on one value: `helm template` of the chart with the
+/// minimal values and `config.<key>=<value>` given with `flag`
+/// (`--set`, or `--set-string` to keep it a string), the ConfigMap only.
+fn helm_takes(flag: &str, key: &str, value: &str) -> std::process::Output {
+    let set = format!("config.{key}={value}");
+    Command::new(tool("helm"))
+        .args([
+            "template",
+            RELEASE,
+            path_str(&chart()),
+            "-f",
+            path_str(&minimal_values()),
+        ])
+        .args([flag, &set, "--show-only", "templates/configmap.yaml"])
+        .output()
+        .expect("run helm")
+}
+
+/// Asserts that helm and `autoapproval run` (the chart's default settings,
+/// `env` set to each value) take exactly the same of `values`.
+fn assert_schema_agrees_with_the_binary(flag: &str, key: &str, env: &str, values: &[&str]) {
+    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
+    for value in values {
+        let helm = helm_takes(flag, key, value);
+        let binary = run_with_settings(&renders()[0], &missing_kubeconfig)
+            .env(env, value)
+            .output()
+            .expect("run autoapproval");
+        assert_eq!(
+            helm.status.success(),
+            accepted(&binary),
+            "config.{key}={value:?}: the binary says {}, helm says {}",
+            String::from_utf8_lossy(&binary.stderr),
+            String::from_utf8_lossy(&helm.stderr)
+        );
+    }
+}
+
 #[test]
 fn the_schema_takes_an_external_url_exactly_when_the_binary_does() {
-    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
-    let chart = chart();
-    let minimal = minimal_values();
     // Empty is the one deliberate difference: the binary falls back to its loopback default,
     // the chart has none and requires the value.
     let samples = [
@@ -1137,44 +1154,16 @@ fn the_schema_takes_an_external_url_exactly_when_the_binary_does() {
         "http://user:secret@esign:8080",
         "esign",
     ];
-    for sample in samples {
-        let set = format!("config.esignUrl={sample}");
-        let out = Command::new(tool("helm"))
-            .args([
-                "template",
-                RELEASE,
-                path_str(&chart),
-                "-f",
-                path_str(&minimal),
-            ])
-            .args([
-                "--set-string",
-                &set,
-                "--show-only",
-                "templates/configmap.yaml",
-            ])
-            .output()
-            .unwrap();
-        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
-        let binary = cmd
-            .env("AUTOAPPROVAL_ESIGN_URL", sample)
-            .output()
-            .expect("run autoapproval");
-        assert_eq!(
-            out.status.success(),
-            accepted(&binary),
-            "{sample:?}: the binary says {}, helm says {}",
-            String::from_utf8_lossy(&binary.stderr),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    assert_schema_agrees_with_the_binary(
+        "--set-string",
+        "esignUrl",
+        "AUTOAPPROVAL_ESIGN_URL",
+        &samples,
+    );
 }
 
 #[test]
 fn the_schema_takes_a_count_exactly_when_the_binary_does() {
-    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
-    let chart = chart();
-    let minimal = minimal_values();
     // Each count's own bounds; values that only a rule across settings refuses (connections
     // against concurrency) are the binary's to refuse, by name, at start-up.
     let samples: [(&str, &str, &[&str]); 7] = [
@@ -1211,37 +1200,12 @@ fn the_schema_takes_a_count_exactly_when_the_binary_does() {
         ),
     ];
     for (key, env, values) in samples {
-        for value in values {
-            let set = format!("config.{key}={value}");
-            let out = Command::new(tool("helm"))
-                .args([
-                    "template",
-                    RELEASE,
-                    path_str(&chart),
-                    "-f",
-                    path_str(&minimal),
-                ])
-                .args(["--set", &set, "--show-only", "templates/configmap.yaml"])
-                .output()
-                .unwrap();
-            let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
-            let binary = cmd.env(env, value).output().expect("run autoapproval");
-            assert_eq!(
-                out.status.success(),
-                accepted(&binary),
-                "config.{key}={value}: the binary says {}, helm says {}",
-                String::from_utf8_lossy(&binary.stderr),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        assert_schema_agrees_with_the_binary("--set", key, env, values);
     }
 }
 
 #[test]
 fn the_schema_takes_a_listen_address_exactly_when_the_binary_does() {
-    let missing_kubeconfig = std::env::temp_dir().join("no-such-kubeconfig");
-    let chart = chart();
-    let minimal = minimal_values();
     let samples = [
         "0.0.0.0:8080",
         "127.0.0.1:9090",
@@ -1254,37 +1218,7 @@ fn the_schema_takes_a_listen_address_exactly_when_the_binary_does() {
         "0.0.0.0",
         "0.0.0.0:99999",
     ];
-    for sample in samples {
-        let set = format!("config.listen={sample}");
-        let out = Command::new(tool("helm"))
-            .args([
-                "template",
-                RELEASE,
-                path_str(&chart),
-                "-f",
-                path_str(&minimal),
-            ])
-            .args([
-                "--set-string",
-                &set,
-                "--show-only",
-                "templates/configmap.yaml",
-            ])
-            .output()
-            .unwrap();
-        let mut cmd = run_with_settings(&renders()[0], &missing_kubeconfig);
-        let binary = cmd
-            .env("AUTOAPPROVAL_LISTEN", sample)
-            .output()
-            .expect("run autoapproval");
-        assert_eq!(
-            out.status.success(),
-            accepted(&binary),
-            "{sample:?}: the binary says {}, helm says {}",
-            String::from_utf8_lossy(&binary.stderr),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    assert_schema_agrees_with_the_binary("--set-string", "listen", "AUTOAPPROVAL_LISTEN", &samples);
 }
 
 // === the test API server ===
