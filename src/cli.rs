@@ -102,7 +102,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Migrate(args) => {
             // Migrations may wait for locks and build indexes: no session limits.
             let store = Store::connect(&args.database, None).await?;
-            Store::migrate(store.primary()).await?;
+            store.migrate().await?;
             tracing::info!("migrations applied");
             Ok(())
         }

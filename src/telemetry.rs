@@ -5,6 +5,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use crate::store::Pool;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::exemplar::HistogramWithExemplars;
@@ -13,7 +14,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::metrics::info::Info;
 use prometheus_client::registry::{Registry, Unit};
-use sqlx::PgPool;
 
 mod kube_client;
 mod state;
@@ -98,7 +98,7 @@ pub struct Metrics {
     pool_connections: Family<PoolLabel, Gauge>,
     pool_idle: Family<PoolLabel, Gauge>,
     pool_max: Family<PoolLabel, Gauge>,
-    pools: Arc<Mutex<Vec<(&'static str, PgPool)>>>,
+    pools: Arc<Mutex<Vec<(&'static str, Pool)>>>,
     kube_requests: Family<KubeLabels, Counter>,
     kube_request_duration: Family<VerbLabel, Histogram>,
 }

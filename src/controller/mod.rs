@@ -153,7 +153,7 @@ pub async fn run_until(
     for (name, pool) in store.pools() {
         metrics.watch_pool(name, pool);
     }
-    metrics.watch_pool("coordination", coordination_store.primary().clone());
+    metrics.watch_pool("coordination", coordination_store.primary_pool());
     metrics.shards(settings.coordination.shard_count);
     let fencer = Arc::new(Cleanser::new(
         coordination_store,

@@ -3,7 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError, db};
+use super::StoreError;
 use crate::domain::{Candidate, RequestType};
 
 /// What the candidate query should select.
@@ -32,126 +32,19 @@ pub struct ShardFilter {
     pub shards: Vec<i64>,
 }
 
-// The two candidate queries. Conditions and ORDER BY follow the partial
-// index `approval_request_open_candidates` (request_type, status, sort_time)
-// INCLUDE (id, target_store_number), so the request side is one index-only
-// range read in order and LIMIT stops it; each row costs one unique-index
-// probe of the state table and one of the (small) pause table. Open statuses sort ING < PENDING < RETRY. A
-// union of a new-request and a due-retry branch was measured and rejected:
-// docs/BENCHMARKS.md.
-const OWNER_CANDIDATES: &str = "\
-SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
-  LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.request_type = 'OWNER_CONTRACT'
-   AND r.sort_time >= $1
-   AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
-   AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
- ORDER BY r.status, r.sort_time
- LIMIT $4";
-
-// Ad contracts also need the store they advertise.
-const AD_CANDIDATES: &str = "\
-SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
-  LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.request_type = 'AD_CONTRACT'
-   AND r.sort_time >= $1
-   AND r.target_store_number IS NOT NULL
-   AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
-   AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
- ORDER BY r.status, r.sort_time
- LIMIT $4";
-
-// The same conditions, for given requests of both types at once: the ones a
-// notification named. Read by primary key, so no order and no limit.
-const CANDIDATES_AMONG: &str = "\
-SELECT r.id AS request_id, r.request_type, s.id AS state_id
-  FROM approval_request r
-  LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.id = ANY($4::bigint[])
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
-   AND (r.request_type = 'OWNER_CONTRACT'
-        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
-   AND r.sort_time >= $1
-   AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
-
-/// The candidate SQL for a type; `None` for types that are not auto-approvable.
-pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
-    match request_type {
-        RequestType::OwnerContract => Some(OWNER_CANDIDATES),
-        RequestType::AdContract => Some(AD_CANDIDATES),
-        _ => None,
-    }
-}
-
-// === impl Store ===
-
-impl Store {
-    /// Which of `request_ids` are candidates, by the candidate queries'
-    /// conditions (window, retry due and under the limit, not paused, an ad
-    /// contract's store), in one statement on the read pool; the window,
-    /// `now` and the limit come from `query`, its type and shards are not used.
-    pub async fn candidates_among(
-        &self,
-        request_ids: &[i64],
-        query: &CandidateQuery,
-    ) -> Result<Vec<Candidate>, StoreError> {
-        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(CANDIDATES_AMONG)
-            .bind(query.window_start)
-            .bind(query.now)
-            .bind(query.retry_limit)
-            .bind(request_ids)
-            .fetch_all(&self.read)
-            .await
-            .map_err(db("candidates among requests"))?;
-        rows.into_iter()
-            .map(|(request_id, request_type, state_id)| {
-                Ok(Candidate {
-                    request_id,
-                    request_type: request_type
-                        .parse()
-                        .map_err(|error| StoreError::Malformed { request_id, error })?,
-                    state_id,
-                })
-            })
-            .collect()
-    }
-
-    /// Runs the thin candidate query on the read pool.
-    pub async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
-        let Some(sql) = candidate_sql(query.request_type) else {
-            return Ok(Vec::new());
-        };
-        let (shards, shard_count) = match &query.shards {
-            Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
-            None => (None, 1),
-        };
-        let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(sql)
-            .bind(query.window_start)
-            .bind(query.now)
-            .bind(query.retry_limit)
-            .bind(query.limit)
-            .bind(shards)
-            .bind(shard_count)
-            .fetch_all(&self.read)
-            .await
-            .map_err(db("candidate query"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, state_id)| Candidate {
-                request_id,
-                request_type: query.request_type,
-                state_id,
-            })
-            .collect())
+interface! {
+    /// Candidates: see the methods on [`Store`].
+    trait Candidates {
+        /// Which of `request_ids` are candidates, by the candidate queries'
+        /// conditions (window, retry due and under the limit, not paused, an ad
+        /// contract's store), in one statement on the read pool; the window,
+        /// `now` and the limit come from `query`, its type and shards are not used.
+        fn candidates_among(
+            &self,
+            request_ids: &[i64],
+            query: &CandidateQuery,
+        ) -> Result<Vec<Candidate>, StoreError>;
+        /// Runs the thin candidate query on the read pool.
+        fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError>;
     }
 }

@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError, db};
+use super::StoreError;
 use crate::domain::{Candidate, Claim, Fence};
 
 /// The outcome of a claim attempt.
@@ -44,358 +44,82 @@ pub struct RetryWrite<'a> {
     pub step: &'a str,
 }
 
-// === impl Store ===
-
-impl Store {
-    /// Claims a candidate on the primary: an INSERT for a new request (the
-    /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
-    /// for a due retry. Check and write are one statement, so nothing is held
-    /// while the chain runs. A sharded fence also needs its token to be the
-    /// shard's current one (migration 0008), and a paused request is never
-    /// claimed (migration 0014).
-    #[tracing::instrument(name = "store.claim", skip_all)]
-    pub async fn claim(
-        &self,
-        candidate: &Candidate,
-        fence: &Fence,
-        now: DateTime<Utc>,
-        retry_limit: i32,
-    ) -> Result<ClaimOutcome, StoreError> {
-        let shard_count = fence.shard_count.map(|k| k as i32);
-        let row: Option<(i64, i32, i32)> = match candidate.state_id {
-            None => sqlx::query_as(
-                "INSERT INTO auto_approve_state
-                        (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, now()
-                  WHERE ($6::int IS NULL OR EXISTS (
-                        SELECT 1 FROM shard_fence f
-                         WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
-                           FOR SHARE))
-                    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
-                 ON CONFLICT (request_id) DO NOTHING
-                 RETURNING id, retry_count, transient_streak",
-            )
-            .bind(candidate.request_id)
-            .bind(candidate.request_type.as_str())
-            .bind(&fence.holder)
-            .bind(fence.token)
-            .bind(now)
-            .bind(shard_count)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("claim new request"))?,
-            // The chain reads the facts after this claim: a wake recorded
-            // before it is consumed here (migration 0010), not left to make
-            // the retry it schedules due at once.
-            Some(state_id) => sqlx::query_as(
-                "WITH claimed AS (
-                     UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = now(),
-                            woken_at = NULL
-                      WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
-                        AND next_retry_time <= $5 AND retry_count < $6
-                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $2)
-                        AND ($7::int IS NULL OR EXISTS (
-                            SELECT 1 FROM shard_fence f
-                             WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
-                               FOR SHARE))
-                     RETURNING id, request_id, retry_count, transient_streak
-                 ), consumed AS (
-                     DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
-                 )
-                 SELECT id, retry_count, transient_streak FROM claimed",
-            )
-            .bind(state_id)
-            .bind(candidate.request_id)
-            .bind(&fence.holder)
-            .bind(fence.token)
-            .bind(now)
-            .bind(retry_limit)
-            .bind(shard_count)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("claim due retry"))?,
-        };
-        Ok(match row {
-            Some((state_id, retry_count, transient_streak)) => ClaimOutcome::Won(Claim {
-                state_id,
-                request_id: candidate.request_id,
-                retry_count,
-                transient_streak,
-                fence: fence.clone(),
-            }),
-            None => ClaimOutcome::Lost,
-        })
+interface! {
+    /// Claims: see the methods on [`Store`].
+    trait Claims {
+        /// Claims a candidate on the primary: an INSERT for a new request (the
+        /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
+        /// for a due retry. Check and write are one statement, so nothing is held
+        /// while the chain runs. A sharded fence also needs its token to be the
+        /// shard's current one (migration 0008), and a paused request is never
+        /// claimed (migration 0014).
+        #[tracing::instrument(name = "store.claim", skip_all)]
+        fn claim(
+            &self,
+            candidate: &Candidate,
+            fence: &Fence,
+            now: DateTime<Utc>,
+            retry_limit: i32,
+        ) -> Result<ClaimOutcome, StoreError>;
+        /// A person asked for a retry now: a waiting request becomes due at
+        /// `now`, an exhausted one gets one more attempt, and `note` goes to its
+        /// memo. False when nothing waits (no state row, or a claim running).
+        #[tracing::instrument(name = "store.retry_now", skip_all)]
+        fn retry_now(
+            &self,
+            request_id: i64,
+            retry_limit: i32,
+            note: &str,
+            now: DateTime<Utc>,
+        ) -> Result<bool, StoreError>;
+        /// Touches the claim so the cleanser sees it is alive (in the database's
+        /// clock, which the cleanser compares with); false when the fence no
+        /// longer matches (the claim is lost: stop writing).
+        #[tracing::instrument(name = "store.heartbeat", skip_all)]
+        fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError>;
+        /// Moves a claimed request to RETRY_WAITING, with retry_count + 1 when
+        /// the retry is `counted` (a failure; a wait for a condition is not), and
+        /// appends a memo when the reason changed. Returns the new retry count,
+        /// `None` when the fence no longer matches.
+        #[tracing::instrument(name = "store.schedule_retry", skip_all)]
+        fn schedule_retry(
+            &self,
+            claim: &Claim,
+            retry: &RetryWrite<'_>,
+            now: DateTime<Utc>,
+        ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError>;
+        /// Approves the request and deletes the state row, in one transaction,
+        /// only while the fence matches.
+        #[tracing::instrument(name = "store.complete", skip_all)]
+        fn complete(&self, claim: &Claim) -> Result<Completion, StoreError>;
+        /// Deletes our own state row without touching the request (a person
+        /// decided, or the request vanished). False when the fence no longer matches.
+        #[tracing::instrument(name = "store.drop_claim", skip_all)]
+        fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError>;
+        /// Gives a claim back (shutdown, lost shard): due again at once, no retry
+        /// counted. False when the fence no longer matches.
+        #[tracing::instrument(name = "store.release", skip_all)]
+        fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError>;
+        /// Stores the owner number the owner service returned, under the fence.
+        #[tracing::instrument(name = "store.save_owner_number", skip_all)]
+        fn save_owner_number(
+            &self,
+            claim: &Claim,
+            owner_number: i64,
+        ) -> Result<bool, StoreError>;
+        /// Stores the store number the store service returned, under the fence.
+        #[tracing::instrument(name = "store.save_store_number", skip_all)]
+        fn save_store_number(
+            &self,
+            claim: &Claim,
+            store_number: i64,
+        ) -> Result<bool, StoreError>;
+        /// Stores the campaign id the ad service returned, under the fence.
+        #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
+        fn save_campaign_id(
+            &self,
+            claim: &Claim,
+            campaign_id: &str,
+        ) -> Result<bool, StoreError>;
     }
-
-    /// A person asked for a retry now: a waiting request becomes due at
-    /// `now`, an exhausted one gets one more attempt, and `note` goes to its
-    /// memo. False when nothing waits (no state row, or a claim running).
-    #[tracing::instrument(name = "store.retry_now", skip_all)]
-    pub async fn retry_now(
-        &self,
-        request_id: i64,
-        retry_limit: i32,
-        note: &str,
-        now: DateTime<Utc>,
-    ) -> Result<bool, StoreError> {
-        let row: Option<(i64,)> = sqlx::query_as(
-            "WITH due AS (
-                 UPDATE auto_approve_state
-                    SET next_retry_time = $3, retry_count = LEAST(retry_count, $2 - 1),
-                        modified_at = now()
-                  WHERE request_id = $1 AND status = 'RETRY_WAITING'
-                 RETURNING request_id
-             )
-             INSERT INTO approval_request_memo (request_id, created_at, author, message)
-             SELECT request_id, $3, 'autoapproval', $4 FROM due
-             RETURNING request_id",
-        )
-        .bind(request_id)
-        .bind(retry_limit)
-        .bind(now)
-        .bind(note)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("retry now"))?;
-        Ok(row.is_some())
-    }
-
-    /// Touches the claim so the cleanser sees it is alive (in the database's
-    /// clock, which the cleanser compares with); false when the fence no
-    /// longer matches (the claim is lost: stop writing).
-    #[tracing::instrument(name = "store.heartbeat", skip_all)]
-    pub async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = now(), step = $4
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(step)
-        .execute(&self.primary)
-        .await
-        .map_err(db("heartbeat"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Moves a claimed request to RETRY_WAITING, with retry_count + 1 when
-    /// the retry is `counted` (a failure; a wait for a condition is not), and
-    /// appends a memo when the reason changed. Returns the new retry count,
-    /// `None` when the fence no longer matches.
-    #[tracing::instrument(name = "store.schedule_retry", skip_all)]
-    pub async fn schedule_retry(
-        &self,
-        claim: &Claim,
-        retry: &RetryWrite<'_>,
-        now: DateTime<Utc>,
-    ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError> {
-        let row: Option<(i32, DateTime<Utc>)> = sqlx::query_as(
-            "WITH old AS (
-                 SELECT id, request_id, last_reason FROM auto_approve_state
-                  WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
-                    FOR UPDATE
-             ), woken AS (
-                 -- Woken while the chain ran (migration 0010): it may have
-                 -- read the old fact, so the retry is due at once.
-                 DELETE FROM auto_approve_wake w USING old
-                  WHERE w.request_id = old.request_id
-                 RETURNING w.request_id
-             ), upd AS (
-                 UPDATE auto_approve_state s
-                    SET status = 'RETRY_WAITING',
-                        retry_count = s.retry_count + CASE WHEN $9 THEN 1 ELSE 0 END,
-                        transient_streak = CASE WHEN $5 THEN s.transient_streak + 1 ELSE 0 END,
-                        next_retry_time = CASE
-                            WHEN s.woken_at IS NULL
-                                 AND NOT EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = s.request_id)
-                            THEN $4 ELSE LEAST($4, $8) END,
-                        woken_at = NULL, last_reason = $6, step = $7, modified_at = now()
-                   FROM old WHERE s.id = old.id
-                 RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
-             ), memo AS (
-                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
-                 SELECT request_id, $8, 'autoapproval', 'auto-approval waits: ' || $6
-                   FROM upd WHERE old_reason IS DISTINCT FROM $6
-             )
-             SELECT retry_count, next_retry_time FROM upd",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(retry.next_retry_time)
-        .bind(retry.transient)
-        .bind(retry.reason)
-        .bind(retry.step)
-        .bind(now)
-        .bind(retry.counted)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("schedule retry"))?;
-        Ok(row)
-    }
-
-    /// Approves the request and deletes the state row, in one transaction,
-    /// only while the fence matches.
-    #[tracing::instrument(name = "store.complete", skip_all)]
-    pub async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
-        // The request row first, then its state row: the order every
-        // transaction takes them in (migration 0010), so none deadlocks
-        // with the business system's, which takes the request row. NOWAIT:
-        // a row the business holds fails at once (see SAVE_OWNER_NUMBER).
-        let mut tx = self.begin("complete").await?;
-        let approved = sqlx::query(
-            "UPDATE approval_request r
-                SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
-               FROM (SELECT id FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT) AS free
-              WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
-                AND EXISTS (SELECT 1 FROM auto_approve_state
-                             WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4)",
-        )
-        .bind(claim.request_id)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("complete: approve request"))?;
-        let deleted = sqlx::query(DELETE_FENCED)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("complete: delete state"))?;
-        if deleted.rows_affected() == 0 {
-            // Fenced out meanwhile: the approval is rolled back with the transaction.
-            return Ok(Completion::Stale);
-        }
-        tx.commit().await.map_err(db("complete: commit"))?;
-        Ok(if approved.rows_affected() == 1 {
-            Completion::Approved
-        } else {
-            Completion::RequestClosed
-        })
-    }
-
-    /// Deletes our own state row without touching the request (a person
-    /// decided, or the request vanished). False when the fence no longer matches.
-    #[tracing::instrument(name = "store.drop_claim", skip_all)]
-    pub async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
-        let done = sqlx::query(DELETE_FENCED)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token)
-            .execute(&self.primary)
-            .await
-            .map_err(db("drop claim"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Gives a claim back (shutdown, lost shard): due again at once, no retry
-    /// counted. False when the fence no longer matches.
-    #[tracing::instrument(name = "store.release", skip_all)]
-    pub async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $4, modified_at = now()
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(now)
-        .execute(&self.primary)
-        .await
-        .map_err(db("release"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Stores the owner number the owner service returned, under the fence.
-    #[tracing::instrument(name = "store.save_owner_number", skip_all)]
-    pub async fn save_owner_number(
-        &self,
-        claim: &Claim,
-        owner_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_OWNER_NUMBER, ResultValue::Int(owner_number))
-            .await
-    }
-
-    /// Stores the store number the store service returned, under the fence.
-    #[tracing::instrument(name = "store.save_store_number", skip_all)]
-    pub async fn save_store_number(
-        &self,
-        claim: &Claim,
-        store_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_STORE_NUMBER, ResultValue::Int(store_number))
-            .await
-    }
-
-    /// Stores the campaign id the ad service returned, under the fence.
-    #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
-    pub async fn save_campaign_id(
-        &self,
-        claim: &Claim,
-        campaign_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_CAMPAIGN_ID, ResultValue::Text(campaign_id))
-            .await
-    }
-
-    async fn save_result(
-        &self,
-        claim: &Claim,
-        sql: &'static str,
-        value: ResultValue<'_>,
-    ) -> Result<bool, StoreError> {
-        let query = sqlx::query(sql)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token);
-        let query = match value {
-            ResultValue::Int(v) => query.bind(v),
-            ResultValue::Text(v) => query.bind(v),
-        };
-        let done = query
-            .bind(claim.request_id)
-            .execute(&self.primary)
-            .await
-            .map_err(db("save result"))?;
-        Ok(done.rows_affected() == 1)
-    }
-}
-
-const DELETE_FENCED: &str = "\
-DELETE FROM auto_approve_state
- WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3";
-
-// A result is saved only while the claim is still ours, and never waits
-// for the request row: a business transaction holding it fails the
-// statement at once (55P03, `StoreError::RowLocked`) and the attempt is
-// retried with backoff, instead of a connection of the chains' pool waiting
-// out the lock timeout (16 such waits starve the whole pool). FOR SHARE on
-// the state row: a fence recovering it meanwhile makes the check see the
-// recovered row (not ours any more), so nothing is written after a takeover.
-const SAVE_OWNER_NUMBER: &str = "\
-UPDATE approval_request r SET owner_number = $4, updated_at = now()
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
- WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
-const SAVE_STORE_NUMBER: &str = "\
-UPDATE approval_request r SET store_number = $4, updated_at = now()
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
- WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
-const SAVE_CAMPAIGN_ID: &str = "\
-UPDATE approval_request r SET campaign_id = $4, updated_at = now()
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
- WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
-
-enum ResultValue<'a> {
-    Int(i64),
-    Text(&'a str),
 }

@@ -6,14 +6,9 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::ConnectOptions;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-
-use super::{Store, StoreError};
+use super::postgres::PgStore;
+use super::{Backend, Store, StoreError};
 use crate::flags::parse_duration;
-
-/// How long one start-up connection attempt may take before it is reported.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
@@ -41,17 +36,6 @@ pub struct SessionArgs {
     /// A statement runs at most this long (PostgreSQL statement_timeout; 0: no limit).
     #[arg(long, env = "AUTOAPPROVAL_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub db_statement_timeout: Duration,
-}
-
-impl SessionArgs {
-    /// `options` with these limits set for every session they open.
-    pub fn apply(&self, options: PgConnectOptions) -> PgConnectOptions {
-        let ms = |d: Duration| d.as_millis().to_string();
-        options.options([
-            ("lock_timeout", ms(self.db_lock_timeout)),
-            ("statement_timeout", ms(self.db_statement_timeout)),
-        ])
-    }
 }
 
 // === impl DatabaseUrl ===
@@ -108,9 +92,9 @@ impl fmt::Debug for DatabaseUrl {
 // === impl Store ===
 
 impl Store {
-    /// Connects both pools; the read pool is the primary when no replica is
-    /// set. Each database is reached once first, so a wrong host, port,
-    /// password or name is reported at once with the driver's own words.
+    /// Connects to the database the URL names, its primary and its read
+    /// pool (the primary when no replica is set), reaching each once first so
+    /// that a wrong host, port, password or name is reported at once.
     pub async fn connect(
         config: &DatabaseArgs,
         session: Option<&SessionArgs>,
@@ -121,49 +105,9 @@ impl Store {
                 message: "must be at least 1".into(),
             });
         }
-        let pool = |options| {
-            PgPoolOptions::new()
-                .max_connections(config.db_max_connections)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with(options)
-        };
-        let limited = |options| match session {
-            Some(session) => session.apply(options),
-            None => options,
-        };
-        let primary = pool(limited(reach("primary", &config.database_url).await?));
-        let read = match &config.read_database_url {
-            Some(url) => pool(limited(reach("read replica", url).await?)),
-            None => primary.clone(),
-        };
-        Ok(Self {
-            primary,
-            read,
-            separate_read: config.read_database_url.is_some(),
+        Ok(Store {
+            backend: Backend::Postgres(PgStore::connect(config, session).await?),
         })
-    }
-}
-
-/// One connection to `url`, opened and closed: the options it was made
-/// with, or why it could not be made.
-async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<PgConnectOptions, StoreError> {
-    let refused = |reason: String| StoreError::Connect {
-        role,
-        url: url.to_string(),
-        reason,
-    };
-    let options = PgConnectOptions::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            // Closing is best effort: the pool opens its own connections.
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(options)
-        }
-        Ok(Err(error)) => Err(refused(error.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
     }
 }
 

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError, db};
+use super::StoreError;
 
 /// The number of shards in force, and who recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,47 +15,16 @@ pub struct ShardLayout {
     pub set_at: DateTime<Utc>,
 }
 
-// === impl Store ===
-
-impl Store {
-    /// Records `shard_count` as K when none is recorded yet (the first
-    /// replica to start), and returns the K in force, which the caller
-    /// compares with its own.
-    pub async fn agree_shard_count(
-        &self,
-        shard_count: u32,
-        replica: &str,
-    ) -> Result<ShardLayout, StoreError> {
-        // Two tries: when a replica starting at the same moment inserted
-        // first, this statement's snapshot may not see its row yet.
-        for _ in 0..2 {
-            let row: Option<(i32, String, DateTime<Utc>)> = sqlx::query_as(
-                "WITH recorded AS (
-                     INSERT INTO shard_layout (shard_count, set_by) VALUES ($1, $2)
-                     ON CONFLICT (only_row) DO NOTHING
-                     RETURNING shard_count, set_by, set_at
-                 )
-                 SELECT shard_count, set_by, set_at FROM recorded
-                 UNION ALL
-                 SELECT shard_count, set_by, set_at FROM shard_layout
-                  WHERE NOT EXISTS (SELECT 1 FROM recorded)",
-            )
-            .bind(shard_count as i32)
-            .bind(replica)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("record the shard count"))?;
-            if let Some((count, set_by, set_at)) = row {
-                return Ok(ShardLayout {
-                    shard_count: count.max(0) as u32,
-                    set_by,
-                    set_at,
-                });
-            }
-        }
-        Err(StoreError::Config {
-            setting: "--shards",
-            message: "no shard count recorded and none could be: is shard_layout writable?".into(),
-        })
+interface! {
+    /// Layout: see the methods on [`Store`].
+    trait Layout {
+        /// Records `shard_count` as K when none is recorded yet (the first
+        /// replica to start), and returns the K in force, which the caller
+        /// compares with its own.
+        fn agree_shard_count(
+            &self,
+            shard_count: u32,
+            replica: &str,
+        ) -> Result<ShardLayout, StoreError>;
     }
 }

@@ -3,99 +3,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{Store, StoreError, db};
-
-// === impl Store ===
-
-impl Store {
-    /// The e-contract status our ledger holds, if any.
-    #[tracing::instrument(name = "store.econtract_status", skip_all)]
-    pub async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(String,)> =
-            sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = $1")
-                .bind(contract_ref)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read e-contract"))?;
-        Ok(row.map(|(s,)| s))
-    }
-
-    /// Records what the e-sign system says about a contract, synced by the
-    /// chain of `request_id`. A signature is never taken back by a stale
-    /// answer: SIGNED does not go back to PENDING (it may become REJECTED,
-    /// a voided contract).
-    #[tracing::instrument(name = "store.sync_econtract", skip_all)]
-    pub async fn sync_econtract(
-        &self,
-        request_id: i64,
-        contract_ref: &str,
-        status: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        // One statement, one round-trip: the transaction-local setting,
-        // read by the econtract trigger (migration 0007), lasts until the
-        // statement's implicit transaction ends, after the trigger fired.
-        sqlx::query(
-            "INSERT INTO econtract (contract_ref, status, synced_at)
-             SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
-             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
-              WHERE NOT (econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
-        )
-        .bind(contract_ref)
-        .bind(status)
-        .bind(now)
-        .bind(request_id.to_string())
-        .execute(&self.primary)
-        .await
-        .map_err(db("sync e-contract"))?;
-        Ok(())
-    }
-
-    /// Appends a memo to a request's history.
-    #[tracing::instrument(name = "store.add_memo", skip_all)]
-    pub async fn add_memo(
-        &self,
-        request_id: i64,
-        message: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO approval_request_memo (request_id, created_at, author, message)
-             VALUES ($1, $2, 'autoapproval', $3)",
-        )
-        .bind(request_id)
-        .bind(now)
-        .bind(message)
-        .execute(&self.primary)
-        .await
-        .map_err(db("add memo"))?;
-        Ok(())
-    }
-
-    /// A request's history: each memo with its time and author, oldest first.
-    pub async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
-        sqlx::query_as(
-            "SELECT created_at, author, message FROM approval_request_memo
-              WHERE request_id = $1 ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read history"))
-    }
-
-    /// A request's memos, oldest first.
-    pub async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
-        let rows: Vec<(String,)> = sqlx::query_as(
-            "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read memos"))?;
-        Ok(rows.into_iter().map(|(m,)| m).collect())
-    }
-}
+use super::StoreError;
 
 /// One entry of a request's history.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
@@ -106,4 +14,37 @@ pub struct Memo {
     pub author: String,
     /// What happened.
     pub message: String,
+}
+
+interface! {
+    /// Ledger: see the methods on [`Store`].
+    trait Ledger {
+        /// The e-contract status our ledger holds, if any.
+        #[tracing::instrument(name = "store.econtract_status", skip_all)]
+        fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError>;
+        /// Records what the e-sign system says about a contract, synced by the
+        /// chain of `request_id`. A signature is never taken back by a stale
+        /// answer: SIGNED does not go back to PENDING (it may become REJECTED,
+        /// a voided contract).
+        #[tracing::instrument(name = "store.sync_econtract", skip_all)]
+        fn sync_econtract(
+            &self,
+            request_id: i64,
+            contract_ref: &str,
+            status: &str,
+            now: DateTime<Utc>,
+        ) -> Result<(), StoreError>;
+        /// Appends a memo to a request's history.
+        #[tracing::instrument(name = "store.add_memo", skip_all)]
+        fn add_memo(
+            &self,
+            request_id: i64,
+            message: &str,
+            now: DateTime<Utc>,
+        ) -> Result<(), StoreError>;
+        /// A request's history: each memo with its time and author, oldest first.
+        fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError>;
+        /// A request's memos, oldest first.
+        fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError>;
+    }
 }

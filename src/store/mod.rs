@@ -1,15 +1,47 @@
-//! The store: every SQL statement of the controller, one file per
-//! capability, against a primary pool and a read pool (a replica, or the
-//! primary when none is configured).
+//! The store: every SQL statement of the controller, behind one interface
+//! with a backend per database family, chosen by the URL's scheme.
 //!
-//! Candidate queries run on the read pool; every re-read, claim and write runs
-//! on the primary, because replica lag is exactly what makes a claimed request
-//! still look like a candidate.
+//! Each capability (claims, candidates, wakes, …) is a trait declared in its
+//! own module here, with the public method on [`Store`] that callers use;
+//! `postgres/` implements every trait with its SQL next to its methods.
+//! Candidate queries run on the read pool; every re-read, claim and write
+//! runs on the primary, because replica lag is exactly what makes a claimed
+//! request still look like a candidate.
 
-use sqlx::postgres::{PgPool, PgPoolOptions};
-use sqlx::{Postgres, Transaction};
+use sqlx::postgres::PgPool;
 
 use crate::domain::UnknownValue;
+
+/// Declares one capability of the store: a trait each backend implements,
+/// and on [`Store`] the public method that calls the backend's. The
+/// attributes of a method (its doc, its span) go on the public method.
+macro_rules! interface {
+    (
+        $(#[$trait_meta:meta])*
+        trait $trait:ident {
+            $(
+                $(#[$meta:meta])*
+                fn $name:ident(&self $(, $arg:ident : $ty:ty)* $(,)?) -> $ret:ty;
+            )*
+        }
+    ) => {
+        $(#[$trait_meta])*
+        pub(crate) trait $trait {
+            $( async fn $name(&self $(, $arg: $ty)*) -> $ret; )*
+        }
+
+        impl $crate::store::Store {
+            $(
+                $(#[$meta])*
+                pub async fn $name(&self $(, $arg: $ty)*) -> $ret {
+                    match &self.backend {
+                        $crate::store::Backend::Postgres(b) => $trait::$name(b $(, $arg)*).await,
+                    }
+                }
+            )*
+        }
+    };
+}
 
 mod candidates;
 mod census;
@@ -19,27 +51,31 @@ mod layout;
 mod ledger;
 mod notify;
 mod pause;
+pub mod postgres;
 mod recovery;
 mod rows;
 
-pub use candidates::{CandidateQuery, ShardFilter, candidate_sql};
-pub use census::{BACKLOG_SQL, RequestCensus};
+use candidates::Candidates;
+use census::Census;
+use claims::Claims;
+use layout::Layout;
+use ledger::Ledger;
+use notify::Wakes;
+use pause::Pauses;
+use recovery::Recovery;
+use rows::Rows;
+
+pub use candidates::{CandidateQuery, ShardFilter};
+pub use census::RequestCensus;
 pub use claims::{ClaimOutcome, Completion, RetryWrite};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use ledger::Memo;
-pub use notify::{REQUEST_CHANGED_CHANNEL, RequestChange, RequestChanges};
+pub use notify::{RequestChange, RequestChanges};
 pub use pause::Pause;
+pub use postgres::{BACKLOG_SQL, MANUAL_FUNCTIONS, REQUEST_CHANGED_CHANNEL, candidate_sql};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
-
-/// The manual-approval functions of migration 0013, with their argument
-/// types as a `GRANT EXECUTE ON FUNCTION` names them: the other service's
-/// role needs these and nothing else (README: Working alongside people).
-pub const MANUAL_FUNCTIONS: &str = "autoapproval_manual_claim(bigint, text), \
-autoapproval_manual_heartbeat(bigint, text, bigint), \
-autoapproval_manual_release(bigint, text, bigint), \
-autoapproval_manual_decide(bigint, text, bigint, text, text)";
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
@@ -93,32 +129,56 @@ pub enum StoreError {
     },
 }
 
-fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| match source.as_database_error().and_then(|e| e.code()) {
-        // lock_not_available: a NOWAIT lock (or lock_timeout) found the row held.
-        Some(code) if code == "55P03" => StoreError::RowLocked { operation },
-        _ => StoreError::Database { operation, source },
-    }
-}
-
-/// Access to the request, ledger, memo and state tables.
+/// Access to the request, ledger, memo and state tables, on whichever
+/// database the URL named.
 #[derive(Clone, Debug)]
 pub struct Store {
-    primary: PgPool,
-    read: PgPool,
-    /// The read pool reaches a replica of its own (--read-database-url).
-    separate_read: bool,
+    backend: Backend,
+}
+
+/// The backend a [`Store`] calls.
+#[derive(Clone, Debug)]
+enum Backend {
+    Postgres(postgres::PgStore),
+}
+
+/// A connection pool of the store, for the pool metrics.
+#[derive(Clone, Debug)]
+pub enum Pool {
+    /// A PostgreSQL pool.
+    Postgres(PgPool),
+}
+
+impl Pool {
+    /// Connections open now.
+    pub fn size(&self) -> u32 {
+        match self {
+            Pool::Postgres(pool) => pool.size(),
+        }
+    }
+
+    /// Connections open and idle now.
+    pub fn num_idle(&self) -> usize {
+        match self {
+            Pool::Postgres(pool) => pool.num_idle(),
+        }
+    }
+
+    /// The most connections it opens.
+    pub fn max_connections(&self) -> u32 {
+        match self {
+            Pool::Postgres(pool) => pool.options().get_max_connections(),
+        }
+    }
 }
 
 // === impl Store ===
 
 impl Store {
-    /// A store over existing pools.
+    /// A PostgreSQL store over existing pools (tests, the lab).
     pub fn new(primary: PgPool, read: PgPool) -> Self {
         Self {
-            primary,
-            read,
-            separate_read: false,
+            backend: Backend::Postgres(postgres::PgStore::new(primary, read)),
         }
     }
 
@@ -126,47 +186,46 @@ impl Store {
     /// (read from the primary too), for a caller that must never wait for a
     /// connection the chains hold: the Lease loop, the listener.
     pub fn dedicated(&self, connections: u32) -> Store {
-        let pool = PgPoolOptions::new()
-            .max_connections(connections)
-            .acquire_timeout(std::time::Duration::from_secs(10))
-            .connect_lazy_with(self.primary.connect_options().as_ref().clone());
-        Store::new(pool.clone(), pool)
+        match &self.backend {
+            Backend::Postgres(b) => Store {
+                backend: Backend::Postgres(b.dedicated(connections)),
+            },
+        }
     }
 
-    /// The primary pool (for tests' fixtures and the listener).
-    pub fn primary(&self) -> &PgPool {
-        &self.primary
+    /// The PostgreSQL primary pool, when this store is on PostgreSQL (the lab's baselines).
+    pub fn postgres_pool(&self) -> Option<&PgPool> {
+        match &self.backend {
+            Backend::Postgres(b) => Some(b.primary()),
+        }
     }
 
-    /// Applies the migrations in `migrations/`; a no-op when they are applied.
-    pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations").run(pool).await?;
-        Ok(())
+    /// The primary's pool, for the pool metrics.
+    pub fn primary_pool(&self) -> Pool {
+        match &self.backend {
+            Backend::Postgres(b) => Pool::Postgres(b.primary().clone()),
+        }
+    }
+
+    /// Applies the backend's migrations; a no-op when they are applied.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        match &self.backend {
+            Backend::Postgres(b) => b.migrate().await,
+        }
     }
 
     /// The pools to watch, by name: `primary`, and `read` when a replica
     /// is configured (otherwise it is the primary's pool).
-    pub fn pools(&self) -> Vec<(&'static str, PgPool)> {
-        let mut pools = vec![("primary", self.primary.clone())];
-        if self.separate_read {
-            pools.push(("read", self.read.clone()));
+    pub fn pools(&self) -> Vec<(&'static str, Pool)> {
+        match &self.backend {
+            Backend::Postgres(b) => b.pools(),
         }
-        pools
     }
 
     /// One round-trip to the primary, for the readiness probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        sqlx::query("SELECT 1")
-            .execute(&self.primary)
-            .await
-            .map_err(db("ping"))?;
-        Ok(())
-    }
-
-    async fn begin(
-        &self,
-        operation: &'static str,
-    ) -> Result<Transaction<'_, Postgres>, StoreError> {
-        self.primary.begin().await.map_err(db(operation))
+        match &self.backend {
+            Backend::Postgres(b) => b.ping().await,
+        }
     }
 }

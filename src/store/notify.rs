@@ -1,13 +1,8 @@
 //! Wakes: the LISTEN connection for the triggers' NOTIFY, and the wake a
 //! caller records for a change the database did not see.
 
+use super::{ShardFilter, StoreError, postgres};
 use chrono::{DateTime, Utc};
-use sqlx::postgres::PgListener;
-
-use super::{ShardFilter, Store, StoreError, db};
-
-/// The NOTIFY channel of migration 0004: payload is the request id as text.
-pub const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
 
 /// One notification from the request-changed channel.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -21,34 +16,41 @@ pub enum RequestChange {
     Reconnected,
 }
 
-/// The LISTEN connection for request changes.
+/// The stream of request changes: the primary's notifications on
+/// PostgreSQL.
 pub struct RequestChanges {
-    listener: PgListener,
+    source: ChangeSource,
+}
+
+/// Where a backend's changes come from.
+pub(crate) enum ChangeSource {
+    /// PostgreSQL's LISTEN connection.
+    Postgres(postgres::Listener),
 }
 
 impl RequestChanges {
-    /// Waits for the next notification.
-    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
-        let received = self
-            .listener
-            .try_recv()
-            .await
-            .map_err(db("receive notification"))?;
-        Ok(received.map_or(RequestChange::Reconnected, |n| {
-            RequestChange::parse(n.payload())
-        }))
+    pub(crate) fn new(source: ChangeSource) -> Self {
+        Self { source }
     }
 
-    /// A notification already received, without waiting.
+    /// Waits for the next change.
+    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+        match &mut self.source {
+            ChangeSource::Postgres(listener) => listener.next().await,
+        }
+    }
+
+    /// A change already received, without waiting.
     pub fn next_buffered(&mut self) -> Option<RequestChange> {
-        self.listener
-            .next_buffered()
-            .map(|n| RequestChange::parse(n.payload()))
+        match &mut self.source {
+            ChangeSource::Postgres(listener) => listener.next_buffered(),
+        }
     }
 }
 
 impl RequestChange {
-    fn parse(payload: &str) -> Self {
+    /// A change from a notification's payload: the request id as text.
+    pub(crate) fn parse(payload: &str) -> Self {
         match payload.trim().parse() {
             Ok(id) => RequestChange::Changed(id),
             Err(_) => RequestChange::Malformed(payload.to_owned()),
@@ -56,91 +58,33 @@ impl RequestChange {
     }
 }
 
-// === impl Store ===
-
-impl Store {
-    /// Makes waiting requests due at `now` because a fact their filters read
-    /// changed, and marks running ones so the retry they schedule is due at
-    /// once; returns the requests touched. Retry counts stay. The triggers
-    /// record the same wake with every change (migration 0009); this is for
-    /// a caller that knows of a change the database did not see.
-    pub async fn wake(
-        &self,
-        request_ids: &[i64],
-        now: DateTime<Utc>,
-    ) -> Result<Vec<i64>, StoreError> {
-        let rows: Vec<(i64,)> = sqlx::query_as(
-            "UPDATE auto_approve_state
-                SET next_retry_time = CASE WHEN status = 'RETRY_WAITING' THEN $2 ELSE next_retry_time END,
-                    woken_at = CASE WHEN status = 'IN_PROGRESS' THEN $2 ELSE woken_at END
-              WHERE request_id = ANY($1)
-                AND ((status = 'RETRY_WAITING' AND next_retry_time > $2) OR status = 'IN_PROGRESS')
-             RETURNING request_id",
-        )
-        .bind(request_ids)
-        .bind(now)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("wake waiting requests"))?;
-        Ok(rows.into_iter().map(|(id,)| id).collect())
-    }
-
-    /// Makes due now the waiting requests of `shards` that the business
-    /// system woke (the rows its trigger appended, migration 0010), and
-    /// removes those rows, and those of requests with no claim left; a
-    /// running claim's rows stay for the retry it schedules. Returns the
-    /// requests made due. A woken request at `retry_limit` (Exhausted) is
-    /// revived: its count starts again from zero, because the fact the
-    /// business changed may be what made it fail.
-    pub async fn apply_wakes(
-        &self,
-        shards: Option<&ShardFilter>,
-        now: DateTime<Utc>,
-        retry_limit: i32,
-    ) -> Result<Vec<i64>, StoreError> {
-        let (shards, shard_count) = match shards {
-            Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
-            None => (None, 1),
-        };
-        let rows: Vec<(i64,)> = sqlx::query_as(
-            "WITH woken AS (
-                 DELETE FROM auto_approve_wake w
-                  WHERE ($2::bigint[] IS NULL OR w.request_id % $3 = ANY($2::bigint[]))
-                    AND NOT EXISTS (SELECT 1 FROM auto_approve_state s
-                                     WHERE s.request_id = w.request_id AND s.status = 'IN_PROGRESS')
-                 RETURNING w.request_id
-             )
-             UPDATE auto_approve_state
-                SET next_retry_time = LEAST(next_retry_time, $1),
-                    retry_count = CASE WHEN retry_count >= $4 THEN 0 ELSE retry_count END,
-                    transient_streak = CASE WHEN retry_count >= $4 THEN 0 ELSE transient_streak END
-              WHERE request_id IN (SELECT request_id FROM woken)
-                AND status = 'RETRY_WAITING' AND (next_retry_time > $1 OR retry_count >= $4)
-             RETURNING request_id",
-        )
-        .bind(now)
-        .bind(shards)
-        .bind(shard_count)
-        .bind(retry_limit)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("apply wakes"))?;
-        Ok(rows.into_iter().map(|(id,)| id).collect())
-    }
-
-    /// Listens on the primary for the request-changed notifications.
-    pub async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
-        // PgListener holds its connection for good (and takes a new one
-        // after a reconnect): a one-connection pool of its own, so the
-        // chains' pool keeps every connection it was sized with.
-        let own = self.dedicated(1);
-        let mut listener = PgListener::connect_with(own.primary())
-            .await
-            .map_err(db("connect listener"))?;
-        listener
-            .listen(REQUEST_CHANGED_CHANNEL)
-            .await
-            .map_err(db("listen"))?;
-        Ok(RequestChanges { listener })
+interface! {
+    /// Wakes: see the methods on [`Store`].
+    trait Wakes {
+        /// Makes waiting requests due at `now` because a fact their filters read
+        /// changed, and marks running ones so the retry they schedule is due at
+        /// once; returns the requests touched. Retry counts stay. The triggers
+        /// record the same wake with every change (migration 0009); this is for
+        /// a caller that knows of a change the database did not see.
+        fn wake(
+            &self,
+            request_ids: &[i64],
+            now: DateTime<Utc>,
+        ) -> Result<Vec<i64>, StoreError>;
+        /// Makes due now the waiting requests of `shards` that the business
+        /// system woke (the rows its trigger appended, migration 0010), and
+        /// removes those rows, and those of requests with no claim left; a
+        /// running claim's rows stay for the retry it schedules. Returns the
+        /// requests made due. A woken request at `retry_limit` (Exhausted) is
+        /// revived: its count starts again from zero, because the fact the
+        /// business changed may be what made it fail.
+        fn apply_wakes(
+            &self,
+            shards: Option<&ShardFilter>,
+            now: DateTime<Utc>,
+            retry_limit: i32,
+        ) -> Result<Vec<i64>, StoreError>;
+        /// Listens on the primary for the request-changed notifications.
+        fn request_changes(&self) -> Result<RequestChanges, StoreError>;
     }
 }

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+use crate::store::Pool;
 
 use super::{KubeLabels, Metrics, NoLabels, PoolLabel, StateLabels, VerbLabel};
 use crate::store::RequestCensus;
@@ -53,7 +53,7 @@ impl Metrics {
     }
 
     /// Exports the size of `pool` under `name` from now on, read at every scrape.
-    pub fn watch_pool(&self, name: &'static str, pool: PgPool) {
+    pub fn watch_pool(&self, name: &'static str, pool: Pool) {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|(n, _)| *n != name);
             pools.push((name, pool));
@@ -89,7 +89,7 @@ impl Metrics {
                 .set(i64::try_from(pool.num_idle()).unwrap_or(i64::MAX));
             self.pool_max
                 .get_or_create(&label)
-                .set(i64::from(pool.options().get_max_connections()));
+                .set(i64::from(pool.max_connections()));
         }
     }
 }

@@ -59,7 +59,7 @@ fn run_refuses_a_bad_setting_naming_it() {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool) {
     let server = TestServer::start(Options::default())
         .await
@@ -338,7 +338,7 @@ fn help_never_prints_a_database_password() {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
     let server = TestServer::start(Options::default())
         .await
@@ -379,7 +379,7 @@ async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
 /// address, without a line every turn; its liveness probe fails once the
 /// silence passes `--api-liveness-timeout`, so the kubelet restarts it; and
 /// SIGTERM ends it at once when nothing runs, not after the grace period.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool: PgPool) {
     let dir = std::env::temp_dir().join(format!("aa-noapi-{}-{}", std::process::id(), line!()));
     std::fs::create_dir_all(&dir).expect("temp dir");
@@ -450,7 +450,7 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool
 /// request (shard 3 of 16 and shard 3 of 8 share request 19): the first
 /// records its K in the database, and the second refuses to start, naming
 /// the value in force and how to change it.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
     let server = TestServer::start(Options::default())
         .await
@@ -546,7 +546,7 @@ async fn request_command(pool: &PgPool, args: &[&str]) -> (bool, String, String)
 
 /// An operator without kubectl shows, retries, pauses and resumes a request
 /// through the database; refusals name the request and the reason.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
     use autoapproval::domain::{Candidate, RequestType};
     use autoapproval::store::{ClaimOutcome, Store};
@@ -694,7 +694,7 @@ fn used_names(text: &str) -> std::collections::BTreeSet<String> {
 /// The dashboard and the alerts cannot drift from the binary: every metric
 /// they use is one a running replica exports on /metrics, and the replica
 /// exports the census, the pools and the API server requests it counts.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(pool: PgPool) {
     let server = TestServer::start(Options::default())
         .await

@@ -46,7 +46,7 @@ async fn business_role(pool: &PgPool) -> (String, PgPool) {
 /// state rows, which deadlocked with a completion and was refused to a role
 /// without grants on them. Now the business side only appends a wake row:
 /// none of its writes fails, and every request is approved.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn business_writes_racing_the_chains_never_fail_and_every_request_is_approved(pool: PgPool) {
     const REQUESTS: i64 = 40;
     let (role, business) = business_role(&pool).await;

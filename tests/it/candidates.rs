@@ -17,7 +17,7 @@ fn query(
         .query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgPool) {
     seed_reference_rows(&pool).await;
     let store = Store::new(pool.clone(), pool);
@@ -39,7 +39,7 @@ async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgP
     assert!(found[0].state_id.is_some() && found[1].state_id.is_some());
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn limit_window_and_type_bound_the_turn(pool: PgPool) {
     let now = t0();
     for id in 1..=25 {
@@ -67,7 +67,7 @@ async fn limit_window_and_type_bound_the_turn(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn ad_contracts_need_a_store_and_are_limited_to_ten(pool: PgPool) {
     for id in 1..=12 {
         NewRequest::ready_ad(id, 500 + id).insert(&pool).await;
@@ -91,7 +91,7 @@ async fn ad_contracts_need_a_store_and_are_limited_to_ten(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
     for id in 1..=12 {
         NewRequest::ready_owner(id).insert(&pool).await;
@@ -112,7 +112,7 @@ async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
 
 /// New requests and due retries interleaved in age order, more of each than
 /// the limit: the turn takes the oldest twenty, whichever kind they are.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(pool: PgPool) {
     let now = t0();
     for id in 1..=30 {
@@ -178,7 +178,7 @@ fn benchmark_script_prepares_the_store_queries_verbatim() {
 /// The one-statement look at notified requests selects, among them, exactly
 /// what the two range queries select: the seed's reference rows 101–107 and
 /// ad contracts with and without their store, other types, an old one.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(pool: PgPool) {
     seed_reference_rows(&pool).await;
     NewRequest::ready_ad(110, 7).insert(&pool).await;

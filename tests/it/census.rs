@@ -48,7 +48,7 @@ async fn exec(pool: &PgPool, sql: &'static str) {
 
 /// Rows 101–107: 104 in progress; 102, 103 (due) and 105 (not due) waiting
 /// for a condition; 106 at the limit. A transient failure moves 105.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_census_counts_the_reference_rows_by_state_and_reason_class(pool: PgPool) {
     seed_reference_rows(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
@@ -74,7 +74,7 @@ async fn the_census_counts_the_reference_rows_by_state_and_reason_class(pool: Pg
 /// Eligible means what a candidate query would select: open, inside the
 /// window, unclaimed or due and under the limit, not paused, an ad contract
 /// with its store. Older rows that miss any one of these are not backlog.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(pool: PgPool) {
     let store = Store::new(pool.clone(), pool.clone());
     assert_eq!(oldest(&store).await, None, "nothing waits");
@@ -138,7 +138,7 @@ async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(pool: 
 /// A dashboard summing over replicas must count the leader's census once:
 /// a replica that does not lead exports no state series at all, and still
 /// says whether its database answers.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(pool: PgPool) {
     seed_reference_rows(&pool).await;
     let metrics = Metrics::new();
@@ -179,7 +179,7 @@ async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(
 
 /// The running census follows leadership: it counts once this replica
 /// leads, and withdraws at once, not at its next turn, when it stops.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_census_follows_leadership_as_it_changes(pool: PgPool) {
     seed_reference_rows(&pool).await;
     let metrics = Metrics::new();
@@ -210,7 +210,7 @@ async fn the_census_follows_leadership_as_it_changes(pool: PgPool) {
     running.await.expect("the census stops");
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_shown(pool: PgPool) {
     seed_reference_rows(&pool).await;
     let metrics = Metrics::new();

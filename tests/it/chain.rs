@@ -21,7 +21,7 @@ fn owner(id: i64) -> Candidate {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(1).insert(&pool).await;
@@ -50,7 +50,7 @@ async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgP
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     env.sim.add_store(700, true);
@@ -73,7 +73,7 @@ async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
     assert_eq!(env.sim.stats().for_request(2).campaign, 1);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_ad(3, 404).insert(&pool).await;
@@ -93,7 +93,7 @@ async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(p
     assert_eq!(env.sim.stats().created.campaigns, 0);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_unsigned_econtract_waits_and_the_sync_records_it(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     env.sim.set_contract_status("EC-4", ContractStatus::Pending);
@@ -116,7 +116,7 @@ async fn an_unsigned_econtract_waits_and_the_sync_records_it(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key(
     pool: PgPool,
 ) {
@@ -159,7 +159,7 @@ async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempo
     assert!(request_view(&pool, 5).await.owner_number.is_some());
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPool) {
     let env = Env::with_external(pool.clone(), |mut c| {
         c.external_timeout = StdDuration::from_millis(300);
@@ -219,7 +219,7 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPoo
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(6)
@@ -241,7 +241,7 @@ async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: P
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn work_already_done_is_skipped(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(7).insert(&pool).await;
@@ -265,7 +265,7 @@ async fn work_already_done_is_skipped(pool: PgPool) {
 /// chain: our write takes the row with NOWAIT, fails at once, and counts as
 /// a transient retry; once the business commits, the retry approves. No
 /// lock timeout is set, so only NOWAIT can keep the attempt from waiting.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_business_transaction_holding_the_row_delays_the_approval_without_holding_us(
     pool: PgPool,
 ) {
@@ -322,7 +322,7 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
 /// The e-contract ledger is the business system's too; an upsert cannot
 /// say NOWAIT, so `--db-lock-timeout` bounds its wait for a row the
 /// business holds: the attempt becomes a transient retry naming the lock.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the_lock_timeout(
     pool: PgPool,
 ) {
@@ -373,7 +373,7 @@ async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the
 /// documents back in review (a gate of the owner step only): the retry runs
 /// every gate again, so it waits for the documents instead of skipping past
 /// the made owner to the store and the approval.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(21).insert(&pool).await;
@@ -418,7 +418,7 @@ async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPoo
 /// A request rejected and resubmitted keeps the owner and store numbers of
 /// its first run; its documents are back in review. Every gate runs again:
 /// it waits for the documents instead of being approved on old results.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     let mut request = NewRequest::ready_owner(22);
@@ -451,7 +451,7 @@ async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPo
 /// the campaign, so the retry makes one for 701 instead of replaying the
 /// campaign of 700 under the old key (which a strict downstream would
 /// refuse as a key reused with another body).
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     env.sim.add_store(700, true);
@@ -510,7 +510,7 @@ async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) -> Att
 /// An owner contract whose owner answer, then store answer, is lost by a
 /// downstream with no idempotency support: each retry looks the request up
 /// first and takes what the lost call made.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool: PgPool) {
     let env = Env::with_external(pool.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
     env.sim.set_idempotency(Idempotency::Ignored);
@@ -585,7 +585,7 @@ async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool
 
 /// The instrument of the test above can see a duplicate: with the same lost
 /// answer and nobody looking up, the downstream makes a second owner.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     env.sim.set_idempotency(Idempotency::Ignored);
@@ -612,7 +612,7 @@ async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(
 
 /// A lookup that finds the campaign made for the old target store does not
 /// take it for the new one.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_the_new_store(
     pool: PgPool,
 ) {

@@ -15,7 +15,7 @@ fn new_candidate(id: i64) -> Candidate {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn two_concurrent_claimers_of_a_new_request_one_wins(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
@@ -35,7 +35,7 @@ async fn two_concurrent_claimers_of_a_new_request_one_wins(pool: PgPool) {
     assert_eq!(state.status.as_str(), "IN_PROGRESS");
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let state_id = insert_state(
@@ -74,7 +74,7 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     NewRequest::ready_owner(2).insert(&pool).await;
@@ -112,7 +112,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
@@ -155,7 +155,7 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(poo
     assert!(store.state(1).await.unwrap().is_none());
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let store = Store::new(pool.clone(), pool);
@@ -178,7 +178,7 @@ async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPo
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool: PgPool) {
     use autoapproval::store::RetryWrite;
 
@@ -222,7 +222,7 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool:
     assert_eq!(quiet, Some((1, later)), "the long interval");
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_contract(
     pool: PgPool,
 ) {
@@ -276,7 +276,7 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
 /// Our own approval notifies nobody (migration 0015): the replica that
 /// wrote it knows, and a NOTIFY cost the shard's holder a discovery turn and
 /// a reconcile of a finished request. A person's decision still notifies.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPool) {
     use autoapproval::store::{Completion, RequestChange};
 
@@ -322,7 +322,7 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPo
 /// discovery turn makes a waiting retry due at once, a running chain's retry
 /// is scheduled due at once, and a change to a column no filter reads wakes
 /// nothing.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener(pool: PgPool) {
     use autoapproval::store::RetryWrite;
     use chrono::SubsecRound;
@@ -412,7 +412,7 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
 /// The LISTEN connection is held for good: it has a pool of its own, so it
 /// never takes one of the connections the chains were given. Here the
 /// chains' pool has one connection, and it stays free while the listener runs.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
     let options = (*pool.connect_options()).clone();
     let chains = sqlx::postgres::PgPoolOptions::new()
@@ -438,7 +438,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
 /// A claim of ours with no attempt working on it (its outcome and then its
 /// release failed: the database went away under the chain) is given back by
 /// the sweep, due at once; a claim whose chain is still running is not.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPool) {
     use autoapproval::approval::AttemptOutcome;
     use autoapproval::clock::Clock;
@@ -512,7 +512,7 @@ async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPo
 /// A stale answer of the e-sign system never takes a signature back: the
 /// ledger stays SIGNED when a sync says PENDING, and a voided contract may
 /// still become REJECTED.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
@@ -542,7 +542,7 @@ async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
 
 /// A request paused in the database is claimed by no replica, new or due,
 /// and is no candidate, whatever a CR says; resumed, it is claimed again.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
     use autoapproval::store::CandidateQuery;
 
@@ -612,7 +612,7 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
 /// The reconcile's one read before a claim gives what the two reads it
 /// replaced gave: the request, its state row or none, nothing for an
 /// unknown request, and a malformed request row reported as such.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them(pool: PgPool) {
     let store = Store::new(pool.clone(), pool.clone());
     for id in [71, 72, 73] {

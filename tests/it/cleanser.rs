@@ -14,7 +14,7 @@ use crate::support::{NewRequest, candidate, fence, insert_state, state_count, t0
 /// Stuck is judged in the database's clock, which stamps every claim and
 /// heartbeat: the rows' times are set relative to it, and the cleanser's own
 /// clock (the tests' t0, a day behind) only gives the recovered their due time.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgPool) {
     let now = t0();
     let db_now = Utc::now();
@@ -118,7 +118,7 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
 /// The CR garbage collector deletes the CR of a request it cannot find, so
 /// it must look where every request already is: on the primary, not on a
 /// read replica that has not caught up with the newest rows.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_replica(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     // A "replica" that lags: the same tables, without the new row.
@@ -155,7 +155,7 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
 /// A replica whose clock runs an hour ahead of the others runs the
 /// cleanser: a claim made and heartbeat a moment ago is alive in the
 /// database's clock, and stays with its holder.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     let store = Store::new(pool.clone(), pool.clone());
@@ -187,7 +187,7 @@ async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(p
 
 /// The garbage collector ages a finished request in the database's clock,
 /// which wrote its decision time, not in the replica's, which may disagree.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn the_garbage_collector_ages_a_decision_in_the_database_clock(pool: PgPool) {
     NewRequest::ready_owner(1).insert(&pool).await;
     sqlx::query(

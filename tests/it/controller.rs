@@ -46,7 +46,7 @@ fn total_calls(sim: &SimHandle) -> u64 {
     sim.stats().calls.values().sum()
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_owner_contract_is_approved_end_to_end(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     owner_now(101).insert(&pool).await;
@@ -89,7 +89,7 @@ async fn an_owner_contract_is_approved_end_to_end(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_ad_contract_for_an_existing_store_is_approved(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     cluster.sim.add_store(7001, true);
@@ -103,7 +103,7 @@ async fn an_ad_contract_for_an_existing_store_is_approved(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     waiting_owner_now(103).insert(&pool).await;
@@ -149,7 +149,7 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     waiting_owner_now(104).insert(&pool).await;
@@ -172,7 +172,7 @@ async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool:
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     waiting_owner_now(105).insert(&pool).await;
@@ -209,7 +209,7 @@ async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     create_paused(&cluster, 106).await;
@@ -247,7 +247,7 @@ async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     let cr = crd::for_request(999, crd::ApprovalType::OwnerContract, 16);
@@ -270,7 +270,7 @@ async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPo
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(pool: PgPool) {
     owner_now(130).insert(&pool).await;
     let ten_minutes_ago = Utc::now() - chrono::Duration::minutes(10);
@@ -298,7 +298,7 @@ async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(pool: PgPool)
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person(pool: PgPool) {
     // 299 failures so far; the 300th is the owner service failing once
     // more (waits for a condition would not count).
@@ -335,7 +335,7 @@ async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_perso
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn shutdown_finishes_chains_in_flight_within_the_grace_period(pool: PgPool) {
     let mut settings = test_settings();
     settings.shutdown_grace = Duration::from_secs(10);
@@ -362,7 +362,7 @@ async fn shutdown_finishes_chains_in_flight_within_the_grace_period(pool: PgPool
     assert!(!state_exists(&pool, 107).await);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgPool) {
     let mut settings = test_settings();
     settings.shutdown_grace = Duration::from_millis(200);
@@ -392,7 +392,7 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgP
     assert_eq!(request_status(&pool, 108).await, "PENDING");
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     owner_now(110).insert(&pool).await;
@@ -521,7 +521,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn health_readiness_and_metrics_are_served(pool: PgPool) {
     use autoapproval::endpoints::{Health, router};
 
@@ -647,7 +647,7 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
 /// (here: taken by another holder) is not lost: the database wake is
 /// recorded anyway, and the replica that gets the shard next approves the
 /// request at once instead of after its 10-minute condition interval.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPool) {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
@@ -722,7 +722,7 @@ async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(pool: PgPoo
 /// shard 3 waits on a row lock someone holds) is given up after a retry
 /// period, so the same turn still takes and renews every other shard, and
 /// their requests are approved while shard 3 stays blocked.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_stuck_fence_of_one_shard_holds_up_no_other(pool: PgPool) {
     sqlx::query(
         "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
@@ -765,7 +765,7 @@ async fn a_stuck_fence_of_one_shard_holds_up_no_other(pool: PgPool) {
 /// outcome and release both failed while the database was away) is given
 /// back within seconds and the request approved, not left IN_PROGRESS under
 /// a live replica until the 5-minute stuck threshold.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_claim_left_without_a_chain_is_resumed_within_seconds(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     let held = || metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]);
@@ -807,7 +807,7 @@ async fn a_claim_left_without_a_chain_is_resumed_within_seconds(pool: PgPool) {
 /// generation must be one above the database's token as well as the
 /// Lease's (which starts again at 0), or the fence would refuse it, and
 /// the replica would climb one generation per turn until it caught up.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(pool: PgPool) {
     let mut first = Cluster::start(pool.clone()).await;
     owner_now(151).insert(&pool).await;
@@ -846,7 +846,7 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(poo
 /// spec.requestId and spec.requestType are immutable: the CRD's CEL rule
 /// `self == oldSelf`, enforced by the API server, refuses an edit to another
 /// request or type with the rule's message, through the client and kubectl.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     waiting_owner_now(111).insert(&pool).await;
@@ -906,7 +906,7 @@ async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool:
 
 /// A CR whose name is not `request-<spec.requestId>` is reported Invalid and
 /// drives nothing; the request's own CR approves it, once.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     let mut rogue = crd::for_request(113, crd::ApprovalType::OwnerContract, 16);
@@ -945,7 +945,7 @@ async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: Pg
 /// The database is the truth: a waiting owner contract whose type is
 /// corrected to an ad contract gets a new CR of the new type (the spec is
 /// immutable) and is approved as an ad contract.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     cluster.sim.add_store(700, true);
@@ -975,7 +975,7 @@ async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_
 /// without the database hearing of it (the e-sign system changed), is
 /// approved at once; an exhausted one gets one more attempt; each value is
 /// acted on once, with who asked in the memo, and echoed in the status.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(pool: PgPool) {
     let limit = DEFAULT_RETRY_LIMIT;
     let long_ago = Utc::now() - chrono::Duration::hours(1);
@@ -1082,7 +1082,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
 
 /// A pause outlives its CR: a deleted paused CR comes back paused and the
 /// request is not claimed meanwhile; unpausing the new CR resumes it.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     create_paused(&cluster, 116).await;
@@ -1119,7 +1119,7 @@ async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
 /// Leadership taken is an Event on the leader Lease, as client-go's leader
 /// election records it, so `kubectl describe lease autoapproval-leader` tells
 /// who leads since when.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
     use k8s_openapi::api::events::v1::Event;
 
@@ -1151,7 +1151,7 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
 /// says: it writes no status (DESIGN: the API server is shared; a restart
 /// that rewrites statuses is load nobody asked for). Waiting, approved and
 /// superseded requests alike.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_restarted_with_nothing_changed_writes_no_status(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     let waiting: Vec<i64> = (1..=30).collect();
@@ -1198,7 +1198,7 @@ async fn a_replica_restarted_with_nothing_changed_writes_no_status(pool: PgPool)
 /// The attempt that approves a request writes its status once; later
 /// reconciles of the approved CR (the request's own NOTIFY, a watch event)
 /// find it shown and write nothing, keeping the holder and retries shown.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_approval_writes_its_status_once(pool: PgPool) {
     let mut cluster = Cluster::start(pool.clone()).await;
     owner_now(61).insert(&pool).await;
@@ -1246,7 +1246,7 @@ async fn an_approval_writes_its_status_once(pool: PgPool) {
 /// request, not a whole discovery turn (the wake batch and a range query
 /// per type); a change to a waiting request still gets the whole turn,
 /// which applies its wake.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole_turn(
     pool: PgPool,
 ) {
@@ -1287,7 +1287,7 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
 /// holds: shard Leases are written only when they change hands. Rounds are
 /// counted by the member Lease's own writes, so the assertion is about
 /// writes per round, not per second.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
     use std::collections::BTreeMap;
 
@@ -1364,7 +1364,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
 /// A replica whose member Lease was written by another replica (which
 /// judged it gone and may be taking its shards) drops every shard at its
 /// next renew, before it joins again: each shard is then fenced anew.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPool) {
     use k8s_openapi::api::coordination::v1::Lease;
 
@@ -1421,7 +1421,7 @@ async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPoo
 /// only after the taker wrote that replica out of its member Lease (so a
 /// renew it sent meanwhile would have failed the taker's write instead),
 /// and the failover is an Event naming the old holder.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken(pool: PgPool) {
     use k8s_openapi::api::coordination::v1::Lease;
 
@@ -1487,7 +1487,7 @@ async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_ta
 /// by its own renewals and would take one left unrenewed: while one lives,
 /// the shard Leases held are renewed every turn again; once it is gone, they
 /// are written only when they change hands.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives(pool: PgPool) {
     use futures::TryStreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
@@ -1585,7 +1585,7 @@ async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives
 /// A leader whose Lease another replica took (a partition from the API
 /// server, say) stands again once that one is gone: it leads again after
 /// the Lease expires, instead of renewing a Lease that is not its own.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_that_lost_the_leader_lease_leads_again_once_it_expires(pool: PgPool) {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;

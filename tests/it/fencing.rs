@@ -20,7 +20,7 @@ use crate::support::{NewRequest, candidate, defaults, request_view, t0};
 
 const K: u32 = 4;
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
     // Requests 1, 5 and 9 are all in shard 1 of 4.
     NewRequest::ready_owner(1).insert(&pool).await;
@@ -168,7 +168,7 @@ async fn install_audit(pool: &PgPool) {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_owner_claimed(
     pool: PgPool,
 ) {
@@ -274,7 +274,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
 /// is cancelled at its next await point, so it makes no further external
 /// call: before, its e-sign answer arrived, it synced the ledger and called
 /// the owner service a second time, after b, until the fenced save stopped it.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool) {
     NewRequest::ready_owner(1)
         .sorted_at(Utc::now())
@@ -349,7 +349,7 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
 /// The check before every external call: once the shard is seen lost, a
 /// call is refused before its future is first polled, so nothing is sent,
 /// however soon after the loss the chain gets there.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_external_call_after_the_shard_is_lost_is_never_started(pool: PgPool) {
     let external = HttpExternalSystems::build(
         &ExternalArgs::all_at("http://127.0.0.1:9".to_owned()).expect("defaults"),

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 
 use crate::support::{Env, NewRequest, candidate, defaults, fence, request_view, t0};
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     for id in 1..=4 {
@@ -72,7 +72,7 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(p
 /// fails the same way on every attempt: each failure counts as a transient
 /// retry with backoff, so the limit ends it, instead of the claim being
 /// released uncounted and the external call repeated every poll for ever.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: PgPool) {
     const LIMIT: i32 = 3;
     let mut config = crate::support::defaults().approver;

@@ -85,7 +85,7 @@ async fn log_decisions(pool: &PgPool) {
 /// at random and decide or release what they get. Every request ends
 /// decided exactly once, by whoever held the claim; nothing is created for
 /// a request a person decided; no two chains overlap.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool) {
     log_decisions(&pool).await;
     let mut settings = test_settings();
@@ -234,7 +234,7 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
 /// A claim of a crashed service, never heartbeaten nor released, is
 /// returned by the cleanser after the stuck threshold with a memo naming
 /// its holder, and the controller then approves the request.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_threshold(
     pool: PgPool,
 ) {
@@ -273,7 +273,7 @@ async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_th
 /// The functions are the only door a separate role needs: granted EXECUTE
 /// on them (the README's statement), it claims and decides; it cannot
 /// write our tables itself, and a role without the grant cannot call them.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more(pool: PgPool) {
     let role = format!("aa_manual_{}", rand::rng().random::<u32>());
     let outsider = format!("{role}_outsider");

@@ -396,12 +396,12 @@ fn assert_nothing_doubled(sim: &SimHandle) {
     );
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn two_thousand_requests_survive_a_replica_killed_hard_mid_run(pool: PgPool) {
     killed_hard_mid_run(pool, Downstream::Keyed).await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_killed_hard_mid_run_doubles_nothing_in_a_downstream_without_idempotency_keys(
     pool: PgPool,
 ) {
@@ -591,12 +591,12 @@ async fn killed_hard_mid_run(pool: PgPool, downstream: Downstream) {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_rolling_restart_hands_shards_over_without_waiting_for_lease_expiry(pool: PgPool) {
     rolling_restart(pool, Downstream::Keyed).await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_rolling_restart_doubles_nothing_in_a_downstream_without_idempotency_keys(pool: PgPool) {
     rolling_restart(pool, Downstream::Unkeyed).await;
 }
@@ -687,12 +687,12 @@ async fn rolling_restart(pool: PgPool, downstream: Downstream) {
     }
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn api_server_failures_then_closed_watches_lose_and_double_nothing(pool: PgPool) {
     api_server_failures(pool, Downstream::Keyed).await;
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn api_server_failures_double_nothing_in_a_downstream_without_idempotency_keys(pool: PgPool) {
     api_server_failures(pool, Downstream::Unkeyed).await;
 }
@@ -759,7 +759,7 @@ async fn api_server_failures(pool: PgPool, downstream: Downstream) {
 /// back once the database has not answered for the renew deadline, so the
 /// replica that can work takes its shards, and every request is approved
 /// once, by it.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_replica_cut_from_the_database_hands_its_shards_over(pool: PgPool) {
     let target = {
         let options = pool.connect_options();
@@ -832,7 +832,7 @@ async fn a_replica_cut_from_the_database_hands_its_shards_over(pool: PgPool) {
 /// before the state row, so no fence and no Lease renewal waits behind the
 /// business: no shard is lost, every other request is approved while the
 /// transaction is still open, and the held ones once it commits.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_request(pool: PgPool) {
     const HOLD: Duration = Duration::from_secs(30);
     let held = i64::from(SHARDS);

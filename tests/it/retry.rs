@@ -11,7 +11,7 @@ use sqlx::PgPool;
 
 use crate::support::{Env, NewRequest, candidate, defaults, fence, insert_state, t0};
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     let mut r = NewRequest::ready_owner(1);
@@ -92,7 +92,7 @@ async fn expect_retry(
     env.clock.set(next_retry_time);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets_the_streak(
     pool: PgPool,
 ) {
@@ -130,7 +130,7 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     assert_eq!(outcome, AttemptOutcome::Approved);
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     NewRequest::ready_owner(1).insert(&pool).await;
@@ -184,7 +184,7 @@ async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
 /// A request whose documents wait from day 1 to day 3 is tried every ten
 /// minutes, 432 times, more than the limit of 300: waits are not failures,
 /// so it is never Exhausted, and the release on day 3 approves it.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1(pool: PgPool) {
     let env = Env::start(pool.clone()).await;
     let mut r = NewRequest::ready_owner(1);
@@ -228,7 +228,7 @@ async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1
 /// Two failures exhaust a request at a limit of 2; then the business
 /// changes one of its facts (a corrected e-contract). The change revives
 /// it: its count starts again and it is due at once, and it is approved.
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_fact_change_revives_an_exhausted_request(pool: PgPool) {
     const LIMIT: i32 = 2;
     let mut config = defaults().approver;

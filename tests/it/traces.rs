@@ -93,7 +93,7 @@ fn field<'a>(line: &'a Value, key: &str) -> Option<&'a Value> {
         .find_map(|span| span.get(key))
 }
 
-#[sqlx::test]
+#[sqlx::test(migrations = "migrations/postgres")]
 async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(pool: PgPool) {
     let stage = Stage::start("logs").await;
     let (child, _) = stage.run(
@@ -237,7 +237,7 @@ mod otlp {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    #[sqlx::test]
+    #[sqlx::test(migrations = "migrations/postgres")]
     async fn each_attempt_is_one_trace_covering_its_external_calls_and_the_downstream_gets_it(
         pool: PgPool,
     ) {

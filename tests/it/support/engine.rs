@@ -62,7 +62,7 @@ impl Env {
     pub async fn with_session(pool: PgPool, session: &SessionArgs) -> Env {
         let limited = PgPoolOptions::new()
             .max_connections(4)
-            .connect_with(session.apply((*pool.connect_options()).clone()))
+            .connect_with(session.apply_to_postgres((*pool.connect_options()).clone()))
             .await
             .expect("a limited pool");
         Self::with(limited, |c| c, defaults().approver).await

@@ -39,7 +39,7 @@ pub async fn fresh_database(
         .max_connections(connections)
         .connect(&url)
         .await?;
-    Store::migrate(&pool).await?;
+    Store::new(pool.clone(), pool.clone()).migrate().await?;
     Ok((admin, pool))
 }
 

@@ -173,17 +173,24 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
     let fence = Fence::new(args.replica_name.clone(), 0);
     let scale = |d: Duration| d.div_f64(args.time_scale);
     info!(design = args.design.name(), replica = %args.replica_name, "seed design running");
+    // The seed's queue table and its scheduler locks are PostgreSQL's here.
+    let Some(pool) = store.postgres_pool().cloned() else {
+        return Err(SeedDesignError::Setting {
+            flag: "--database-url",
+            message: "the seed designs run on PostgreSQL".into(),
+        });
+    };
     let work = async {
         match args.design {
             SeedDesign::New => poll_loop(&approver, &fence, scale(args.poll_period), &turn).await,
             SeedDesign::Old => {
-                let queue = SeedQueue::new(store.primary().clone());
+                let queue = SeedQueue::new(pool.clone());
                 let cycle = scale(OLD_CYCLE);
                 tokio::try_join!(
-                    scheduled(cycle, OLD_COLLECTOR_OFFSET, COLLECTOR_LOCK, &store, || {
+                    scheduled(cycle, OLD_COLLECTOR_OFFSET, COLLECTOR_LOCK, &pool, || {
                         collect(&approver, &queue, &turn)
                     }),
-                    scheduled(cycle, 0.0, PROCESSOR_LOCK, &store, || {
+                    scheduled(cycle, 0.0, PROCESSOR_LOCK, &pool, || {
                         process(&approver, &queue, &fence, args.concurrency)
                     }),
                 )
@@ -228,7 +235,7 @@ async fn scheduled<F, Fut>(
     cycle: Duration,
     offset: f64,
     key: i64,
-    store: &Store,
+    pool: &sqlx::PgPool,
     job: F,
 ) -> Result<(), SeedDesignError>
 where
@@ -237,7 +244,7 @@ where
 {
     loop {
         tokio::time::sleep(until_next(cycle, offset)).await;
-        let mut conn = match store.primary().acquire().await {
+        let mut conn = match pool.acquire().await {
             Ok(conn) => conn,
             Err(error) => {
                 warn!(%error, "no connection for the scheduler lock");

@@ -186,7 +186,7 @@ impl Stack {
         }
         admin.close().await;
         let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
-        Store::migrate(&worker).await?;
+        Store::new(worker.clone(), worker.clone()).migrate().await?;
         worker.close().await;
         self.postgres = Some(postgres);
         let harness = Harness::new(self.postgres()?.connect("postgres", DATABASE).await?);

@@ -1,0 +1,86 @@
+//! The e-contract ledger the chain syncs from the e-sign system, and the
+//! memo history of a request that people read.
+
+use chrono::{DateTime, Utc};
+
+use super::{PgStore, db};
+use crate::store::{Ledger, Memo, StoreError};
+
+impl Ledger for PgStore {
+    async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = $1")
+                .bind(contract_ref)
+                .fetch_optional(&self.primary)
+                .await
+                .map_err(db("read e-contract"))?;
+        Ok(row.map(|(s,)| s))
+    }
+
+    async fn sync_econtract(
+        &self,
+        request_id: i64,
+        contract_ref: &str,
+        status: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        // One statement, one round-trip: the transaction-local setting,
+        // read by the econtract trigger (migration 0007), lasts until the
+        // statement's implicit transaction ends, after the trigger fired.
+        sqlx::query(
+            "INSERT INTO econtract (contract_ref, status, synced_at)
+             SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
+             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
+              WHERE NOT (econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
+        )
+        .bind(contract_ref)
+        .bind(status)
+        .bind(now)
+        .bind(request_id.to_string())
+        .execute(&self.primary)
+        .await
+        .map_err(db("sync e-contract"))?;
+        Ok(())
+    }
+
+    async fn add_memo(
+        &self,
+        request_id: i64,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+             VALUES ($1, $2, 'autoapproval', $3)",
+        )
+        .bind(request_id)
+        .bind(now)
+        .bind(message)
+        .execute(&self.primary)
+        .await
+        .map_err(db("add memo"))?;
+        Ok(())
+    }
+
+    async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
+        sqlx::query_as(
+            "SELECT created_at, author, message FROM approval_request_memo
+              WHERE request_id = $1 ORDER BY id",
+        )
+        .bind(request_id)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("read history"))
+    }
+
+    async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
+        )
+        .bind(request_id)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("read memos"))?;
+        Ok(rows.into_iter().map(|(m,)| m).collect())
+    }
+}
