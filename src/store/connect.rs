@@ -6,6 +6,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use super::mysql::MysqlStore;
 use super::postgres::PgStore;
 use super::{Backend, Store, StoreError};
 use crate::flags::parse_duration;
@@ -13,15 +14,18 @@ use crate::flags::parse_duration;
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseArgs {
-    /// PostgreSQL URL of the primary: re-reads, claims and every write [required, no default].
+    /// URL of the primary, postgres:// or mysql:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true)]
     pub database_url: DatabaseUrl,
-    /// PostgreSQL URL of a read replica for the candidate queries [default: the primary].
+    /// URL of a read replica for the candidate queries, of the primary's kind [default: the primary].
     #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true)]
     pub read_database_url: Option<DatabaseUrl>,
     /// Connections per pool, primary and replica each; `run` needs at least --concurrency / 2 + 2. The listener and the Lease loop have connections of their own.
     #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
     pub db_max_connections: u32,
+    /// MySQL / MariaDB only (no LISTEN/NOTIFY there): how often each replica reads the rows the triggers appended to auto_approve_wake; the pickup latency of a new request is about half of it.
+    #[arg(long, env = "AUTOAPPROVAL_WAKE_POLL_INTERVAL", default_value = "250ms", value_parser = parse_duration)]
+    pub wake_poll_interval: Duration,
 }
 
 /// Limits on each statement of the controller's sessions (`run` only;
@@ -40,7 +44,7 @@ pub struct SessionArgs {
 
 // === impl DatabaseUrl ===
 
-/// A `postgres://` URL, checked when parsed; `Display` and `Debug` show it
+/// A `postgres://` or `mysql://` URL, checked when parsed; `Display` and `Debug` show it
 /// with the password replaced by `***`, so it can be logged and reported.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
@@ -53,6 +57,11 @@ impl DatabaseUrl {
     pub fn expose(&self) -> &str {
         &self.url
     }
+
+    /// Whether it names a MySQL 8 / MariaDB server (`mysql://`).
+    pub fn is_mysql(&self) -> bool {
+        self.url.starts_with("mysql:")
+    }
 }
 
 impl FromStr for DatabaseUrl {
@@ -60,9 +69,9 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parsed = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
-        if !matches!(parsed.scheme(), "postgres" | "postgresql") {
+        if !matches!(parsed.scheme(), "postgres" | "postgresql" | "mysql") {
             return Err(format!(
-                "scheme {:?} is not postgres:// or postgresql://",
+                "scheme {:?} is not postgres://, postgresql:// or mysql://",
                 parsed.scheme()
             ));
         }
@@ -105,9 +114,19 @@ impl Store {
                 message: "must be at least 1".into(),
             });
         }
-        Ok(Store {
-            backend: Backend::Postgres(PgStore::connect(config, session).await?),
-        })
+        let read_is_mysql = config.read_database_url.as_ref().map(DatabaseUrl::is_mysql);
+        if read_is_mysql.is_some_and(|read| read != config.database_url.is_mysql()) {
+            return Err(StoreError::Config {
+                setting: "--read-database-url",
+                message: "must name the same kind of database as --database-url".into(),
+            });
+        }
+        let backend = if config.database_url.is_mysql() {
+            Backend::Mysql(MysqlStore::connect(config, session).await?)
+        } else {
+            Backend::Postgres(PgStore::connect(config, session).await?)
+        };
+        Ok(Store { backend })
     }
 }
 
@@ -138,8 +157,11 @@ mod tests {
 
     #[test]
     fn a_url_of_another_database_is_refused() {
-        let err = "mysql://root@db/x".parse::<DatabaseUrl>().unwrap_err();
+        let err = "sqlite://db/x".parse::<DatabaseUrl>().unwrap_err();
         assert!(err.contains("not postgres://"), "{err}");
+        let mysql: DatabaseUrl = "mysql://app:pw@db:3306/x".parse().unwrap();
+        assert!(mysql.is_mysql());
+        assert_eq!(mysql.to_string(), "mysql://app:***@db:3306/x");
         assert!("not a url".parse::<DatabaseUrl>().is_err());
     }
 }

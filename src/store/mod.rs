@@ -8,6 +8,7 @@
 //! runs on the primary, because replica lag is exactly what makes a claimed
 //! request still look like a candidate.
 
+use sqlx::mysql::MySqlPool;
 use sqlx::postgres::PgPool;
 
 use crate::domain::UnknownValue;
@@ -36,6 +37,7 @@ macro_rules! interface {
                 pub async fn $name(&self $(, $arg: $ty)*) -> $ret {
                     match &self.backend {
                         $crate::store::Backend::Postgres(b) => $trait::$name(b $(, $arg)*).await,
+                        $crate::store::Backend::Mysql(b) => $trait::$name(b $(, $arg)*).await,
                     }
                 }
             )*
@@ -49,6 +51,8 @@ mod claims;
 mod connect;
 mod layout;
 mod ledger;
+/// The MySQL 8 / MariaDB backend.
+pub mod mysql;
 mod notify;
 mod pause;
 pub mod postgres;
@@ -140,6 +144,7 @@ pub struct Store {
 #[derive(Clone, Debug)]
 enum Backend {
     Postgres(postgres::PgStore),
+    Mysql(mysql::MysqlStore),
 }
 
 /// A connection pool of the store, for the pool metrics.
@@ -147,6 +152,8 @@ enum Backend {
 pub enum Pool {
     /// A PostgreSQL pool.
     Postgres(PgPool),
+    /// A MySQL / MariaDB pool.
+    Mysql(MySqlPool),
 }
 
 impl Pool {
@@ -154,6 +161,7 @@ impl Pool {
     pub fn size(&self) -> u32 {
         match self {
             Pool::Postgres(pool) => pool.size(),
+            Pool::Mysql(pool) => pool.size(),
         }
     }
 
@@ -161,6 +169,7 @@ impl Pool {
     pub fn num_idle(&self) -> usize {
         match self {
             Pool::Postgres(pool) => pool.num_idle(),
+            Pool::Mysql(pool) => pool.num_idle(),
         }
     }
 
@@ -168,6 +177,7 @@ impl Pool {
     pub fn max_connections(&self) -> u32 {
         match self {
             Pool::Postgres(pool) => pool.options().get_max_connections(),
+            Pool::Mysql(pool) => pool.options().get_max_connections(),
         }
     }
 }
@@ -182,6 +192,13 @@ impl Store {
         }
     }
 
+    /// A MySQL / MariaDB store (tests, the lab); see [`mysql::MysqlStore::new`].
+    pub fn mysql(store: mysql::MysqlStore) -> Self {
+        Self {
+            backend: Backend::Mysql(store),
+        }
+    }
+
     /// A store over a pool of its own of `connections` to the same primary
     /// (read from the primary too), for a caller that must never wait for a
     /// connection the chains hold: the Lease loop, the listener.
@@ -190,6 +207,9 @@ impl Store {
             Backend::Postgres(b) => Store {
                 backend: Backend::Postgres(b.dedicated(connections)),
             },
+            Backend::Mysql(b) => Store {
+                backend: Backend::Mysql(b.dedicated(connections)),
+            },
         }
     }
 
@@ -197,6 +217,7 @@ impl Store {
     pub fn postgres_pool(&self) -> Option<&PgPool> {
         match &self.backend {
             Backend::Postgres(b) => Some(b.primary()),
+            Backend::Mysql(_) => None,
         }
     }
 
@@ -204,6 +225,7 @@ impl Store {
     pub fn primary_pool(&self) -> Pool {
         match &self.backend {
             Backend::Postgres(b) => Pool::Postgres(b.primary().clone()),
+            Backend::Mysql(b) => Pool::Mysql(b.primary().clone()),
         }
     }
 
@@ -211,6 +233,7 @@ impl Store {
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Postgres(b) => b.migrate().await,
+            Backend::Mysql(b) => b.migrate().await,
         }
     }
 
@@ -219,6 +242,7 @@ impl Store {
     pub fn pools(&self) -> Vec<(&'static str, Pool)> {
         match &self.backend {
             Backend::Postgres(b) => b.pools(),
+            Backend::Mysql(b) => b.pools(),
         }
     }
 
@@ -226,6 +250,7 @@ impl Store {
     pub async fn ping(&self) -> Result<(), StoreError> {
         match &self.backend {
             Backend::Postgres(b) => b.ping().await,
+            Backend::Mysql(b) => b.ping().await,
         }
     }
 }

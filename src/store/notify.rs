@@ -17,7 +17,7 @@ pub enum RequestChange {
 }
 
 /// The stream of request changes: the primary's notifications on
-/// PostgreSQL.
+/// PostgreSQL, the wake table's new rows on MySQL / MariaDB.
 pub struct RequestChanges {
     source: ChangeSource,
 }
@@ -26,6 +26,8 @@ pub struct RequestChanges {
 pub(crate) enum ChangeSource {
     /// PostgreSQL's LISTEN connection.
     Postgres(postgres::Listener),
+    /// The wake-table poller on MySQL / MariaDB.
+    Mysql(super::mysql::MysqlRequestChanges),
 }
 
 impl RequestChanges {
@@ -37,6 +39,7 @@ impl RequestChanges {
     pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
         match &mut self.source {
             ChangeSource::Postgres(listener) => listener.next().await,
+            ChangeSource::Mysql(poller) => poller.next().await,
         }
     }
 
@@ -44,6 +47,7 @@ impl RequestChanges {
     pub fn next_buffered(&mut self) -> Option<RequestChange> {
         match &mut self.source {
             ChangeSource::Postgres(listener) => listener.next_buffered(),
+            ChangeSource::Mysql(poller) => poller.next_buffered(),
         }
     }
 }

@@ -1,0 +1,159 @@
+//! The thin candidate queries on the read pool, as on PostgreSQL
+//! (store/candidates.rs). Nothing is locked; the claim decides.
+//!
+//! The request side reads the candidate index approval_request_open_candidates
+//! (request_type, status, sort_time, target_store_number), which is not
+//! partial here (migrations/mysql 0001): see `candidate_sql` for how the
+//! query keeps to the open ranges. The shard filter is `id % K IN (…)` with
+//! one placeholder per shard (no arrays).
+
+use super::{MysqlStore, db, placeholders};
+use crate::domain::{Candidate, RequestType};
+use crate::store::{CandidateQuery, Candidates, StoreError};
+
+/// The open statuses in pickup order (ING < PENDING < RETRY).
+const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
+
+/// The candidate SQL of a type for `shards` shards (0: no shard filter);
+/// `None` for types that are not auto-approvable. Binds, three times (one
+/// branch per open status): window start, now, retry limit, [K, each
+/// shard,] limit; then the limit once more.
+///
+/// One branch per open status, not PostgreSQL's `status IN (…)`: the index
+/// is not partial, so the closed statuses sort between the open ones
+/// (APPROVED < CANCELED < ING < PENDING < REJECTED < RETRY), and on
+/// 1,000,000 requests MariaDB read the type's whole range in index order
+/// from APPROVED on (66,745 rows for 20, docs/BENCHMARKS.md issue 19)
+/// instead of the three open ranges. Each branch is one range read in
+/// order that LIMIT stops; the outer sort is of at most 3 × limit rows.
+pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    let ad = match request_type {
+        RequestType::OwnerContract => "",
+        RequestType::AdContract => "\n      AND r.target_store_number IS NOT NULL",
+        _ => return None,
+    };
+    let shard = if shards == 0 {
+        String::new()
+    } else {
+        format!("\n      AND r.id % ? IN ({})", placeholders(shards))
+    };
+    let branches: Vec<String> = OPEN
+        .iter()
+        .map(|status| {
+            format!(
+                "(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = '{}'
+      AND r.status = '{status}'
+      AND r.sort_time >= ?{ad}
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?)){shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)",
+                request_type.as_str()
+            )
+        })
+        .collect();
+    Some(format!(
+        "SELECT request_id, state_id FROM (\n{}\n) AS candidates\n ORDER BY status, sort_time\n LIMIT ?",
+        branches.join("\n UNION ALL\n")
+    ))
+}
+
+/// The same conditions for given requests of both types, by primary key.
+fn candidates_among_sql(n: usize) -> String {
+    format!(
+        "SELECT r.id AS request_id, r.request_type, s.id AS state_id
+  FROM approval_request r
+  LEFT JOIN auto_approve_state s ON s.request_id = r.id
+ WHERE r.id IN ({})
+   AND r.status IN ('ING', 'PENDING', 'RETRY')
+   AND (r.request_type = 'OWNER_CONTRACT'
+        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
+   AND r.sort_time >= ?
+   AND (s.id IS NULL
+        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)",
+        placeholders(n)
+    )
+}
+
+// === impl MysqlStore ===
+
+impl Candidates for MysqlStore {
+    /// Which of `request_ids` are candidates, by the candidate queries'
+    /// conditions, in one statement on the read pool.
+    async fn candidates_among(
+        &self,
+        request_ids: &[i64],
+        query: &CandidateQuery,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let sql = candidates_among_sql(request_ids.len());
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for id in request_ids {
+            q = q.bind(id);
+        }
+        let rows: Vec<(i64, String, Option<i64>)> = q
+            .bind(query.window_start)
+            .bind(query.now)
+            .bind(query.retry_limit)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("candidates among requests"))?;
+        rows.into_iter()
+            .map(|(request_id, request_type, state_id)| {
+                Ok(Candidate {
+                    request_id,
+                    request_type: request_type
+                        .parse()
+                        .map_err(|error| StoreError::Malformed { request_id, error })?,
+                    state_id,
+                })
+            })
+            .collect()
+    }
+
+    /// Runs the thin candidate query on the read pool.
+    async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
+        let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
+        let Some(sql) = candidate_sql(query.request_type, shards) else {
+            return Ok(Vec::new());
+        };
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for _ in OPEN {
+            q = q
+                .bind(query.window_start)
+                .bind(query.now)
+                .bind(query.retry_limit);
+            if let Some(f) = &query.shards {
+                q = q.bind(f.shard_count.max(1));
+                if f.shards.is_empty() {
+                    // No shard: a value no id % K equals.
+                    q = q.bind(-1_i64);
+                }
+                for shard in &f.shards {
+                    q = q.bind(shard);
+                }
+            }
+            q = q.bind(query.limit);
+        }
+        let rows: Vec<(i64, Option<i64>)> = q
+            .bind(query.limit)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("candidate query"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(request_id, state_id)| Candidate {
+                request_id,
+                request_type: query.request_type,
+                state_id,
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,481 @@
+//! Claims and every write made under one, with PostgreSQL's guarantees
+//! (store/claims.rs): the unique request_id decides a new claim, a
+//! conditional UPDATE a due retry, the shard fence row is share-locked by
+//! every claim, and every later write is conditional on the fence
+//! `status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?`.
+//!
+//! Differences from PostgreSQL, all here:
+//! * No RETURNING in MySQL 8: a write is judged by its affected-row count
+//!   (sqlx sets CLIENT_FOUND_ROWS, so an UPDATE counts the rows it matched,
+//!   changed or not), and what it wrote is re-read in the same transaction.
+//! * No data-modifying WITH: PostgreSQL's one-statement writes are a short
+//!   transaction of statements, each by primary or unique key.
+//! * `INSERT IGNORE` for ON CONFLICT DO NOTHING: 1 row inserted, 0 when the
+//!   key exists. Strict mode stays on for our sessions and every value is
+//!   bound from a typed field, so IGNORE has no other error to swallow.
+//! * `LOCK IN SHARE MODE` for FOR SHARE (MariaDB has no FOR SHARE before
+//!   10.10; MySQL 8 accepts both), `FOR UPDATE NOWAIT` for FOR NO KEY
+//!   UPDATE NOWAIT (MySQL has no weaker row lock for an update).
+
+use chrono::{DateTime, Utc};
+use sqlx::MySql;
+
+use super::notify::delete_wakes;
+use super::{MysqlStore, db, give_up};
+use crate::domain::{Candidate, Claim, Fence};
+use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
+
+type Tx<'a> = sqlx::Transaction<'a, MySql>;
+
+// === impl MysqlStore ===
+
+impl Claims for MysqlStore {
+    /// Claims a candidate on the primary: INSERT IGNORE for a new request
+    /// (the UNIQUE(request_id) lets exactly one racer win), a conditional
+    /// UPDATE by primary key for a due retry; under shard coordination the
+    /// fence row is share-locked first and its token must be the claim's.
+    /// A paused request is never claimed.
+    async fn claim(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let mut tx = self.begin("claim").await?;
+        if !fence_is_current(&mut tx, candidate.request_id, fence).await? {
+            return give_up(tx, "claim", ClaimOutcome::Lost).await;
+        }
+        let won: Option<(i64, i32, i32)> = match candidate.state_id {
+            None => {
+                let inserted = sqlx::query(
+                    "INSERT IGNORE INTO auto_approve_state
+                            (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
+                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6) FROM DUAL
+                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
+                )
+                .bind(candidate.request_id)
+                .bind(candidate.request_type.as_str())
+                .bind(&fence.holder)
+                .bind(fence.token)
+                .bind(now)
+                .bind(candidate.request_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim new request"))?;
+                (inserted.rows_affected() == 1).then(|| (inserted.last_insert_id() as i64, 0, 0))
+            }
+            Some(state_id) => {
+                let updated = sqlx::query(
+                    "UPDATE auto_approve_state
+                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = ?,
+                            modified_at = UTC_TIMESTAMP(6), woken_at = NULL
+                      WHERE id = ? AND request_id = ? AND status = 'RETRY_WAITING'
+                        AND next_retry_time <= ? AND retry_count < ?
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
+                )
+                .bind(&fence.holder)
+                .bind(fence.token)
+                .bind(state_id)
+                .bind(candidate.request_id)
+                .bind(now)
+                .bind(retry_limit)
+                .bind(candidate.request_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim due retry"))?;
+                if updated.rows_affected() == 1 {
+                    let (retry_count, transient_streak): (i32, i32) = sqlx::query_as(
+                        "SELECT retry_count, transient_streak FROM auto_approve_state WHERE id = ?",
+                    )
+                    .bind(state_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db("claim due retry: re-read"))?;
+                    Some((state_id, retry_count, transient_streak))
+                } else {
+                    None
+                }
+            }
+        };
+        let Some((state_id, retry_count, transient_streak)) = won else {
+            return give_up(tx, "claim", ClaimOutcome::Lost).await;
+        };
+        // The chain reads the facts after this claim: the wakes recorded
+        // before it are consumed here (PostgreSQL 0010), the new request's
+        // own insert row included, so the retry it schedules is not due at
+        // once for them.
+        consume_wakes_of(&mut tx, candidate.request_id)
+            .await
+            .map_err(db("claim: consume wakes"))?;
+        tx.commit().await.map_err(db("claim: commit"))?;
+        Ok(ClaimOutcome::Won(Claim {
+            state_id,
+            request_id: candidate.request_id,
+            retry_count,
+            transient_streak,
+            fence: fence.clone(),
+        }))
+    }
+
+    /// A person asked for a retry now: a waiting request becomes due at
+    /// `now`, an exhausted one gets one more attempt, and `note` goes to its
+    /// memo. False when nothing waits.
+    async fn retry_now(
+        &self,
+        request_id: i64,
+        retry_limit: i32,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin("retry now").await?;
+        let due = sqlx::query(
+            "UPDATE auto_approve_state
+                SET next_retry_time = ?, retry_count = LEAST(retry_count, ? - 1),
+                    modified_at = UTC_TIMESTAMP(6)
+              WHERE request_id = ? AND status = 'RETRY_WAITING'",
+        )
+        .bind(now)
+        .bind(retry_limit)
+        .bind(request_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("retry now"))?;
+        if due.rows_affected() == 0 {
+            return give_up(tx, "retry now", false).await;
+        }
+        insert_memo(&mut tx, request_id, now, "autoapproval", note)
+            .await
+            .map_err(db("retry now: memo"))?;
+        tx.commit().await.map_err(db("retry now: commit"))?;
+        Ok(true)
+    }
+
+    /// Touches the claim so the cleanser sees it is alive (database clock);
+    /// false when the fence no longer matches.
+    async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+        )
+        .bind(step)
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .execute(&self.primary)
+        .await
+        .map_err(db("heartbeat"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Moves a claimed request to RETRY_WAITING (retry_count + 1 when
+    /// `counted`), due at once when it was woken while the chain ran, with
+    /// a memo when the reason changed. `None` when the fence no longer
+    /// matches.
+    async fn schedule_retry(
+        &self,
+        claim: &Claim,
+        retry: &RetryWrite<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError> {
+        let mut tx = self.begin("schedule retry").await?;
+        let old: Option<(Option<String>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT last_reason, woken_at FROM auto_approve_state
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+              FOR UPDATE",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("schedule retry: lock"))?;
+        let Some((old_reason, woken_at)) = old else {
+            return give_up(tx, "schedule retry", None).await;
+        };
+        // Woken while the chain ran: it may have read the old fact.
+        let woken_rows = consume_wakes_of(&mut tx, claim.request_id)
+            .await
+            .map_err(db("schedule retry: consume wakes"))?;
+        let next_retry_time = if woken_at.is_some() || woken_rows > 0 {
+            retry.next_retry_time.min(now)
+        } else {
+            retry.next_retry_time
+        };
+        sqlx::query(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING',
+                    retry_count = retry_count + IF(?, 1, 0),
+                    transient_streak = IF(?, transient_streak + 1, 0),
+                    next_retry_time = ?, woken_at = NULL, last_reason = ?, step = ?,
+                    modified_at = UTC_TIMESTAMP(6)
+              WHERE id = ?",
+        )
+        .bind(retry.counted)
+        .bind(retry.transient)
+        .bind(next_retry_time)
+        .bind(retry.reason)
+        .bind(retry.step)
+        .bind(claim.state_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("schedule retry"))?;
+        let (retry_count, due): (i32, DateTime<Utc>) = sqlx::query_as(
+            "SELECT retry_count, next_retry_time FROM auto_approve_state WHERE id = ?",
+        )
+        .bind(claim.state_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db("schedule retry: re-read"))?;
+        if old_reason.as_deref() != Some(retry.reason) {
+            let memo = format!("auto-approval waits: {}", retry.reason);
+            insert_memo(&mut tx, claim.request_id, now, "autoapproval", &memo)
+                .await
+                .map_err(db("schedule retry: memo"))?;
+        }
+        tx.commit().await.map_err(db("schedule retry: commit"))?;
+        Ok(Some((retry_count, due)))
+    }
+
+    /// Approves the request and deletes the state row, in one transaction,
+    /// only while the fence matches. Lock order as on PostgreSQL: the
+    /// request row (NOWAIT: a row the business holds fails at once), then
+    /// the state row, each by primary key.
+    async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
+        let mut tx = self.begin("complete").await?;
+        let status = lock_request_nowait(&mut tx, claim.request_id)
+            .await
+            .map_err(db("complete: lock request"))?;
+        if !lock_fenced(&mut tx, claim, "FOR UPDATE")
+            .await
+            .map_err(db("complete: lock state"))?
+        {
+            return give_up(tx, "complete", Completion::Stale).await;
+        }
+        let open = status.as_deref().is_some_and(is_open);
+        if open {
+            sqlx::query(
+                "UPDATE approval_request
+                    SET status = 'APPROVED', decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
+                        updated_at = UTC_TIMESTAMP(6)
+                  WHERE id = ?",
+            )
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: approve request"))?;
+        }
+        sqlx::query("DELETE FROM auto_approve_state WHERE id = ?")
+            .bind(claim.state_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete state"))?;
+        tx.commit().await.map_err(db("complete: commit"))?;
+        Ok(if open {
+            Completion::Approved
+        } else {
+            Completion::RequestClosed
+        })
+    }
+
+    /// Deletes our own state row without touching the request; false when
+    /// the fence no longer matches.
+    async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "DELETE FROM auto_approve_state
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .execute(&self.primary)
+        .await
+        .map_err(db("drop claim"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Gives a claim back: due again at once, no retry counted. False when
+    /// the fence no longer matches.
+    async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
+        let done = sqlx::query(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+        )
+        .bind(now)
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .execute(&self.primary)
+        .await
+        .map_err(db("release"))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Stores the owner number the owner service returned, under the fence.
+    async fn save_owner_number(
+        &self,
+        claim: &Claim,
+        owner_number: i64,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_OWNER_NUMBER, Value::Int(owner_number))
+            .await
+    }
+
+    /// Stores the store number the store service returned, under the fence.
+    async fn save_store_number(
+        &self,
+        claim: &Claim,
+        store_number: i64,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_STORE_NUMBER, Value::Int(store_number))
+            .await
+    }
+
+    /// Stores the campaign id the ad service returned, under the fence.
+    async fn save_campaign_id(&self, claim: &Claim, campaign_id: &str) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_CAMPAIGN_ID, Value::Text(campaign_id))
+            .await
+    }
+}
+
+impl MysqlStore {
+    /// A result saved only while the claim is still ours: the request row
+    /// locked NOWAIT (a business transaction holding it fails the attempt
+    /// at once, `StoreError::RowLocked`), then the state row share-locked
+    /// under the fence (a recovery meanwhile makes it not ours), then the
+    /// update by primary key.
+    async fn save_result(
+        &self,
+        claim: &Claim,
+        sql: &'static str,
+        value: Value<'_>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin("save result").await?;
+        if lock_request_nowait(&mut tx, claim.request_id)
+            .await
+            .map_err(db("save result: lock request"))?
+            .is_none()
+        {
+            return give_up(tx, "save result", false).await;
+        }
+        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+            .await
+            .map_err(db("save result: check fence"))?
+        {
+            return give_up(tx, "save result", false).await;
+        }
+        let query = sqlx::query(sql);
+        let query = match value {
+            Value::Int(v) => query.bind(v),
+            Value::Text(v) => query.bind(v),
+        };
+        query
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("save result"))?;
+        tx.commit().await.map_err(db("save result: commit"))?;
+        Ok(true)
+    }
+}
+
+const SAVE_OWNER_NUMBER: &str =
+    "UPDATE approval_request SET owner_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+const SAVE_STORE_NUMBER: &str =
+    "UPDATE approval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+const SAVE_CAMPAIGN_ID: &str =
+    "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+
+enum Value<'a> {
+    Int(i64),
+    Text(&'a str),
+}
+
+pub(super) fn is_open(status: &str) -> bool {
+    matches!(status, "ING" | "PENDING" | "RETRY")
+}
+
+/// Under shard coordination, share-locks the shard's fence row by primary
+/// key and tells whether its token is the fence's (PostgreSQL 0008); true
+/// outside coordination.
+async fn fence_is_current(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+    fence: &Fence,
+) -> Result<bool, StoreError> {
+    let Some(shard_count) = fence.shard_count else {
+        return Ok(true);
+    };
+    let shard_count = i64::from(shard_count.max(1));
+    let token: Option<(i64,)> = sqlx::query_as(
+        "SELECT token FROM shard_fence WHERE shard_count = ? AND shard = ? LOCK IN SHARE MODE",
+    )
+    .bind(shard_count)
+    .bind(request_id.rem_euclid(shard_count))
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db("claim: lock shard fence"))?;
+    Ok(token.is_some_and(|(t,)| t == fence.token))
+}
+
+/// Locks the request row by primary key without waiting; its status, or
+/// `None` when it is gone.
+async fn lock_request_nowait(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT status FROM approval_request WHERE id = ? FOR UPDATE NOWAIT")
+            .bind(request_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(row.map(|(s,)| s))
+}
+
+/// Locks the claim's state row by primary key (`lock`: FOR UPDATE or LOCK
+/// IN SHARE MODE) when the fence still matches; false when it does not.
+async fn lock_fenced(tx: &mut Tx<'_>, claim: &Claim, lock: &str) -> Result<bool, sqlx::Error> {
+    let sql = format!(
+        "SELECT id FROM auto_approve_state
+          WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ? {lock}"
+    );
+    let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Deletes the wake rows of `request_id`: found without a lock through the
+/// (request_id, id) index, deleted by primary key. The count deleted.
+async fn consume_wakes_of(tx: &mut Tx<'_>, request_id: i64) -> Result<u64, sqlx::Error> {
+    let ids: Vec<(i64,)> = sqlx::query_as("SELECT id FROM auto_approve_wake WHERE request_id = ?")
+        .bind(request_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    let ids: Vec<i64> = ids.into_iter().map(|(id,)| id).collect();
+    delete_wakes(tx, &ids).await
+}
+
+pub(super) async fn insert_memo(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+    at: DateTime<Utc>,
+    author: &str,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(request_id)
+    .bind(at)
+    .bind(author)
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

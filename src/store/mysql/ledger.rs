@@ -1,0 +1,114 @@
+//! The e-contract ledger and the memo history (store/ledger.rs on PostgreSQL).
+
+use chrono::{DateTime, Utc};
+
+use super::{MysqlStore, db};
+use crate::store::{Ledger, Memo, StoreError};
+
+// === impl MysqlStore ===
+
+impl Ledger for MysqlStore {
+    /// The e-contract status our ledger holds, if any.
+    async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = ?")
+                .bind(contract_ref)
+                .fetch_optional(&self.primary)
+                .await
+                .map_err(db("read e-contract"))?;
+        Ok(row.map(|(s,)| s))
+    }
+
+    /// Records what the e-sign system says about a contract, synced by the
+    /// chain of `request_id`; SIGNED never goes back to PENDING.
+    async fn sync_econtract(
+        &self,
+        request_id: i64,
+        contract_ref: &str,
+        status: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        let mut conn = self
+            .primary
+            .acquire()
+            .await
+            .map_err(db("sync e-contract"))?;
+        // The econtract trigger reads the session variable (PostgreSQL: a
+        // transaction-local setting, which MySQL has not), so it is set on
+        // this connection for the one statement and cleared after it.
+        sqlx::query("SET @autoapproval_syncing_request = ?")
+            .bind(request_id)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("sync e-contract: name the request"))?;
+        // ON DUPLICATE KEY UPDATE for ON CONFLICT; VALUES(col) is the row
+        // proposed (MySQL 8.0.20+ deprecates it for a row alias MariaDB
+        // lacks; both still accept it). Assignments run left to right, so
+        // synced_at is judged before status changes.
+        let written = sqlx::query(
+            "INSERT INTO econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
+             ON DUPLICATE KEY UPDATE
+                synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
+                status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))",
+        )
+        .bind(contract_ref)
+        .bind(status)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("sync e-contract"));
+        let cleared = sqlx::query("SET @autoapproval_syncing_request = NULL")
+            .execute(&mut *conn)
+            .await;
+        if cleared.is_err() {
+            // A connection that kept the variable must not be reused.
+            conn.close_on_drop();
+        }
+        written?;
+        Ok(())
+    }
+
+    /// Appends a memo to a request's history.
+    async fn add_memo(
+        &self,
+        request_id: i64,
+        message: &str,
+        now: DateTime<Utc>,
+    ) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+             VALUES (?, ?, 'autoapproval', ?)",
+        )
+        .bind(request_id)
+        .bind(now)
+        .bind(message)
+        .execute(&self.primary)
+        .await
+        .map_err(db("add memo"))?;
+        Ok(())
+    }
+
+    /// A request's history: each memo with its time and author, oldest first.
+    async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
+        sqlx::query_as(
+            "SELECT created_at, author, message FROM approval_request_memo
+              WHERE request_id = ? ORDER BY id",
+        )
+        .bind(request_id)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("read history"))
+    }
+
+    /// A request's memos, oldest first.
+    async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
+        let rows: Vec<(String,)> = sqlx::query_as(
+            "SELECT message FROM approval_request_memo WHERE request_id = ? ORDER BY id",
+        )
+        .bind(request_id)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("read memos"))?;
+        Ok(rows.into_iter().map(|(m,)| m).collect())
+    }
+}

@@ -1,0 +1,340 @@
+//! The MySQL 8 / MariaDB backend: the same methods and guarantees as the
+//! PostgreSQL store, each with its own SQL next to it. Written for MySQL 8.0
+//! and MariaDB 10.6 alike; each difference from PostgreSQL is commented
+//! where it is handled, and those between MySQL 8 and MariaDB are listed in
+//! the README (MySQL 8 and MariaDB).
+//!
+//! Two rules hold for every statement here:
+//! * InnoDB locks the rows a locking statement scans, not those it returns
+//!   (the seed's warning): every statement that takes a lock reaches its
+//!   rows by primary or unique key, never by a range. Ranges are read
+//!   without locks, and what they found is then written by key.
+//! * Our sessions run READ COMMITTED: each statement sees what was committed
+//!   before it (as on PostgreSQL), and InnoDB takes no gap locks, so an
+//!   insert of the business system never waits on a gap we read.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Executor, MySql, Transaction};
+
+use super::{
+    Candidates, Census, Claims, DatabaseArgs, DatabaseUrl, Layout, Ledger, Pauses, Pool, Recovery,
+    Rows, SessionArgs, StoreError, Wakes,
+};
+
+mod candidates;
+mod census;
+mod claims;
+mod layout;
+mod ledger;
+mod notify;
+mod pause;
+mod recovery;
+mod rows;
+
+pub use notify::MysqlRequestChanges;
+use notify::WakeCursor;
+
+/// How long one start-up connection attempt may take before it is reported.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default interval of the wake poller (`--wake-poll-interval`).
+pub const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+// Every capability is implemented, in the module named after it.
+const _: fn() = || {
+    fn implements<
+        T: Candidates + Census + Claims + Layout + Ledger + Pauses + Recovery + Rows + Wakes,
+    >() {
+    }
+    implements::<MysqlStore>();
+};
+
+/// The store on MySQL 8 or MariaDB.
+#[derive(Clone, Debug)]
+pub struct MysqlStore {
+    primary: MySqlPool,
+    read: MySqlPool,
+    /// The read pool reaches a replica of its own.
+    separate_read: bool,
+    /// How far this process's wake poller has read: `apply_wakes` consumes
+    /// no row it has not seen (shared by clones and `dedicated` stores).
+    wakes: Arc<WakeCursor>,
+    /// The wake poller's interval.
+    poll_interval: Duration,
+}
+
+/// Whether the server is MariaDB or MySQL: the few statements that differ
+/// (README: MySQL 8 and MariaDB) ask this.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Flavour {
+    /// MariaDB (10.6 and later).
+    MariaDb,
+    /// MySQL (8.0 and later).
+    MySql,
+}
+
+// === impl MysqlStore ===
+
+impl MysqlStore {
+    /// A store over existing pools (tests, tools); the pools should come
+    /// from [`MysqlStore::pool`], which sets the session our SQL expects.
+    pub fn new(primary: MySqlPool, read: MySqlPool) -> Self {
+        Self {
+            primary,
+            read,
+            separate_read: false,
+            wakes: Arc::new(WakeCursor::default()),
+            poll_interval: DEFAULT_WAKE_POLL_INTERVAL,
+        }
+    }
+
+    /// This store with the wake poller reading every `interval`.
+    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// Connects to the primary (and the read replica for the candidate
+    /// queries, when set), reaching each once first so a wrong address is
+    /// reported at once.
+    pub(super) async fn connect(
+        config: &DatabaseArgs,
+        session: Option<&SessionArgs>,
+    ) -> Result<Self, StoreError> {
+        let max = config.db_max_connections;
+        let primary = Self::pool(reach("primary", &config.database_url).await?, max, session);
+        let read = match &config.read_database_url {
+            Some(url) => Self::pool(reach("read replica", url).await?, max, session),
+            None => primary.clone(),
+        };
+        let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
+        store.separate_read = config.read_database_url.is_some();
+        Ok(store)
+    }
+
+    /// A lazily connecting pool whose sessions are set as our SQL expects:
+    /// READ COMMITTED (see the module doc), the time zone UTC (sqlx sets
+    /// it: DATETIME columns hold UTC), and the lock and statement limits.
+    pub fn pool(
+        options: MySqlConnectOptions,
+        max_connections: u32,
+        session: Option<&SessionArgs>,
+    ) -> MySqlPool {
+        let limits = session.map(|s| (s.db_lock_timeout, s.db_statement_timeout));
+        MySqlPoolOptions::new()
+            .max_connections(max_connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(move |conn, _| {
+                Box::pin(async move {
+                    // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
+                    // spelling both accept: the variable is tx_isolation on
+                    // MariaDB before 11.1, transaction_isolation on MySQL 8.
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    if let Some((lock, statement)) = limits {
+                        let flavour = flavour_of(&mut *conn).await?;
+                        for sql in session_limits(flavour, lock, statement) {
+                            conn.execute(sqlx::AssertSqlSafe(sql)).await?;
+                        }
+                    }
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(options)
+    }
+
+    /// A store over a pool of its own of `connections` to the same primary,
+    /// sharing this one's wake cursor.
+    pub fn dedicated(&self, connections: u32) -> MysqlStore {
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections.max(1))
+            .acquire_timeout(Duration::from_secs(10))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                        .await?;
+                    Ok(())
+                })
+            })
+            .connect_lazy_with(self.primary.connect_options().as_ref().clone());
+        MysqlStore {
+            primary: pool.clone(),
+            read: pool,
+            separate_read: false,
+            wakes: Arc::clone(&self.wakes),
+            poll_interval: self.poll_interval,
+        }
+    }
+
+    /// The primary pool (for tests' fixtures).
+    pub fn primary(&self) -> &MySqlPool {
+        &self.primary
+    }
+
+    /// Applies the migrations in `migrations/mysql`; a no-op when applied.
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        sqlx::migrate!("./migrations/mysql")
+            .run(&self.primary)
+            .await?;
+        Ok(())
+    }
+
+    /// The pools to watch, by name: `primary`, and `read` when a replica
+    /// is configured.
+    pub fn pools(&self) -> Vec<(&'static str, Pool)> {
+        self.named_pools()
+            .into_iter()
+            .map(|(name, pool)| (name, Pool::Mysql(pool)))
+            .collect()
+    }
+
+    fn named_pools(&self) -> Vec<(&'static str, MySqlPool)> {
+        let mut pools = vec![("primary", self.primary.clone())];
+        if self.separate_read {
+            pools.push(("read", self.read.clone()));
+        }
+        pools
+    }
+
+    /// One round-trip to the primary, for the readiness probe.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        ping(&self.primary).await
+    }
+
+    async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, MySql>, StoreError> {
+        self.primary.begin().await.map_err(db(operation))
+    }
+}
+
+async fn ping(pool: &MySqlPool) -> Result<(), StoreError> {
+    sqlx::query("SELECT 1")
+        .execute(pool)
+        .await
+        .map_err(db("ping"))?;
+    Ok(())
+}
+
+/// MariaDB or MySQL, from the server's version string.
+pub async fn flavour_of(conn: &mut sqlx::MySqlConnection) -> Result<Flavour, sqlx::Error> {
+    let (version,): (String,) = sqlx::query_as("SELECT VERSION()").fetch_one(conn).await?;
+    Ok(if version.contains("MariaDB") {
+        Flavour::MariaDb
+    } else {
+        Flavour::MySql
+    })
+}
+
+/// The statements setting a session's lock wait and statement limits; 0
+/// means no limit. They differ (README: MySQL 8 and MariaDB):
+/// innodb_lock_wait_timeout is whole seconds on both (at least 1);
+/// MariaDB's max_statement_time is seconds and covers every statement,
+/// MySQL's max_execution_time is milliseconds and covers SELECTs only.
+fn session_limits(flavour: Flavour, lock: Duration, statement: Duration) -> Vec<String> {
+    let mut sql = Vec::new();
+    if !lock.is_zero() {
+        let seconds = lock.as_secs_f64().ceil().max(1.0) as u64;
+        sql.push(format!("SET SESSION innodb_lock_wait_timeout = {seconds}"));
+    }
+    if !statement.is_zero() {
+        sql.push(match flavour {
+            Flavour::MariaDb => format!(
+                "SET SESSION max_statement_time = {}",
+                statement.as_secs_f64()
+            ),
+            Flavour::MySql => format!("SET SESSION max_execution_time = {}", statement.as_millis()),
+        });
+    }
+    sql
+}
+
+/// One connection to `url`, opened and closed: its options, or why not.
+async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<MySqlConnectOptions, StoreError> {
+    let refused = |reason: String| StoreError::Connect {
+        role,
+        url: url.to_string(),
+        reason,
+    };
+    let options: MySqlConnectOptions = url
+        .expose()
+        .parse()
+        .map_err(|e: sqlx::Error| refused(e.to_string()))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            // Closing is best effort: the pool opens its own connections.
+            let _ = sqlx::Connection::close(connection).await;
+            Ok(options)
+        }
+        Ok(Err(error)) => Err(refused(error.to_string())),
+        Err(_) => Err(refused(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// Maps a driver error; a lock we did not wait for is `RowLocked`.
+fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |source| {
+        let number = source
+            .as_database_error()
+            .and_then(|e| e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>())
+            .map(|e| e.number());
+        match number {
+            // NOWAIT found the row locked: MySQL 8 says 3572
+            // (ER_LOCK_NOWAIT), MariaDB 1205 (its NOWAIT is a lock wait
+            // timeout of 0), and 1205 is also innodb_lock_wait_timeout.
+            Some(3572 | 1205) => StoreError::RowLocked { operation },
+            _ => StoreError::Database { operation, source },
+        }
+    }
+}
+
+/// Ends a transaction that wrote nothing, at once, and answers `value`: a
+/// dropped transaction is rolled back only when its connection is next
+/// used, and keeps its row locks until then.
+async fn give_up<T>(
+    tx: Transaction<'_, MySql>,
+    operation: &'static str,
+    value: T,
+) -> Result<T, StoreError> {
+    tx.rollback().await.map_err(db(operation))?;
+    Ok(value)
+}
+
+/// `n` comma-separated placeholders: MySQL has no array parameters, so a
+/// list is bound value by value (`= ANY($1)` on PostgreSQL).
+fn placeholders(n: usize) -> String {
+    vec!["?"; n].join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_list_one_per_value() {
+        assert_eq!(placeholders(3), "?, ?, ?");
+        assert_eq!(placeholders(1), "?");
+    }
+
+    #[test]
+    fn the_session_limits_differ_by_flavour() {
+        let lock = Duration::from_millis(1500);
+        let statement = Duration::from_secs(30);
+        assert_eq!(
+            session_limits(Flavour::MariaDb, lock, statement),
+            [
+                "SET SESSION innodb_lock_wait_timeout = 2",
+                "SET SESSION max_statement_time = 30"
+            ]
+        );
+        assert_eq!(
+            session_limits(Flavour::MySql, lock, statement)[1],
+            "SET SESSION max_execution_time = 30000"
+        );
+        assert!(session_limits(Flavour::MySql, Duration::ZERO, Duration::ZERO).is_empty());
+    }
+}

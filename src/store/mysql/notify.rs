@@ -1,0 +1,570 @@
+//! Wakes without LISTEN/NOTIFY: the poller that reads the rows the
+//! triggers append (migrations/mysql 0003) and turns them into the
+//! `RequestChange`s discovery already understands, and the consumption of
+//! those rows by the shard's owner (`apply_wakes`).
+//!
+//! AUTO_INCREMENT ids are given out when a row is inserted, not when its
+//! transaction commits: a poller that has read id 11 may see id 10 commit
+//! later. The poller remembers the ids it skipped (holes) for HOLE_WAIT and
+//! reads from the oldest of them (a fresh poller counts the START_HOLES ids
+//! below the oldest row as holes too). `apply_wakes` makes every woken
+//! waiting request due at once, but deletes only rows below the oldest
+//! hole, so a new request's row is never deleted before this replica's
+//! poller saw it. A hole is also a row another replica consumed first, or
+//! a rolled-back insert: the rows above it then stay up to HOLE_WAIT longer,
+//! which delays their deletion, not a wake.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use sqlx::MySqlPool;
+use tokio::time::Instant;
+
+use super::{MysqlStore, db, give_up, placeholders};
+use crate::store::notify::ChangeSource;
+use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
+
+/// Rows read per statement, by the poller and by `apply_wakes`.
+const BATCH: i64 = 1000;
+/// How long an id skipped by the poller is looked for again.
+const HOLE_WAIT: Duration = Duration::from_secs(10);
+/// Ids below the oldest row a fresh poller treats as holes: rows of
+/// business transactions still open when it started.
+const START_HOLES: i64 = 1000;
+/// At most this many holes are remembered (auto_increment_increment > 1
+/// makes every other id one); the oldest are forgotten first.
+const MAX_HOLES: usize = 10_000;
+
+/// How far this process's poller has read the wake table.
+#[derive(Debug)]
+pub(super) struct WakeCursor {
+    /// Every row at or below this id was seen by the poller; `i64::MAX`
+    /// while no poller runs in this process (notifications off), so the
+    /// discovery turn consumes every row as PostgreSQL's does.
+    seen_upto: AtomicI64,
+    poll: Mutex<PollState>,
+}
+
+#[derive(Debug, Default)]
+struct PollState {
+    /// The highest id read; `None` before the first poll.
+    cursor: Option<i64>,
+    /// Ids below the cursor not read yet, with when they were skipped.
+    holes: BTreeMap<i64, Instant>,
+}
+
+impl Default for WakeCursor {
+    fn default() -> Self {
+        Self {
+            seen_upto: AtomicI64::new(i64::MAX),
+            poll: Mutex::new(PollState::default()),
+        }
+    }
+}
+
+impl WakeCursor {
+    fn seen_upto(&self) -> i64 {
+        self.seen_upto.load(Ordering::Acquire)
+    }
+}
+
+impl PollState {
+    /// The rows of `rows` (id order) this poller had not seen, after which
+    /// the cursor, holes and `seen_upto` are advanced.
+    fn take<T>(&mut self, rows: Vec<(i64, T)>, seen_upto: &AtomicI64, now: Instant) -> Vec<T> {
+        let mut cursor = self.cursor.unwrap_or(0);
+        let mut fresh = Vec::new();
+        for (id, row) in rows {
+            if id <= cursor {
+                if self.holes.remove(&id).is_some() {
+                    fresh.push(row);
+                }
+                continue;
+            }
+            for skipped in (cursor + 1)..id {
+                if self.holes.len() >= MAX_HOLES {
+                    break;
+                }
+                self.holes.insert(skipped, now);
+            }
+            cursor = id;
+            fresh.push(row);
+        }
+        self.cursor = Some(cursor);
+        self.holes
+            .retain(|_, since| now.duration_since(*since) < HOLE_WAIT);
+        let upto = self.holes.keys().next().map_or(cursor, |oldest| oldest - 1);
+        seen_upto.store(upto, Ordering::Release);
+        fresh
+    }
+
+    /// A fresh poller's position: before the oldest row, the START_HOLES
+    /// ids below it taken as holes.
+    fn start(&mut self, oldest: Option<i64>, now: Instant) {
+        if self.cursor.is_some() {
+            return;
+        }
+        let cursor = oldest.map_or(0, |id| id - 1);
+        for id in (cursor - START_HOLES + 1).max(1)..=cursor {
+            self.holes.insert(id, now);
+        }
+        self.cursor = Some(cursor);
+    }
+
+    /// Where the next read starts: past the oldest hole, else the cursor.
+    fn read_from(&self) -> i64 {
+        self.holes
+            .keys()
+            .next()
+            .map_or(self.cursor.unwrap_or(0), |oldest| oldest - 1)
+    }
+}
+
+/// One wake row as read: request, contract, request not to wake.
+type WakeRow = (Option<i64>, Option<String>, Option<i64>);
+/// A wake row with its id, as the poll reads it.
+type PolledRow = (i64, Option<i64>, Option<String>, Option<i64>);
+
+/// The wake poller: yields a `RequestChange::Changed` for each request a
+/// trigger appended a row for, every request on a changed e-contract
+/// included. It reads every new row, whatever its shard: discovery keeps
+/// those of its shards, as it does with PostgreSQL's NOTIFY.
+pub struct MysqlRequestChanges {
+    pool: MySqlPool,
+    store: MysqlStore,
+    interval: Duration,
+    next_poll: Instant,
+    buffer: VecDeque<RequestChange>,
+}
+
+impl MysqlRequestChanges {
+    /// Waits for the next change: polls every interval until one comes.
+    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+        loop {
+            if let Some(change) = self.buffer.pop_front() {
+                return Ok(change);
+            }
+            tokio::time::sleep_until(self.next_poll).await;
+            self.next_poll = Instant::now() + self.interval;
+            self.poll().await?;
+        }
+    }
+
+    /// A change already read, without waiting.
+    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+        self.buffer.pop_front()
+    }
+
+    /// One read of the rows past the cursor (PRIMARY range, no lock), and
+    /// a second at once when e-contract rows were expanded into new ones.
+    async fn poll(&mut self) -> Result<(), StoreError> {
+        for _ in 0..2 {
+            let from = {
+                let started = self.store.wakes.poll.lock().map(|s| s.cursor.is_some());
+                if !started.unwrap_or(false) {
+                    // A fresh poller starts at the oldest row still there:
+                    // those not consumed yet survive a restart.
+                    let (oldest,): (Option<i64>,) =
+                        sqlx::query_as("SELECT MIN(id) FROM auto_approve_wake")
+                            .fetch_one(&self.pool)
+                            .await
+                            .map_err(db("wake poll: oldest row"))?;
+                    if let Ok(mut state) = self.store.wakes.poll.lock() {
+                        state.start(oldest, Instant::now());
+                    }
+                }
+                self.store
+                    .wakes
+                    .poll
+                    .lock()
+                    .map(|s| s.read_from())
+                    .unwrap_or(0)
+            };
+            let rows: Vec<PolledRow> = sqlx::query_as(
+                "SELECT id, request_id, contract_ref, skip_request FROM auto_approve_wake
+                  WHERE id > ? ORDER BY id LIMIT ?",
+            )
+            .bind(from)
+            .bind(BATCH)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db("wake poll"))?;
+            let rows: Vec<(i64, (i64, WakeRow))> = rows
+                .into_iter()
+                .map(|(id, r, c, s)| (id, (id, (r, c, s))))
+                .collect();
+            let fresh = match self.store.wakes.poll.lock() {
+                Ok(mut state) => state.take(rows, &self.store.wakes.seen_upto, Instant::now()),
+                Err(_) => Vec::new(),
+            };
+            let mut changed = BTreeSet::new();
+            let mut expanded = false;
+            for (id, (request_id, contract_ref, skip)) in fresh {
+                match (request_id, contract_ref) {
+                    (Some(request_id), _) => {
+                        changed.insert(request_id);
+                    }
+                    (None, Some(contract_ref)) => {
+                        expanded |= self.store.expand_contract(id, &contract_ref, skip).await?;
+                    }
+                    (None, None) => {}
+                }
+            }
+            self.buffer
+                .extend(changed.into_iter().map(RequestChange::Changed));
+            if !expanded {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+// === impl MysqlStore ===
+
+impl Wakes for MysqlStore {
+    /// Makes waiting requests due at `now` and marks running ones so the
+    /// retry they schedule is due at once; returns the requests touched.
+    /// The rows are found and locked by the unique request_id, then
+    /// written by the same key (no RETURNING in MySQL 8).
+    async fn wake(&self, request_ids: &[i64], now: DateTime<Utc>) -> Result<Vec<i64>, StoreError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let list = placeholders(request_ids.len());
+        let mut tx = self.begin("wake waiting requests").await?;
+        let select = format!(
+            "SELECT request_id FROM auto_approve_state
+              WHERE request_id IN ({list})
+                AND ((status = 'RETRY_WAITING' AND next_retry_time > ?) OR status = 'IN_PROGRESS')
+              FOR UPDATE"
+        );
+        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
+        for id in request_ids {
+            query = query.bind(id);
+        }
+        let woken: Vec<(i64,)> = query
+            .bind(now)
+            .fetch_all(&mut *tx)
+            .await
+            .map_err(db("wake waiting requests"))?;
+        let woken: Vec<i64> = woken.into_iter().map(|(id,)| id).collect();
+        if woken.is_empty() {
+            return give_up(tx, "wake waiting requests", woken).await;
+        }
+        let update = format!(
+            "UPDATE auto_approve_state
+                SET next_retry_time = IF(status = 'RETRY_WAITING', ?, next_retry_time),
+                    woken_at = IF(status = 'IN_PROGRESS', ?, woken_at)
+              WHERE request_id IN ({})",
+            placeholders(woken.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now);
+        for id in &woken {
+            query = query.bind(id);
+        }
+        query
+            .execute(&mut *tx)
+            .await
+            .map_err(db("wake waiting requests"))?;
+        tx.commit().await.map_err(db("wake waiting requests"))?;
+        Ok(woken)
+    }
+
+    /// Makes due now the waiting requests of `shards` that the business
+    /// system woke, and removes those wake rows and those of requests with
+    /// no claim running (a running claim's rows stay for the retry it
+    /// schedules); returns the requests made due. A woken request at
+    /// `retry_limit` is revived, as on PostgreSQL. Only rows this
+    /// process's poller has seen are deleted (module doc).
+    async fn apply_wakes(
+        &self,
+        shards: Option<&ShardFilter>,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let upto = self.wakes.seen_upto();
+        self.expand_contracts(upto).await?;
+        let shard_sql = match shards {
+            Some(f) => format!(
+                " AND w.request_id % ? IN ({})",
+                placeholders(f.shards.len().max(1))
+            ),
+            None => String::new(),
+        };
+        // A range of the primary key, read without locks; what it found is
+        // then locked and written by key. FORCE INDEX: MariaDB otherwise
+        // reads the (request_id, id) index and sorts (EXPLAIN, issue 19).
+        let select = format!(
+            "SELECT w.id, w.request_id, s.status
+               FROM auto_approve_wake w FORCE INDEX (PRIMARY)
+               LEFT JOIN auto_approve_state s ON s.request_id = w.request_id
+              WHERE w.id > ? AND w.request_id IS NOT NULL{shard_sql}
+              ORDER BY w.id LIMIT ?"
+        );
+        let mut made_due = Vec::new();
+        let mut after = 0;
+        loop {
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select.clone())).bind(after);
+            if let Some(f) = shards {
+                query = query.bind(f.shard_count.max(1));
+                if f.shards.is_empty() {
+                    query = query.bind(-1_i64);
+                }
+                for shard in &f.shards {
+                    query = query.bind(shard);
+                }
+            }
+            let rows: Vec<(i64, i64, Option<String>)> = query
+                .bind(BATCH)
+                .fetch_all(&self.primary)
+                .await
+                .map_err(db("apply wakes: read"))?;
+            let Some(&(last, _, _)) = rows.last() else {
+                break;
+            };
+            after = last;
+            let full = rows.len() as i64 >= BATCH;
+            // Made due whether seen or not; deleted only once seen.
+            let consumed: Vec<i64> = rows
+                .iter()
+                .filter(|(id, _, status)| *id <= upto && status.as_deref() != Some("IN_PROGRESS"))
+                .map(|(id, _, _)| *id)
+                .collect();
+            let waiting: BTreeSet<i64> = rows
+                .iter()
+                .filter(|(_, _, status)| status.as_deref() == Some("RETRY_WAITING"))
+                .map(|(_, request_id, _)| *request_id)
+                .collect();
+            made_due.extend(
+                self.consume_wakes(&consumed, &waiting, now, retry_limit)
+                    .await?,
+            );
+            if !full {
+                break;
+            }
+        }
+        Ok(made_due)
+    }
+
+    /// Polls the wake table for request changes, every interval, on a
+    /// connection of its own.
+    async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
+        let own = self.dedicated(1);
+        let pool = own.primary.clone();
+        // Reached once, so a database that is down is an error here, as
+        // PostgreSQL's LISTEN is.
+        sqlx::query("SELECT 1")
+            .execute(&pool)
+            .await
+            .map_err(db("connect wake poller"))?;
+        if let Ok(state) = self.wakes.poll.lock() {
+            // From now on, apply_wakes consumes only what this poller saw.
+            let upto = state.cursor.map_or(0, |_| state.read_from());
+            self.wakes.seen_upto.store(upto, Ordering::Release);
+        }
+        Ok(RequestChanges::new(ChangeSource::Mysql(
+            MysqlRequestChanges {
+                pool,
+                store: self.clone(),
+                interval: self.poll_interval,
+                next_poll: Instant::now(),
+                buffer: VecDeque::new(),
+            },
+        )))
+    }
+}
+
+impl MysqlStore {
+    /// One transaction: the waiting requests among `waiting` made due (by
+    /// unique key) and the wake rows `consumed` deleted (by primary key).
+    async fn consume_wakes(
+        &self,
+        consumed: &[i64],
+        waiting: &BTreeSet<i64>,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+    ) -> Result<Vec<i64>, StoreError> {
+        let mut tx = self.begin("apply wakes").await?;
+        let mut due = Vec::new();
+        if !waiting.is_empty() {
+            let select = format!(
+                "SELECT request_id FROM auto_approve_state
+                  WHERE request_id IN ({}) AND status = 'RETRY_WAITING'
+                    AND (next_retry_time > ? OR retry_count >= ?)
+                  FOR UPDATE",
+                placeholders(waiting.len())
+            );
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
+            for id in waiting {
+                query = query.bind(id);
+            }
+            let rows: Vec<(i64,)> = query
+                .bind(now)
+                .bind(retry_limit)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("apply wakes: lock waiting"))?;
+            due = rows.into_iter().map(|(id,)| id).collect();
+        }
+        if !due.is_empty() {
+            // MySQL assigns left to right, each seeing the ones before it
+            // (PostgreSQL: all see the old row): transient_streak first,
+            // while retry_count is still the old one. LEAST is NULL when
+            // any argument is (PostgreSQL's ignores NULLs).
+            let update = format!(
+                "UPDATE auto_approve_state
+                    SET transient_streak = IF(retry_count >= ?, 0, transient_streak),
+                        retry_count = IF(retry_count >= ?, 0, retry_count),
+                        next_retry_time = COALESCE(LEAST(next_retry_time, ?), ?)
+                  WHERE request_id IN ({})",
+                placeholders(due.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
+                .bind(retry_limit)
+                .bind(retry_limit)
+                .bind(now)
+                .bind(now);
+            for id in &due {
+                query = query.bind(id);
+            }
+            query
+                .execute(&mut *tx)
+                .await
+                .map_err(db("apply wakes: make due"))?;
+        }
+        if !consumed.is_empty() {
+            delete_wakes(&mut tx, consumed)
+                .await
+                .map_err(db("apply wakes: delete"))?;
+        }
+        tx.commit().await.map_err(db("apply wakes: commit"))?;
+        Ok(due)
+    }
+
+    /// Expands the e-contract rows at or below `upto` (module doc of the
+    /// migration: the poller usually has already).
+    async fn expand_contracts(&self, upto: i64) -> Result<(), StoreError> {
+        let rows: Vec<(i64, Option<String>, Option<i64>)> = sqlx::query_as(
+            "SELECT id, contract_ref, skip_request FROM auto_approve_wake
+              WHERE request_id IS NULL AND id <= ? ORDER BY id LIMIT ?",
+        )
+        .bind(upto)
+        .bind(BATCH)
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("apply wakes: e-contract rows"))?;
+        for (id, contract_ref, skip) in rows {
+            match contract_ref {
+                Some(contract_ref) => {
+                    self.expand_contract(id, &contract_ref, skip).await?;
+                }
+                None => {
+                    let mut tx = self.begin("apply wakes: empty row").await?;
+                    delete_wakes(&mut tx, &[id])
+                        .await
+                        .map_err(db("apply wakes: empty row"))?;
+                    tx.commit().await.map_err(db("apply wakes: empty row"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the e-contract wake row `id` by one row per request on the
+    /// contract (but `skip`, whose own chain synced it), in one
+    /// transaction; false when another replica did first. Read committed:
+    /// the INSERT ... SELECT reads approval_request without locks.
+    async fn expand_contract(
+        &self,
+        id: i64,
+        contract_ref: &str,
+        skip: Option<i64>,
+    ) -> Result<bool, StoreError> {
+        let mut tx = self.begin("expand e-contract wake").await?;
+        let taken = delete_wakes(&mut tx, &[id])
+            .await
+            .map_err(db("expand e-contract wake"))?;
+        if taken == 0 {
+            return give_up(tx, "expand e-contract wake", false).await;
+        }
+        sqlx::query(
+            "INSERT INTO auto_approve_wake (request_id)
+             SELECT r.id FROM approval_request r
+              WHERE r.econtract_ref = ? AND (? IS NULL OR r.id <> ?)",
+        )
+        .bind(contract_ref)
+        .bind(skip)
+        .bind(skip)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("expand e-contract wake"))?;
+        tx.commit().await.map_err(db("expand e-contract wake"))?;
+        Ok(true)
+    }
+}
+
+/// Deletes wake rows by primary key only: a range delete would take
+/// next-key locks up to the table's end, where the business inserts.
+pub(super) async fn delete_wakes(
+    tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
+    ids: &[i64],
+) -> Result<u64, sqlx::Error> {
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let sql = format!(
+        "DELETE FROM auto_approve_wake WHERE id IN ({})",
+        placeholders(ids.len())
+    );
+    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for id in ids {
+        query = query.bind(id);
+    }
+    Ok(query.execute(&mut **tx).await?.rows_affected())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_skipped_id_is_read_later_and_holds_back_consumption() {
+        let seen = AtomicI64::new(i64::MAX);
+        let mut state = PollState {
+            cursor: Some(9),
+            ..PollState::default()
+        };
+        let t0 = Instant::now();
+        // 10 is not committed yet: 11 is read, 10 becomes a hole.
+        assert_eq!(state.take(vec![(11, 'b')], &seen, t0), ['b']);
+        assert_eq!(seen.load(Ordering::Acquire), 9);
+        assert_eq!(state.read_from(), 9);
+        // 10 commits: read once, 11 not again.
+        assert_eq!(state.take(vec![(10, 'a'), (11, 'b')], &seen, t0), ['a']);
+        assert_eq!(seen.load(Ordering::Acquire), 11);
+        // A hole that never fills is given up after HOLE_WAIT.
+        state.take(vec![(13, 'd')], &seen, t0);
+        assert_eq!(seen.load(Ordering::Acquire), 11);
+        state.take(Vec::<(i64, char)>::new(), &seen, t0 + HOLE_WAIT);
+        assert_eq!(seen.load(Ordering::Acquire), 13);
+    }
+
+    #[test]
+    fn a_fresh_poller_waits_for_ids_below_the_oldest_row() {
+        let seen = AtomicI64::new(i64::MAX);
+        let mut state = PollState::default();
+        let t0 = Instant::now();
+        state.start(Some(5), t0);
+        assert_eq!(state.read_from(), 0);
+        assert_eq!(state.take(vec![(5, 'e')], &seen, t0), ['e']);
+        assert_eq!(seen.load(Ordering::Acquire), 0);
+        // 3 commits after the poller started: read, not lost.
+        assert_eq!(state.take(vec![(3, 'c'), (5, 'e')], &seen, t0), ['c']);
+        state.take(Vec::<(i64, char)>::new(), &seen, t0 + HOLE_WAIT);
+        assert_eq!(seen.load(Ordering::Acquire), 5);
+    }
+}
