@@ -11,8 +11,8 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    NS, client_for, database_url, eventually, free_port, install_crd, metric_sum, owner_now,
-    request_status, sigterm, spawn_run, waiting_owner_now,
+    AsDb, Db, NS, client_for, database_url, eventually, free_port, install_crd, metric_sum,
+    on_both, owner_now, request_status, sigterm, spawn_run, waiting_owner_now,
 };
 
 #[test]
@@ -59,8 +59,8 @@ fn run_refuses_a_bad_setting_naming_it() {
     }
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool) {
+on_both!(the_binary_approves_serves_its_probes_and_stops_on_sigterm);
+async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
@@ -78,7 +78,7 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
     let child = spawn_run(
         &kubeconfig,
         port,
-        &pool,
+        &db,
         &["--namespace", NS, "--replica-name", "bin-1"],
         &[
             ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
@@ -96,9 +96,9 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(pool: PgPool
         (response.status() == 200).then_some(())
     })
     .await;
-    owner_now(120).insert(&pool).await;
+    owner_now(120).insert(&db).await;
     eventually("request 120 to be approved", || async {
-        (request_status(&pool, 120).await == "APPROVED").then_some(())
+        (request_status(&db, 120).await == "APPROVED").then_some(())
     })
     .await;
     let metrics = http
@@ -338,8 +338,8 @@ fn help_never_prints_a_database_password() {
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
+on_both!(run_without_the_crd_says_how_to_install_it);
+async fn run_without_the_crd_says_how_to_install_it(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
@@ -347,7 +347,7 @@ async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-    let url = database_url(&pool);
+    let url = database_url(&db);
     let kubeconfig = kubeconfig.display().to_string();
     let (ok, stderr) = tokio::task::spawn_blocking(move || {
         run_binary(
@@ -375,12 +375,12 @@ async fn run_without_the_crd_says_how_to_install_it(pool: PgPool) {
     );
 }
 
+on_both!(an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once);
 /// A replica whose API server refuses every connection says so, naming the
 /// address, without a line every turn; its liveness probe fails once the
 /// silence passes `--api-liveness-timeout`, so the kubelet restarts it; and
 /// SIGTERM ends it at once when nothing runs, not after the grace period.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool: PgPool) {
+async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: Db) {
     let dir = std::env::temp_dir().join(format!("aa-noapi-{}-{}", std::process::id(), line!()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
@@ -396,7 +396,7 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(pool
     let child = spawn_run(
         &kubeconfig,
         port,
-        &pool,
+        &db,
         &[
             "--replica-name",
             "cut-off",
@@ -528,7 +528,7 @@ async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
 }
 
 /// `autoapproval request …` against the database: (success, stdout, stderr).
-async fn request_command(pool: &PgPool, args: &[&str]) -> (bool, String, String) {
+async fn request_command(pool: &impl AsDb, args: &[&str]) -> (bool, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
         .arg("request")
         .args(args)
@@ -544,17 +544,17 @@ async fn request_command(pool: &PgPool, args: &[&str]) -> (bool, String, String)
     )
 }
 
+on_both!(an_operator_shows_retries_pauses_and_resumes_a_request);
 /// An operator without kubectl shows, retries, pauses and resumes a request
 /// through the database; refusals name the request and the reason.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
+async fn an_operator_shows_retries_pauses_and_resumes_a_request(db: Db) {
     use autoapproval::domain::{Candidate, RequestType};
-    use autoapproval::store::{ClaimOutcome, Store};
+    use autoapproval::store::ClaimOutcome;
 
     let later = chrono::Utc::now() + chrono::Duration::minutes(10);
-    waiting_owner_now(501).insert(&pool).await;
+    waiting_owner_now(501).insert(&db).await;
     crate::support::insert_state(
-        &pool,
+        &db,
         501,
         "RETRY_WAITING",
         Some(later),
@@ -563,7 +563,7 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
     )
     .await;
 
-    let (ok, shown, _) = request_command(&pool, &["show", "501"]).await;
+    let (ok, shown, _) = request_command(&db, &["show", "501"]).await;
     assert!(ok, "{shown}");
     for part in [
         "request 501: OWNER_CONTRACT PENDING",
@@ -575,16 +575,16 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
         assert!(shown.contains(part), "{part:?} in:\n{shown}");
     }
 
-    let (ok, out, err) = request_command(&pool, &["retry", "501"]).await;
+    let (ok, out, err) = request_command(&db, &["retry", "501"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("request 501 is due now"), "{out}");
-    let (_, history, _) = request_command(&pool, &["history", "501"]).await;
+    let (_, history, _) = request_command(&db, &["history", "501"]).await;
     assert!(history.contains("retry requested by olivia"), "{history}");
 
-    let (ok, out, err) = request_command(&pool, &["pause", "501"]).await;
+    let (ok, out, err) = request_command(&db, &["pause", "501"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("request 501 paused"), "{out}");
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = db.store();
     let state = store.state(501).await.unwrap().expect("state");
     let due = Candidate {
         request_id: 501,
@@ -601,18 +601,18 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(claim, ClaimOutcome::Lost, "a paused request is not claimed");
-    let (_, shown, _) = request_command(&pool, &["show", "501"]).await;
+    let (_, shown, _) = request_command(&db, &["show", "501"]).await;
     assert!(
         shown.contains("paused: by olivia (autoapproval request pause)"),
         "{shown}"
     );
-    let (ok, _, err) = request_command(&pool, &["pause", "501"]).await;
+    let (ok, _, err) = request_command(&db, &["pause", "501"]).await;
     assert!(
         !ok && err.contains("request 501 is already paused by olivia"),
         "{err}"
     );
 
-    let (ok, out, err) = request_command(&pool, &["resume", "501"]).await;
+    let (ok, out, err) = request_command(&db, &["resume", "501"]).await;
     assert!(ok && out.contains("request 501 resumed"), "{out}{err}");
     assert!(matches!(
         store
@@ -626,13 +626,13 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(pool: PgPool) {
             .unwrap(),
         ClaimOutcome::Won(_)
     ));
-    let (ok, _, err) = request_command(&pool, &["retry", "501"]).await;
+    let (ok, _, err) = request_command(&db, &["retry", "501"]).await;
     assert!(
         !ok && err.contains("auto-approval is running request 501"),
         "{err}"
     );
 
-    let (ok, _, err) = request_command(&pool, &["show", "999"]).await;
+    let (ok, _, err) = request_command(&db, &["show", "999"]).await;
     assert!(!ok && err.contains("request 999 does not exist"), "{err}");
 }
 
@@ -691,11 +691,11 @@ fn used_names(text: &str) -> std::collections::BTreeSet<String> {
         .collect()
 }
 
+on_both!(every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports);
 /// The dashboard and the alerts cannot drift from the binary: every metric
 /// they use is one a running replica exports on /metrics, and the replica
 /// exports the census, the pools and the API server requests it counts.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(pool: PgPool) {
+async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
@@ -712,7 +712,7 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
     let _child = spawn_run(
         &kubeconfig,
         port,
-        &pool,
+        &db,
         &[
             "--namespace",
             NS,
@@ -730,15 +730,15 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
     );
     // One request approved (claims, external calls, outcomes, reconciles
     // counted) and one that waits for its documents (the census counts it).
-    owner_now(130).insert(&pool).await;
-    waiting_owner_now(131).insert(&pool).await;
+    owner_now(130).insert(&db).await;
+    waiting_owner_now(131).insert(&db).await;
     let http = reqwest::Client::new();
     let url = format!("http://127.0.0.1:{port}/metrics");
     let text = eventually(
         "an approval and the leader's census on /metrics",
         || async {
             let text = http.get(&url).send().await.ok()?.text().await.ok()?;
-            let approved = request_status(&pool, 130).await == "APPROVED";
+            let approved = request_status(&db, 130).await == "APPROVED";
             let leading = metric_sum(&text, "autoapproval_leader", &[]) == 1.0;
             let waiting =
                 metric_sum(&text, "autoapproval_requests", &[r#"state="waiting""#]) == 1.0;

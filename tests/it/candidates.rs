@@ -1,11 +1,10 @@
 //! The thin candidate query against the seed's reference rows.
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
-use autoapproval::store::{ShardFilter, Store};
+use autoapproval::store::ShardFilter;
 use chrono::Duration;
-use sqlx::PgPool;
 
-use crate::support::{NewRequest, defaults, insert_state, seed_reference_rows, t0};
+use crate::support::{Db, NewRequest, defaults, insert_state, on_both, seed_reference_rows, t0};
 
 fn query(
     request_type: RequestType,
@@ -17,10 +16,10 @@ fn query(
         .query(request_type, t0(), DEFAULT_RETRY_LIMIT, shards)
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgPool) {
-    seed_reference_rows(&pool).await;
-    let store = Store::new(pool.clone(), pool);
+on_both!(seed_rows_select_exactly_101_102_103_in_status_then_age_order);
+async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(db: Db) {
+    seed_reference_rows(&db).await;
+    let store = db.store();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -39,24 +38,24 @@ async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(pool: PgP
     assert!(found[0].state_id.is_some() && found[1].state_id.is_some());
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn limit_window_and_type_bound_the_turn(pool: PgPool) {
+on_both!(limit_window_and_type_bound_the_turn);
+async fn limit_window_and_type_bound_the_turn(db: Db) {
     let now = t0();
     for id in 1..=25 {
         NewRequest::ready_owner(id)
             .sorted_at(now - Duration::minutes(100 - id))
-            .insert(&pool)
+            .insert(&db)
             .await;
     }
     // Outside the 30-day window, and another type: never selected.
     NewRequest::ready_owner(90)
         .sorted_at(now - Duration::days(31))
-        .insert(&pool)
+        .insert(&db)
         .await;
     let mut other = NewRequest::ready_owner(91);
     other.request_type = "MENU_CHANGE";
-    other.insert(&pool).await;
-    let store = Store::new(pool.clone(), pool);
+    other.insert(&db).await;
+    let store = db.store();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -67,18 +66,18 @@ async fn limit_window_and_type_bound_the_turn(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn ad_contracts_need_a_store_and_are_limited_to_ten(pool: PgPool) {
+on_both!(ad_contracts_need_a_store_and_are_limited_to_ten);
+async fn ad_contracts_need_a_store_and_are_limited_to_ten(db: Db) {
     for id in 1..=12 {
-        NewRequest::ready_ad(id, 500 + id).insert(&pool).await;
+        NewRequest::ready_ad(id, 500 + id).insert(&db).await;
     }
     let mut storeless = NewRequest::ready_ad(13, 0);
     storeless.target_store_number = None;
     storeless
         .sorted_at(t0() - Duration::days(1))
-        .insert(&pool)
+        .insert(&db)
         .await;
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     let found = store
         .candidates(&query(RequestType::AdContract, None))
         .await
@@ -91,12 +90,12 @@ async fn ad_contracts_need_a_store_and_are_limited_to_ten(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
+on_both!(shard_filter_selects_only_the_given_shards);
+async fn shard_filter_selects_only_the_given_shards(db: Db) {
     for id in 1..=12 {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
     }
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     let shards = ShardFilter {
         shard_count: 4,
         shards: vec![1, 3],
@@ -110,19 +109,19 @@ async fn shard_filter_selects_only_the_given_shards(pool: PgPool) {
     assert_eq!(ids, [1, 3, 5, 7, 9, 11]);
 }
 
+on_both!(new_requests_and_due_retries_merge_in_age_order_under_the_limit);
 /// New requests and due retries interleaved in age order, more of each than
 /// the limit: the turn takes the oldest twenty, whichever kind they are.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(pool: PgPool) {
+async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(db: Db) {
     let now = t0();
     for id in 1..=30 {
         NewRequest::ready_owner(id)
             .sorted_at(now - Duration::minutes(100 - id))
-            .insert(&pool)
+            .insert(&db)
             .await;
         if id % 2 == 0 {
             insert_state(
-                &pool,
+                &db,
                 id,
                 "RETRY_WAITING",
                 Some(now - Duration::minutes(1)),
@@ -136,10 +135,10 @@ async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(pool: P
     for id in 40..=45 {
         NewRequest::ready_owner(id)
             .sorted_at(now - Duration::days(2))
-            .insert(&pool)
+            .insert(&db)
             .await;
         insert_state(
-            &pool,
+            &db,
             id,
             "RETRY_WAITING",
             Some(now + Duration::minutes(5)),
@@ -148,7 +147,7 @@ async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(pool: P
         )
         .await;
     }
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -175,24 +174,24 @@ fn benchmark_script_prepares_the_store_queries_verbatim() {
     }
 }
 
+on_both!(the_look_at_notified_requests_agrees_with_the_candidate_queries);
 /// The one-statement look at notified requests selects, among them, exactly
 /// what the two range queries select: the seed's reference rows 101–107 and
 /// ad contracts with and without their store, other types, an old one.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(pool: PgPool) {
-    seed_reference_rows(&pool).await;
-    NewRequest::ready_ad(110, 7).insert(&pool).await;
+async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(db: Db) {
+    seed_reference_rows(&db).await;
+    NewRequest::ready_ad(110, 7).insert(&db).await;
     let mut without_store = NewRequest::ready_ad(111, 7);
     without_store.target_store_number = None;
-    without_store.insert(&pool).await;
+    without_store.insert(&db).await;
     let mut other = NewRequest::ready_owner(112);
     other.request_type = "MENU_CHANGE";
-    other.insert(&pool).await;
+    other.insert(&db).await;
     NewRequest::ready_owner(113)
         .sorted_at(t0() - Duration::days(31))
-        .insert(&pool)
+        .insert(&db)
         .await;
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     let mut ranged = Vec::new();
     for request_type in RequestType::AUTO_APPROVABLE {
         ranged.extend(store.candidates(&query(request_type, None)).await.unwrap());

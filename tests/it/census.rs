@@ -14,7 +14,7 @@ use chrono::Duration;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::support::{NewRequest, eventually, metric_sum, seed_reference_rows, t0};
+use crate::support::{Db, NewRequest, eventually, metric_sum, on_both, seed_reference_rows, t0};
 
 const WINDOW: StdDuration = StdDuration::from_secs(30 * 86_400);
 
@@ -42,16 +42,12 @@ async fn oldest(store: &Store) -> Option<chrono::DateTime<chrono::Utc>> {
         .unwrap()
 }
 
-async fn exec(pool: &PgPool, sql: &'static str) {
-    sqlx::query(sql).execute(pool).await.expect(sql);
-}
-
+on_both!(the_census_counts_the_reference_rows_by_state_and_reason_class);
 /// Rows 101–107: 104 in progress; 102, 103 (due) and 105 (not due) waiting
 /// for a condition; 106 at the limit. A transient failure moves 105.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_census_counts_the_reference_rows_by_state_and_reason_class(pool: PgPool) {
-    seed_reference_rows(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+async fn the_census_counts_the_reference_rows_by_state_and_reason_class(db: Db) {
+    seed_reference_rows(&db).await;
+    let store = db.store();
     let census = store.census(DEFAULT_RETRY_LIMIT).await.unwrap();
     assert_eq!(
         census,
@@ -62,23 +58,20 @@ async fn the_census_counts_the_reference_rows_by_state_and_reason_class(pool: Pg
             exhausted: 1,
         }
     );
-    exec(
-        &pool,
-        "UPDATE auto_approve_state SET transient_streak = 2 WHERE request_id = 105",
-    )
-    .await;
+    db.exec("UPDATE auto_approve_state SET transient_streak = 2 WHERE request_id = 105")
+        .await;
     let census = store.census(DEFAULT_RETRY_LIMIT).await.unwrap();
     assert_eq!((census.waiting_transient, census.waiting_condition), (1, 2));
 }
 
+on_both!(the_backlog_is_the_oldest_request_a_candidate_query_would_select);
 /// Eligible means what a candidate query would select: open, inside the
 /// window, unclaimed or due and under the limit, not paused, an ad contract
 /// with its store. Older rows that miss any one of these are not backlog.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(pool: PgPool) {
-    let store = Store::new(pool.clone(), pool.clone());
+async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(db: Db) {
+    let store = db.store();
     assert_eq!(oldest(&store).await, None, "nothing waits");
-    seed_reference_rows(&pool).await;
+    seed_reference_rows(&db).await;
     // 101 is new since t0 - 1 min; 102 and 103 are due since then too.
     assert_eq!(oldest(&store).await, Some(t0() - Duration::minutes(1)));
 
@@ -87,27 +80,24 @@ async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(pool: 
     let now = t0();
     NewRequest::ready_owner(108)
         .sorted_at(now - Duration::minutes(20))
-        .insert(&pool)
+        .insert(&db)
         .await;
-    exec(
-        &pool,
-        "INSERT INTO auto_approve_pause (request_id, paused_by) VALUES (108, 'olivia')",
-    )
-    .await;
+    db.exec("INSERT INTO auto_approve_pause (request_id, paused_by) VALUES (108, 'olivia')")
+        .await;
     let mut storeless = NewRequest::ready_ad(109, 0).sorted_at(now - Duration::minutes(25));
     storeless.target_store_number = None;
-    storeless.insert(&pool).await;
+    storeless.insert(&db).await;
     NewRequest::ready_owner(110)
         .sorted_at(now - Duration::days(31))
-        .insert(&pool)
+        .insert(&db)
         .await;
     let mut menu = NewRequest::ready_owner(111).sorted_at(now - Duration::minutes(40));
     menu.request_type = "MENU_CHANGE";
-    menu.insert(&pool).await;
+    menu.insert(&db).await;
     NewRequest::ready_owner(112)
         .status("REJECTED")
         .sorted_at(now - Duration::minutes(45))
-        .insert(&pool)
+        .insert(&db)
         .await;
     assert_eq!(oldest(&store).await, Some(now - Duration::minutes(1)));
 
@@ -115,34 +105,30 @@ async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(pool: 
     NewRequest::ready_ad(113, 900)
         .status("ING")
         .sorted_at(now - Duration::minutes(15))
-        .insert(&pool)
+        .insert(&db)
         .await;
     assert_eq!(oldest(&store).await, Some(now - Duration::minutes(15)));
 
     // 105's retry due since 50 minutes: it is the oldest; at the limit it is not.
-    exec(
-        &pool,
-        "UPDATE auto_approve_state SET next_retry_time = TIMESTAMPTZ '2026-12-02 08:10:00+00'
-          WHERE request_id = 105",
+    db.exec_at(
+        "UPDATE auto_approve_state SET next_retry_time = $1 WHERE request_id = 105",
+        now - Duration::minutes(50),
     )
     .await;
     assert_eq!(oldest(&store).await, Some(now - Duration::minutes(50)));
-    exec(
-        &pool,
-        "UPDATE auto_approve_state SET retry_count = 300 WHERE request_id = 105",
-    )
-    .await;
+    db.exec("UPDATE auto_approve_state SET retry_count = 300 WHERE request_id = 105")
+        .await;
     assert_eq!(oldest(&store).await, Some(now - Duration::minutes(15)));
 }
 
+on_both!(only_the_leader_exports_the_census_and_every_replica_its_database_ping);
 /// A dashboard summing over replicas must count the leader's census once:
 /// a replica that does not lead exports no state series at all, and still
 /// says whether its database answers.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(pool: PgPool) {
-    seed_reference_rows(&pool).await;
+async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(db: Db) {
+    seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    let census = census_of(Store::new(pool.clone(), pool.clone()), &metrics);
+    let census = census_of(db.store(), &metrics);
 
     census.once(true).await;
     let text = metrics.encode();
@@ -177,13 +163,13 @@ async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(
     );
 }
 
+on_both!(the_census_follows_leadership_as_it_changes);
 /// The running census follows leadership: it counts once this replica
 /// leads, and withdraws at once, not at its next turn, when it stops.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_census_follows_leadership_as_it_changes(pool: PgPool) {
-    seed_reference_rows(&pool).await;
+async fn the_census_follows_leadership_as_it_changes(db: Db) {
+    seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    let mut census = census_of(Store::new(pool.clone(), pool), &metrics);
+    let mut census = census_of(db.store(), &metrics);
     // A turn an hour away: only the changes of leadership can act.
     census.config.interval = StdDuration::from_secs(3600);
     let (leader, leading) = tokio::sync::watch::channel(false);

@@ -9,9 +9,10 @@ use autoapproval::processors::Step;
 use autoapproval::retry::RetryClass;
 use autoapproval::store::SessionArgs;
 use autoapproval_sim::{FaultKind, Faults, Idempotency};
-use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, candidate, defaults, fence, metric_sum, request_view};
+use crate::support::{
+    Db, Env, NewRequest, candidate, defaults, fence, metric_sum, on_both, request_view,
+};
 
 fn owner(id: i64) -> Candidate {
     Candidate {
@@ -21,10 +22,10 @@ fn owner(id: i64) -> Candidate {
     }
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
+on_both!(a_ready_owner_contract_is_approved_with_one_creation_per_step);
+async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(1).insert(&db).await;
     let report = run_turn(
         &env.approver,
         &defaults().discovery.turn,
@@ -34,7 +35,7 @@ async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgP
     .await
     .unwrap();
     assert_eq!(report.outcomes, [(1, AttemptOutcome::Approved)]);
-    let view = request_view(&pool, 1).await;
+    let view = request_view(&db, 1).await;
     assert_eq!(view.status, "APPROVED");
     assert!(view.owner_number.is_some() && view.store_number.is_some());
     assert!(
@@ -50,11 +51,11 @@ async fn a_ready_owner_contract_is_approved_with_one_creation_per_step(pool: PgP
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+on_both!(an_ad_contract_starts_at_the_campaign_step);
+async fn an_ad_contract_starts_at_the_campaign_step(db: Db) {
+    let env = Env::start(db.clone()).await;
     env.sim.add_store(700, true);
-    NewRequest::ready_ad(2, 700).insert(&pool).await;
+    NewRequest::ready_ad(2, 700).insert(&db).await;
     let report = run_turn(
         &env.approver,
         &defaults().discovery.turn,
@@ -64,7 +65,7 @@ async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
     .await
     .unwrap();
     assert_eq!(report.outcomes, [(2, AttemptOutcome::Approved)]);
-    let view = request_view(&pool, 2).await;
+    let view = request_view(&db, 2).await;
     assert_eq!(
         (view.status.as_str(), view.owner_number),
         ("APPROVED", None)
@@ -73,10 +74,10 @@ async fn an_ad_contract_starts_at_the_campaign_step(pool: PgPool) {
     assert_eq!(env.sim.stats().for_request(2).campaign, 1);
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_ad(3, 404).insert(&pool).await;
+on_both!(an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign);
+async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_ad(3, 404).insert(&db).await;
     let c = Candidate {
         request_id: 3,
         request_type: RequestType::AdContract,
@@ -93,11 +94,11 @@ async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(p
     assert_eq!(env.sim.stats().created.campaigns, 0);
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_unsigned_econtract_waits_and_the_sync_records_it(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+on_both!(an_unsigned_econtract_waits_and_the_sync_records_it);
+async fn an_unsigned_econtract_waits_and_the_sync_records_it(db: Db) {
+    let env = Env::start(db.clone()).await;
     env.sim.set_contract_status("EC-4", ContractStatus::Pending);
-    NewRequest::ready_owner(4).insert(&pool).await;
+    NewRequest::ready_owner(4).insert(&db).await;
     let outcome = env
         .approver
         .attempt(&owner(4), &fence("a", 1))
@@ -116,12 +117,10 @@ async fn an_unsigned_econtract_waits_and_the_sync_records_it(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key(
-    pool: PgPool,
-) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(5).insert(&pool).await;
+on_both!(a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key);
+async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(5).insert(&db).await;
     // The owner service creates the owner, then the answer is lost: from our
     // side exactly like a crash between the creation and the DB save.
     env.sim
@@ -136,7 +135,7 @@ async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempo
         matches!(&first, AttemptOutcome::RetryScheduled { reason, .. } if reason.class == RetryClass::Transient),
         "{first:?}"
     );
-    assert_eq!(request_view(&pool, 5).await.owner_number, None);
+    assert_eq!(request_view(&db, 5).await.owner_number, None);
     assert_eq!(env.sim.stats().created.owners, 1);
 
     let state = env.store.state(5).await.unwrap().unwrap();
@@ -156,12 +155,12 @@ async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempo
         stats.idempotent_replays, 1,
         "the retry replayed the first creation"
     );
-    assert!(request_view(&pool, 5).await.owner_number.is_some());
+    assert!(request_view(&db, 5).await.owner_number.is_some());
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPool) {
-    let env = Env::with_external(pool.clone(), |mut c| {
+on_both!(errors_timeouts_and_malformed_answers_are_transient_retries);
+async fn errors_timeouts_and_malformed_answers_are_transient_retries(db: Db) {
+    let env = Env::with_external(db.clone(), |mut c| {
         c.external_timeout = StdDuration::from_millis(300);
         c
     })
@@ -171,7 +170,7 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPoo
         (12, FaultKind::Timeout),
         (13, FaultKind::Malformed),
     ] {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
         let mut faults = Faults::fail_next(System::Owner, 1, kind);
         faults.hang = StdDuration::from_secs(3);
         env.sim.set_faults(faults).unwrap();
@@ -189,10 +188,10 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPoo
             "{kind:?}: {}",
             reason.reason
         );
-        assert_eq!(request_view(&pool, id).await.status, "PENDING");
+        assert_eq!(request_view(&db, id).await.status, "PENDING");
     }
     // A refusal waits as a condition, and each call is counted by its kind.
-    NewRequest::ready_owner(14).insert(&pool).await;
+    NewRequest::ready_owner(14).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Refused))
         .unwrap();
@@ -219,12 +218,12 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(pool: PgPoo
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+on_both!(a_request_a_person_decided_is_superseded_without_external_calls);
+async fn a_request_a_person_decided_is_superseded_without_external_calls(db: Db) {
+    let env = Env::start(db.clone()).await;
     NewRequest::ready_owner(6)
         .status("REJECTED")
-        .insert(&pool)
+        .insert(&db)
         .await;
     let outcome = env
         .approver
@@ -233,7 +232,7 @@ async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: P
         .unwrap();
     assert_eq!(outcome, AttemptOutcome::Superseded(RequestStatus::Rejected));
     assert!(env.store.state(6).await.unwrap().is_none());
-    assert_eq!(request_view(&pool, 6).await.status, "REJECTED");
+    assert_eq!(request_view(&db, 6).await.status, "REJECTED");
     assert!(
         env.sim.stats().calls.is_empty(),
         "{:?}",
@@ -241,14 +240,12 @@ async fn a_request_a_person_decided_is_superseded_without_external_calls(pool: P
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn work_already_done_is_skipped(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(7).insert(&pool).await;
-    sqlx::query("UPDATE approval_request SET owner_number = 4242 WHERE id = 7")
-        .execute(&pool)
-        .await
-        .unwrap();
+on_both!(work_already_done_is_skipped);
+async fn work_already_done_is_skipped(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(7).insert(&db).await;
+    db.exec("UPDATE approval_request SET owner_number = 4242 WHERE id = 7")
+        .await;
     assert_eq!(
         env.approver
             .attempt(&owner(7), &fence("a", 1))
@@ -258,28 +255,24 @@ async fn work_already_done_is_skipped(pool: PgPool) {
     );
     let stats = env.sim.stats();
     assert_eq!((stats.created.owners, stats.created.stores), (0, 1));
-    assert_eq!(request_view(&pool, 7).await.owner_number, Some(4242));
+    assert_eq!(request_view(&db, 7).await.owner_number, Some(4242));
 }
 
+on_both!(a_business_transaction_holding_the_row_delays_the_approval_without_holding_us);
 /// A business transaction that holds the request row does not hold the
 /// chain: our write takes the row with NOWAIT, fails at once, and counts as
 /// a transient retry; once the business commits, the retry approves. No
 /// lock timeout is set, so only NOWAIT can keep the attempt from waiting.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_business_transaction_holding_the_row_delays_the_approval_without_holding_us(
-    pool: PgPool,
-) {
+async fn a_business_transaction_holding_the_row_delays_the_approval_without_holding_us(db: Db) {
     let session = SessionArgs {
         db_lock_timeout: std::time::Duration::ZERO,
         db_statement_timeout: std::time::Duration::from_secs(30),
     };
-    let env = Env::with_session(pool.clone(), &session).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let mut business = pool.begin().await.unwrap();
-    sqlx::query("UPDATE approval_request SET business_name = 'Renamed' WHERE id = 1")
-        .execute(&mut *business)
-        .await
-        .unwrap();
+    let env = Env::with_session(db.clone(), &session).await;
+    NewRequest::ready_owner(1).insert(&db).await;
+    let business = db
+        .business_transaction("UPDATE approval_request SET business_name = 'Renamed' WHERE id = 1")
+        .await;
 
     let outcome = tokio::time::timeout(
         std::time::Duration::from_secs(10),
@@ -303,7 +296,7 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
         "{}",
         reason.reason
     );
-    business.commit().await.unwrap();
+    business.commit().await;
 
     env.clock.set(next_retry_time);
     let state_id = env.store.state(1).await.unwrap().map(|s| s.id);
@@ -313,36 +306,32 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
         .await
         .unwrap();
     assert_eq!(outcome, AttemptOutcome::Approved);
-    let view = request_view(&pool, 1).await;
+    let view = request_view(&db, 1).await;
     assert_eq!(view.status, "APPROVED");
     // The owner made before the timeout was replayed, not made twice.
     assert_eq!(env.sim.stats().created.owners, 1);
 }
 
+on_both!(a_business_transaction_holding_the_econtract_row_is_waited_for_only_the_lock_timeout);
 /// The e-contract ledger is the business system's too; an upsert cannot
 /// say NOWAIT, so `--db-lock-timeout` bounds its wait for a row the
 /// business holds: the attempt becomes a transient retry naming the lock.
-#[sqlx::test(migrations = "migrations/postgres")]
 async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the_lock_timeout(
-    pool: PgPool,
+    db: Db,
 ) {
     let session = SessionArgs {
         db_lock_timeout: std::time::Duration::from_millis(300),
         db_statement_timeout: std::time::Duration::from_secs(30),
     };
-    let env = Env::with_session(pool.clone(), &session).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
-    sqlx::query(
+    let env = Env::with_session(db.clone(), &session).await;
+    NewRequest::ready_owner(1).insert(&db).await;
+    db.exec(
         "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ('EC-1', 'SENT', now())",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let mut business = pool.begin().await.unwrap();
-    sqlx::query("UPDATE econtract SET synced_at = now() WHERE contract_ref = 'EC-1'")
-        .execute(&mut *business)
-        .await
-        .unwrap();
+    .await;
+    let business = db
+        .business_transaction("UPDATE econtract SET synced_at = now() WHERE contract_ref = 'EC-1'")
+        .await;
 
     let outcome = tokio::time::timeout(
         std::time::Duration::from_secs(10),
@@ -366,17 +355,17 @@ async fn a_business_transaction_holding_the_econtract_row_is_waited_for_only_the
         "{}",
         reason.reason
     );
-    business.commit().await.unwrap();
+    business.commit().await;
 }
 
+on_both!(documents_withdrawn_after_the_owner_was_made_stop_the_retry);
 /// The owner is made, the store call fails, and then the business puts the
 /// documents back in review (a gate of the owner step only): the retry runs
 /// every gate again, so it waits for the documents instead of skipping past
 /// the made owner to the store and the approval.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(21).insert(&pool).await;
+async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(21).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next(System::Store, 1, FaultKind::Error))
         .unwrap();
@@ -389,11 +378,9 @@ async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPoo
         matches!(first, AttemptOutcome::RetryScheduled { .. }),
         "{first:?}"
     );
-    assert!(request_view(&pool, 21).await.owner_number.is_some());
-    sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 21")
-        .execute(&pool)
-        .await
-        .unwrap();
+    assert!(request_view(&db, 21).await.owner_number.is_some());
+    db.exec("UPDATE approval_request SET documents_released = false WHERE id = 21")
+        .await;
 
     let state = env.store.state(21).await.unwrap().unwrap();
     env.clock.set(state.next_retry_time.unwrap());
@@ -407,7 +394,7 @@ async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPoo
         panic!("the withdrawn documents must stop the retry: {retry:?}");
     };
     assert!(reason.reason.contains("documents"), "{}", reason.reason);
-    assert_eq!(request_view(&pool, 21).await.status, "PENDING");
+    assert_eq!(request_view(&db, 21).await.status, "PENDING");
     assert_eq!(
         env.sim.stats().created.stores,
         0,
@@ -415,21 +402,17 @@ async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(pool: PgPoo
     );
 }
 
+on_both!(a_resubmitted_request_with_old_results_runs_every_gate_again);
 /// A request rejected and resubmitted keeps the owner and store numbers of
 /// its first run; its documents are back in review. Every gate runs again:
 /// it waits for the documents instead of being approved on old results.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+async fn a_resubmitted_request_with_old_results_runs_every_gate_again(db: Db) {
+    let env = Env::start(db.clone()).await;
     let mut request = NewRequest::ready_owner(22);
     request.documents_released = false;
-    request.insert(&pool).await;
-    sqlx::query(
-        "UPDATE approval_request SET owner_number = 7001, store_number = 8001 WHERE id = 22",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    request.insert(&db).await;
+    db.exec("UPDATE approval_request SET owner_number = 7001, store_number = 8001 WHERE id = 22")
+        .await;
 
     let outcome = env
         .approver
@@ -441,22 +424,22 @@ async fn a_resubmitted_request_with_old_results_runs_every_gate_again(pool: PgPo
         panic!("old results must not approve it: {outcome:?}");
     };
     assert!(reason.reason.contains("documents"), "{}", reason.reason);
-    assert_eq!(request_view(&pool, 22).await.status, "PENDING");
+    assert_eq!(request_view(&db, 22).await.status, "PENDING");
     let stats = env.sim.stats();
     assert_eq!((stats.created.owners, stats.created.stores), (0, 0));
 }
 
+on_both!(a_store_change_after_a_lost_campaign_answer_approves_the_new_store);
 /// The ad service approves a campaign for store 700 and the answer is lost;
 /// the business then corrects the target store to 701. The store defines
 /// the campaign, so the retry makes one for 701 instead of replaying the
 /// campaign of 700 under the old key (which a strict downstream would
 /// refuse as a key reused with another body).
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(db: Db) {
+    let env = Env::start(db.clone()).await;
     env.sim.add_store(700, true);
     env.sim.add_store(701, true);
-    NewRequest::ready_ad(31, 700).insert(&pool).await;
+    NewRequest::ready_ad(31, 700).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next(System::Ad, 1, FaultKind::Malformed))
         .unwrap();
@@ -472,10 +455,8 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool
     );
     let lost = env.sim.stats().created.campaigns;
     assert_eq!(lost, 1, "the campaign for 700 was made, its answer lost");
-    sqlx::query("UPDATE approval_request SET target_store_number = 701 WHERE id = 31")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET target_store_number = 701 WHERE id = 31")
+        .await;
 
     let state = env.store.state(31).await.unwrap().unwrap();
     env.clock.set(state.next_retry_time.unwrap());
@@ -492,7 +473,7 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(pool
     assert_eq!(stats.key_conflicts, 0, "no key reused with another body");
     assert_eq!(stats.idempotent_replays, 0, "nothing of store 700 replayed");
     assert_eq!(stats.for_request(31).campaign, 2, "one campaign per store");
-    assert!(request_view(&pool, 31).await.campaign_id.is_some());
+    assert!(request_view(&db, 31).await.campaign_id.is_some());
 }
 
 /// Runs the due retry of request `id` (the clock set to its retry time).
@@ -507,14 +488,14 @@ async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) -> Att
     env.approver.attempt(&retry, &fence("a", 1)).await.unwrap()
 }
 
+on_both!(without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again);
 /// An owner contract whose owner answer, then store answer, is lost by a
 /// downstream with no idempotency support: each retry looks the request up
 /// first and takes what the lost call made.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool: PgPool) {
-    let env = Env::with_external(pool.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
+async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(db: Db) {
+    let env = Env::with_external(db.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
     env.sim.set_idempotency(Idempotency::Ignored);
-    NewRequest::ready_owner(41).insert(&pool).await;
+    NewRequest::ready_owner(41).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next_creation(
             System::Owner,
@@ -568,7 +549,7 @@ async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool
         "looked up before each create"
     );
     assert_eq!(stats.calls_to("GET /stores"), 2);
-    let view = request_view(&pool, 41).await;
+    let view = request_view(&db, 41).await;
     assert!(view.owner_number.is_some() && view.store_number.is_some());
     let found = |label| {
         metric_sum(
@@ -583,13 +564,13 @@ async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(pool
     );
 }
 
+on_both!(without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner);
 /// The instrument of the test above can see a duplicate: with the same lost
 /// answer and nobody looking up, the downstream makes a second owner.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(db: Db) {
+    let env = Env::start(db.clone()).await;
     env.sim.set_idempotency(Idempotency::Ignored);
-    NewRequest::ready_owner(42).insert(&pool).await;
+    NewRequest::ready_owner(42).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next_creation(
             System::Owner,
@@ -610,17 +591,17 @@ async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(
     assert_eq!(stats.duplicate_creations, 1);
 }
 
+on_both!(without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_the_new_store);
 /// A lookup that finds the campaign made for the old target store does not
 /// take it for the new one.
-#[sqlx::test(migrations = "migrations/postgres")]
 async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_the_new_store(
-    pool: PgPool,
+    db: Db,
 ) {
-    let env = Env::with_external(pool.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
+    let env = Env::with_external(db.clone(), |c| c.with_dedup(Dedup::Lookup)).await;
     env.sim.set_idempotency(Idempotency::Ignored);
     env.sim.add_store(700, true);
     env.sim.add_store(701, true);
-    NewRequest::ready_ad(43, 700).insert(&pool).await;
+    NewRequest::ready_ad(43, 700).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next_creation(
             System::Ad,
@@ -634,10 +615,8 @@ async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_
         state_id: None,
     };
     env.approver.attempt(&ad, &fence("a", 1)).await.unwrap();
-    sqlx::query("UPDATE approval_request SET target_store_number = 701 WHERE id = 43")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET target_store_number = 701 WHERE id = 43")
+        .await;
     assert_eq!(
         attempt_due_retry(&env, 43, RequestType::AdContract).await,
         AttemptOutcome::Approved
@@ -657,7 +636,7 @@ async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_
     .unwrap();
     assert_eq!(latest["storeNumber"], 701);
     assert_eq!(
-        request_view(&pool, 43).await.campaign_id.as_deref(),
+        request_view(&db, 43).await.campaign_id.as_deref(),
         latest["campaignId"].as_str()
     );
 }

@@ -5,7 +5,7 @@ use autoapproval::store::{ClaimOutcome, Completion, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{NewRequest, fence, insert_state, request_view, t0};
+use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0};
 
 fn new_candidate(id: i64) -> Candidate {
     Candidate {
@@ -15,10 +15,10 @@ fn new_candidate(id: i64) -> Candidate {
     }
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn two_concurrent_claimers_of_a_new_request_one_wins(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+on_both!(two_concurrent_claimers_of_a_new_request_one_wins);
+async fn two_concurrent_claimers_of_a_new_request_one_wins(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    let store = db.store();
     let (fa, fb) = (fence("a", 1), fence("b", 1));
     let c = new_candidate(1);
     let (a, b) = tokio::join!(
@@ -35,11 +35,11 @@ async fn two_concurrent_claimers_of_a_new_request_one_wins(pool: PgPool) {
     assert_eq!(state.status.as_str(), "IN_PROGRESS");
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
+on_both!(many_concurrent_claimers_of_a_due_retry_one_wins);
+async fn many_concurrent_claimers_of_a_due_retry_one_wins(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
     let state_id = insert_state(
-        &pool,
+        &db,
         1,
         "RETRY_WAITING",
         Some(t0() - Duration::seconds(1)),
@@ -47,7 +47,7 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
         t0(),
     )
     .await;
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = db.store();
     let c = Candidate {
         state_id: Some(state_id),
         ..new_candidate(1)
@@ -74,12 +74,12 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    NewRequest::ready_owner(2).insert(&pool).await;
+on_both!(a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed);
+async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    NewRequest::ready_owner(2).insert(&db).await;
     let early = insert_state(
-        &pool,
+        &db,
         1,
         "RETRY_WAITING",
         Some(t0() + Duration::minutes(4)),
@@ -88,7 +88,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
     )
     .await;
     let spent = insert_state(
-        &pool,
+        &db,
         2,
         "RETRY_WAITING",
         Some(t0() - Duration::minutes(1)),
@@ -96,7 +96,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
         t0(),
     )
     .await;
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     for (id, state_id) in [(1, early), (2, spent)] {
         let c = Candidate {
             state_id: Some(state_id),
@@ -112,10 +112,10 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+on_both!(a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so);
+async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    let store = db.store();
     let ClaimOutcome::Won(old) = store
         .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
         .await
@@ -146,19 +146,19 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(poo
     assert!(!store.save_owner_number(&old, 99).await.unwrap());
     assert!(!store.heartbeat(&old, "owner").await.unwrap());
     assert!(!store.release(&old, later).await.unwrap());
-    assert_eq!(request_view(&pool, 1).await.status, "PENDING");
-    assert_eq!(request_view(&pool, 1).await.owner_number, None);
+    assert_eq!(request_view(&db, 1).await.status, "PENDING");
+    assert_eq!(request_view(&db, 1).await.owner_number, None);
     assert_eq!(store.state(1).await.unwrap().unwrap().holder, "b");
 
     assert_eq!(store.complete(&new).await.unwrap(), Completion::Approved);
-    assert_eq!(request_view(&pool, 1).await.status, "APPROVED");
+    assert_eq!(request_view(&db, 1).await.status, "APPROVED");
     assert!(store.state(1).await.unwrap().is_none());
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool);
+on_both!(release_makes_the_request_due_again_without_counting_a_retry);
+async fn release_makes_the_request_due_again_without_counting_a_retry(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    let store = db.store();
     let ClaimOutcome::Won(claim) = store
         .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
         .await
@@ -178,13 +178,13 @@ async fn release_makes_the_request_due_again_without_counting_a_retry(pool: PgPo
     );
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(pool: PgPool) {
+on_both!(a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once);
+async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(db: Db) {
     use autoapproval::store::RetryWrite;
 
-    let store = Store::new(pool.clone(), pool.clone());
-    NewRequest::ready_owner(31).insert(&pool).await;
-    NewRequest::ready_owner(32).insert(&pool).await;
+    let store = db.store();
+    NewRequest::ready_owner(31).insert(&db).await;
+    NewRequest::ready_owner(32).insert(&db).await;
     let mut claims = Vec::new();
     for id in [31, 32] {
         let candidate = Candidate {
@@ -435,18 +435,18 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
         .expect("a dedicated store reaches the same primary");
 }
 
+on_both!(the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that);
 /// A claim of ours with no attempt working on it (its outcome and then its
 /// release failed: the database went away under the chain) is given back by
 /// the sweep, due at once; a claim whose chain is still running is not.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPool) {
+async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(db: Db) {
     use autoapproval::approval::AttemptOutcome;
     use autoapproval::clock::Clock;
     use autoapproval_sim::Faults;
 
-    let env = crate::support::Env::start(pool.clone()).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
-    NewRequest::ready_owner(2).insert(&pool).await;
+    let env = crate::support::Env::start(db.clone()).await;
+    NewRequest::ready_owner(1).insert(&db).await;
+    NewRequest::ready_owner(2).insert(&db).await;
     let mine = fence("r1", 7);
     // 1: claimed, and its chain is gone.
     let orphan = env
@@ -509,13 +509,13 @@ async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(pool: PgPo
     assert_eq!(running.await.unwrap().unwrap(), AttemptOutcome::Approved);
 }
 
+on_both!(a_signed_econtract_is_never_synced_back_to_pending);
 /// A stale answer of the e-sign system never takes a signature back: the
 /// ledger stays SIGNED when a sync says PENDING, and a voided contract may
 /// still become REJECTED.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+async fn a_signed_econtract_is_never_synced_back_to_pending(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    let store = db.store();
     store
         .sync_econtract(1, "EC-1", "SIGNED", t0())
         .await
@@ -540,16 +540,16 @@ async fn a_signed_econtract_is_never_synced_back_to_pending(pool: PgPool) {
     );
 }
 
+on_both!(a_paused_request_is_neither_a_candidate_nor_claimed);
 /// A request paused in the database is claimed by no replica, new or due,
 /// and is no candidate, whatever a CR says; resumed, it is claimed again.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
+async fn a_paused_request_is_neither_a_candidate_nor_claimed(db: Db) {
     use autoapproval::store::CandidateQuery;
 
-    NewRequest::ready_owner(1).insert(&pool).await;
-    NewRequest::ready_owner(2).insert(&pool).await;
+    NewRequest::ready_owner(1).insert(&db).await;
+    NewRequest::ready_owner(2).insert(&db).await;
     let due = insert_state(
-        &pool,
+        &db,
         2,
         "RETRY_WAITING",
         Some(t0() - Duration::seconds(1)),
@@ -557,7 +557,7 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
         t0(),
     )
     .await;
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = db.store();
     store
         .pause(1, "AutoApproval request-1", Some("uid-1"))
         .await
@@ -609,17 +609,17 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(pool: PgPool) {
     );
 }
 
+on_both!(a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them);
 /// The reconcile's one read before a claim gives what the two reads it
 /// replaced gave: the request, its state row or none, nothing for an
 /// unknown request, and a malformed request row reported as such.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them(pool: PgPool) {
-    let store = Store::new(pool.clone(), pool.clone());
+async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them(db: Db) {
+    let store = db.store();
     for id in [71, 72, 73] {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
     }
     let retry_at = t0() + Duration::minutes(10);
-    insert_state(&pool, 72, "RETRY_WAITING", Some(retry_at), 4, t0()).await;
+    insert_state(&db, 72, "RETRY_WAITING", Some(retry_at), 4, t0()).await;
     for id in [71, 72] {
         let (request, state) = store
             .request_with_state(id)
@@ -636,10 +636,8 @@ async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_the
         (4, Some(retry_at))
     );
     assert!(store.request_with_state(99).await.unwrap().is_none());
-    sqlx::query("UPDATE approval_request SET status = 'SOMETHING' WHERE id = 73")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET status = 'SOMETHING' WHERE id = 73")
+        .await;
     assert!(matches!(
         store.request_with_state(73).await,
         Err(autoapproval::store::StoreError::Malformed { request_id: 73, .. })

@@ -9,19 +9,19 @@ use autoapproval::telemetry::Metrics;
 use chrono::{Duration, Utc};
 use sqlx::PgPool;
 
-use crate::support::{NewRequest, candidate, fence, insert_state, state_count, t0};
+use crate::support::{Db, NewRequest, candidate, fence, insert_state, on_both, state_count, t0};
 
+on_both!(stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay);
 /// Stuck is judged in the database's clock, which stamps every claim and
 /// heartbeat: the rows' times are set relative to it, and the cleanser's own
 /// clock (the tests' t0, a day behind) only gives the recovered their due time.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgPool) {
+async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(db: Db) {
     let now = t0();
     let db_now = Utc::now();
     // Stuck: IN_PROGRESS, untouched for 20 minutes.
-    NewRequest::ready_owner(1).insert(&pool).await;
+    NewRequest::ready_owner(1).insert(&db).await;
     insert_state(
-        &pool,
+        &db,
         1,
         "IN_PROGRESS",
         None,
@@ -30,9 +30,9 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
     )
     .await;
     // Alive: IN_PROGRESS, heartbeat a minute ago.
-    NewRequest::ready_owner(2).insert(&pool).await;
+    NewRequest::ready_owner(2).insert(&db).await;
     insert_state(
-        &pool,
+        &db,
         2,
         "IN_PROGRESS",
         None,
@@ -43,10 +43,10 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
     // Finished by a person, and vanished altogether.
     NewRequest::ready_owner(3)
         .status("APPROVED")
-        .insert(&pool)
+        .insert(&db)
         .await;
     insert_state(
-        &pool,
+        &db,
         3,
         "RETRY_WAITING",
         Some(now),
@@ -54,16 +54,13 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
         now - Duration::hours(1),
     )
     .await;
-    NewRequest::ready_owner(4).insert(&pool).await;
-    insert_state(&pool, 4, "RETRY_WAITING", Some(now), 1, now).await;
-    sqlx::query("DELETE FROM approval_request WHERE id = 4")
-        .execute(&pool)
-        .await
-        .unwrap();
+    NewRequest::ready_owner(4).insert(&db).await;
+    insert_state(&db, 4, "RETRY_WAITING", Some(now), 1, now).await;
+    db.exec("DELETE FROM approval_request WHERE id = 4").await;
     // At the retry limit, still open.
-    NewRequest::ready_owner(5).insert(&pool).await;
+    NewRequest::ready_owner(5).insert(&db).await;
     insert_state(
-        &pool,
+        &db,
         5,
         "RETRY_WAITING",
         Some(now - Duration::days(1)),
@@ -72,7 +69,7 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
     )
     .await;
 
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = db.store();
     let metrics = Metrics::new();
     let cleanser = Cleanser::new(
         store.clone(),
@@ -107,7 +104,7 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(pool: PgP
         (exhausted.status.as_str(), exhausted.retry_count),
         ("RETRY_WAITING", 300)
     );
-    assert_eq!(state_count(&pool).await, 3);
+    assert_eq!(state_count(&db).await, 3);
     assert!(
         metrics
             .encode()
@@ -152,13 +149,13 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
     assert!(matches!(rows[0].status, Ok(ref s) if s.is_open()));
 }
 
+on_both!(a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one);
 /// A replica whose clock runs an hour ahead of the others runs the
 /// cleanser: a claim made and heartbeat a moment ago is alive in the
 /// database's clock, and stays with its holder.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    let store = db.store();
     let ClaimOutcome::Won(claim) = store
         .claim(&candidate(1, None), &fence("a", 1), Utc::now(), 300)
         .await
@@ -185,20 +182,19 @@ async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(p
     );
 }
 
+on_both!(the_garbage_collector_ages_a_decision_in_the_database_clock);
 /// The garbage collector ages a finished request in the database's clock,
 /// which wrote its decision time, not in the replica's, which may disagree.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_garbage_collector_ages_a_decision_in_the_database_clock(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
-    sqlx::query(
+async fn the_garbage_collector_ages_a_decision_in_the_database_clock(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
+    // SQL-standard interval syntax, which both backends read.
+    db.exec(
         "UPDATE approval_request
-            SET status = 'APPROVED', decided_by = 'a person', decided_at = now() - interval '2 minutes'
+            SET status = 'APPROVED', decided_by = 'a person', decided_at = now() - INTERVAL '2' MINUTE
           WHERE id = 1",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let store = Store::new(pool.clone(), pool.clone());
+    .await;
+    let store = db.store();
 
     let rows = store.request_statuses(&[1]).await.unwrap();
 

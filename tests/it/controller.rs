@@ -16,19 +16,18 @@ use kube_testserver::{Options, TestServer};
 use sqlx::PgPool;
 
 use crate::support::{
-    Cluster, NS, NewRequest, client_for, eventually, foreign_lease, insert_state, install_crd,
-    lease_changes, metric_sum, owner_now, quick_leases, request_status, request_view, set,
-    test_settings, waiting_owner_now,
+    AsDb, Cluster, Db, NS, NewRequest, client_for, eventually, foreign_lease, insert_state,
+    install_crd, lease_changes, metric_sum, on_both, owner_now, quick_leases, request_status,
+    request_view, set, test_settings, waiting_owner_now,
 };
 
-async fn state_exists(pool: &PgPool, id: i64) -> bool {
-    let (n,): (i64,) =
-        sqlx::query_as("SELECT count(*) FROM auto_approve_state WHERE request_id = $1")
-            .bind(id)
-            .fetch_one(pool)
-            .await
-            .expect("count");
-    n > 0
+async fn state_exists(db: &impl AsDb, id: i64) -> bool {
+    db.db()
+        .fetch_i64(&format!(
+            "SELECT count(*) FROM auto_approve_state WHERE request_id = {id}"
+        ))
+        .await
+        > 0
 }
 
 /// Creates the CR of `request_id` with `spec.paused: true`, as a person would.
@@ -46,20 +45,20 @@ fn total_calls(sim: &SimHandle) -> u64 {
     sim.stats().calls.values().sum()
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_owner_contract_is_approved_end_to_end(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    owner_now(101).insert(&pool).await;
+on_both!(an_owner_contract_is_approved_end_to_end);
+async fn an_owner_contract_is_approved_end_to_end(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    owner_now(101).insert(&db).await;
 
     let cr = cluster.wait_phase(101, Phase::Approved).await;
-    let view = request_view(&pool, 101).await;
+    let view = request_view(&db, 101).await;
     assert_eq!(view.status, "APPROVED");
     assert!(
         view.owner_number.is_some() && view.store_number.is_some(),
         "{view:?}"
     );
     assert!(
-        !state_exists(&pool, 101).await,
+        !state_exists(&db, 101).await,
         "the state row goes on success"
     );
 
@@ -89,24 +88,24 @@ async fn an_owner_contract_is_approved_end_to_end(pool: PgPool) {
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_ad_contract_for_an_existing_store_is_approved(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+on_both!(an_ad_contract_for_an_existing_store_is_approved);
+async fn an_ad_contract_for_an_existing_store_is_approved(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     cluster.sim.add_store(7001, true);
     NewRequest::ready_ad(102, 7001)
         .sorted_at(Utc::now())
-        .insert(&pool)
+        .insert(&db)
         .await;
     cluster.wait_phase(102, Phase::Approved).await;
-    assert!(request_view(&pool, 102).await.campaign_id.is_some());
+    assert!(request_view(&db, 102).await.campaign_id.is_some());
     assert_eq!(cluster.sim.stats().for_request(102).campaign, 1);
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    waiting_owner_now(103).insert(&pool).await;
+on_both!(a_waiting_request_is_approved_on_notify_before_its_retry_time);
+async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    waiting_owner_now(103).insert(&db).await;
 
     // Settled on the long interval (a wake-up that races the first claim
     // makes one retry due at once, shown briefly as RetryWaiting too).
@@ -134,14 +133,14 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
     let wakeups_before = cluster.metrics.notify_wakeups();
 
     let flipped = std::time::Instant::now();
-    set(&pool, 103, "documents_released = true").await;
+    set(&db, 103, "documents_released = true").await;
     cluster.wait_phase(103, Phase::Approved).await;
     eprintln!(
         "approved {:?} after the documents flag flipped",
         flipped.elapsed()
     );
     assert!(Utc::now() < next, "approved before the retry time");
-    assert_eq!(request_status(&pool, 103).await, "APPROVED");
+    assert_eq!(request_status(&db, 103).await, "APPROVED");
     assert!(
         cluster.metrics.notify_wakeups() > wakeups_before,
         "NOTIFY woke discovery"
@@ -149,14 +148,14 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(pool: PgP
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    waiting_owner_now(104).insert(&pool).await;
+on_both!(a_request_a_person_decided_ends_superseded_without_external_calls);
+async fn a_request_a_person_decided_ends_superseded_without_external_calls(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    waiting_owner_now(104).insert(&db).await;
     cluster.wait_phase(104, Phase::RetryWaiting).await;
     let calls = total_calls(&cluster.sim);
 
-    set(&pool, 104, "status = 'APPROVED', decided_by = 'alice'").await;
+    set(&db, 104, "status = 'APPROVED', decided_by = 'alice'").await;
     let cr = cluster.wait_phase(104, Phase::Superseded).await;
     assert!(
         cr.status
@@ -165,17 +164,17 @@ async fn a_request_a_person_decided_ends_superseded_without_external_calls(pool:
             .contains("alice"),
         "the reason names who decided"
     );
-    assert!(!state_exists(&pool, 104).await, "the waiting row is gone");
+    assert!(!state_exists(&db, 104).await, "the waiting row is gone");
     assert_eq!(total_calls(&cluster.sim), calls, "no external call");
     let reasons: Vec<String> = cluster.events(104).await.into_iter().map(|e| e.0).collect();
     assert!(reasons.contains(&"Superseded".to_owned()), "{reasons:?}");
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    waiting_owner_now(105).insert(&pool).await;
+on_both!(a_deleted_cr_is_recreated_and_its_request_finishes);
+async fn a_deleted_cr_is_recreated_and_its_request_finishes(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    waiting_owner_now(105).insert(&db).await;
     let first = cluster.wait_phase(105, Phase::RetryWaiting).await;
 
     cluster
@@ -200,25 +199,25 @@ async fn a_deleted_cr_is_recreated_and_its_request_finishes(pool: PgPool) {
             .contains("documents"),
         "the recreated CR shows why the request waits"
     );
-    set(&pool, 105, "documents_released = true").await;
+    set(&db, 105, "documents_released = true").await;
 
     let second = cluster.wait_phase(105, Phase::Approved).await;
     assert_ne!(second.uid(), first.uid(), "a new CR");
-    assert_eq!(request_status(&pool, 105).await, "APPROVED");
+    assert_eq!(request_status(&db, 105).await, "APPROVED");
     assert_eq!(cluster.sim.stats().for_request(105).owner, 1);
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+on_both!(a_paused_cr_is_not_touched_until_unpaused);
+async fn a_paused_cr_is_not_touched_until_unpaused(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     create_paused(&cluster, 106).await;
     cluster.wait_phase(106, Phase::Paused).await;
     cluster.wait_listening().await;
     // Counted before the insert: its wake-up may be handled before the
     // next line runs.
     let turns = cluster.metrics.notify_wakeups();
-    owner_now(106).insert(&pool).await;
+    owner_now(106).insert(&db).await;
 
     // The insert's NOTIFY runs a turn that finds the request: still untouched.
     eventually("a discovery turn after the insert", || async {
@@ -226,12 +225,9 @@ async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
     })
     .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !state_exists(&pool, 106).await,
-        "never claimed while paused"
-    );
+    assert!(!state_exists(&db, 106).await, "never claimed while paused");
     assert_eq!(total_calls(&cluster.sim), 0);
-    assert_eq!(request_status(&pool, 106).await, "PENDING");
+    assert_eq!(request_status(&db, 106).await, "PENDING");
 
     cluster
         .api
@@ -243,13 +239,13 @@ async fn a_paused_cr_is_not_touched_until_unpaused(pool: PgPool) {
         .await
         .expect("unpause");
     cluster.wait_phase(106, Phase::Approved).await;
-    assert_eq!(request_status(&pool, 106).await, "APPROVED");
+    assert_eq!(request_status(&db, 106).await, "APPROVED");
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+on_both!(a_cr_naming_a_missing_request_ends_invalid_without_db_writes);
+async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     let cr = crd::for_request(999, crd::ApprovalType::OwnerContract, 16);
     cluster
         .api
@@ -265,7 +261,7 @@ async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(pool: PgPo
     );
     let events = cluster.events(999).await;
     assert!(events.iter().any(|(r, _)| r == "Invalid"), "{events:?}");
-    assert!(!state_exists(&pool, 999).await);
+    assert!(!state_exists(&db, 999).await);
     assert_eq!(total_calls(&cluster.sim), 0);
     cluster.stop().await;
 }
@@ -298,16 +294,16 @@ async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(pool: PgPool)
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person(pool: PgPool) {
+on_both!(a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person);
+async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person(db: Db) {
     // 299 failures so far; the 300th is the owner service failing once
     // more (waits for a condition would not count).
-    owner_now(131).insert(&pool).await;
+    owner_now(131).insert(&db).await;
     let limit = DEFAULT_RETRY_LIMIT;
     let due = Utc::now() - chrono::Duration::seconds(1);
-    insert_state(&pool, 131, "RETRY_WAITING", Some(due), limit - 1, due).await;
+    insert_state(&db, 131, "RETRY_WAITING", Some(due), limit - 1, due).await;
     let mut cluster = Cluster::with_faults(
-        pool.clone(),
+        db.clone(),
         test_settings(),
         Faults::fail_next(System::Owner, 1, FaultKind::Error),
     )
@@ -330,16 +326,16 @@ async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_perso
             .any(|(r, n)| r == "Exhausted" && n.contains("owner")),
         "{events:?}"
     );
-    assert!(state_exists(&pool, 131).await, "the row stays for a person");
-    assert_eq!(request_status(&pool, 131).await, "PENDING");
+    assert!(state_exists(&db, 131).await, "the row stays for a person");
+    assert_eq!(request_status(&db, 131).await, "PENDING");
     cluster.stop().await;
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn shutdown_finishes_chains_in_flight_within_the_grace_period(pool: PgPool) {
+on_both!(shutdown_finishes_chains_in_flight_within_the_grace_period);
+async fn shutdown_finishes_chains_in_flight_within_the_grace_period(db: Db) {
     let mut settings = test_settings();
     settings.shutdown_grace = Duration::from_secs(10);
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
+    let mut cluster = Cluster::with(db.clone(), settings).await;
     cluster
         .sim
         .set_faults(Faults {
@@ -347,19 +343,19 @@ async fn shutdown_finishes_chains_in_flight_within_the_grace_period(pool: PgPool
             ..Faults::default()
         })
         .expect("faults");
-    owner_now(107).insert(&pool).await;
+    owner_now(107).insert(&db).await;
     eventually("the claim", || async {
-        state_exists(&pool, 107).await.then_some(())
+        state_exists(&db, 107).await.then_some(())
     })
     .await;
 
     cluster.stop().await;
     assert_eq!(
-        request_status(&pool, 107).await,
+        request_status(&db, 107).await,
         "APPROVED",
         "the chain finished"
     );
-    assert!(!state_exists(&pool, 107).await);
+    assert!(!state_exists(&db, 107).await);
 }
 
 #[sqlx::test(migrations = "migrations/postgres")]
@@ -392,11 +388,11 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(pool: PgP
     assert_eq!(request_status(&pool, 108).await, "PENDING");
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn kubectl_get_autoapprovals_shows_the_printer_columns(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    owner_now(110).insert(&pool).await;
-    waiting_owner_now(111).insert(&pool).await;
+on_both!(kubectl_get_autoapprovals_shows_the_printer_columns);
+async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    owner_now(110).insert(&db).await;
+    waiting_owner_now(111).insert(&db).await;
     cluster.wait_phase(110, Phase::Approved).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
 
@@ -843,13 +839,13 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(poo
     second.stop().await;
 }
 
+on_both!(a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server);
 /// spec.requestId and spec.requestType are immutable: the CRD's CEL rule
 /// `self == oldSelf`, enforced by the API server, refuses an edit to another
 /// request or type with the rule's message, through the client and kubectl.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    waiting_owner_now(111).insert(&pool).await;
+async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    waiting_owner_now(111).insert(&db).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
     let refused = async |spec: serde_json::Value| match cluster
         .api
@@ -904,11 +900,11 @@ async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(pool:
     cluster.stop().await;
 }
 
+on_both!(a_cr_named_after_another_request_is_invalid_and_drives_nothing);
 /// A CR whose name is not `request-<spec.requestId>` is reported Invalid and
 /// drives nothing; the request's own CR approves it, once.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     let mut rogue = crd::for_request(113, crd::ApprovalType::OwnerContract, 16);
     rogue.metadata.name = Some("request-114".into());
     cluster
@@ -930,7 +926,7 @@ async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: Pg
             .is_some_and(|r| r.contains("belongs to the AutoApproval named request-113")),
         "{invalid:?}"
     );
-    owner_now(113).insert(&pool).await;
+    owner_now(113).insert(&db).await;
     cluster.wait_phase(113, Phase::Approved).await;
     assert_eq!(cluster.sim.stats().for_request(113).owner, 1);
     let still: AutoApproval = cluster.api.get("request-114").await.expect("get");
@@ -942,17 +938,17 @@ async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(pool: Pg
     cluster.stop().await;
 }
 
+on_both!(a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type);
 /// The database is the truth: a waiting owner contract whose type is
 /// corrected to an ad contract gets a new CR of the new type (the spec is
 /// immutable) and is approved as an ad contract.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     cluster.sim.add_store(700, true);
-    waiting_owner_now(115).insert(&pool).await;
+    waiting_owner_now(115).insert(&db).await;
     let before = cluster.wait_phase(115, Phase::RetryWaiting).await;
     set(
-        &pool,
+        &db,
         115,
         "request_type = 'AD_CONTRACT', target_store_number = 700, documents_released = true",
     )
@@ -966,23 +962,23 @@ async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_
         (0, 0, 1),
         "approved as an ad contract"
     );
-    assert_eq!(request_status(&pool, 115).await, "APPROVED");
+    assert_eq!(request_status(&db, 115).await, "APPROVED");
     cluster.stop().await;
 }
 
+on_both!(a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value);
 /// `kubectl annotate aa request-N autoapproval.io/retry-requested-at=…`:
 /// a request waiting its 10-minute interval, whose condition came true
 /// without the database hearing of it (the e-sign system changed), is
 /// approved at once; an exhausted one gets one more attempt; each value is
 /// acted on once, with who asked in the memo, and echoed in the status.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(pool: PgPool) {
+async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db: Db) {
     let limit = DEFAULT_RETRY_LIMIT;
     let long_ago = Utc::now() - chrono::Duration::hours(1);
-    owner_now(121).insert(&pool).await;
-    insert_state(&pool, 121, "RETRY_WAITING", Some(long_ago), limit, long_ago).await;
-    waiting_owner_now(122).insert(&pool).await;
-    let mut cluster = Cluster::start(pool.clone()).await;
+    owner_now(121).insert(&db).await;
+    insert_state(&db, 121, "RETRY_WAITING", Some(long_ago), limit, long_ago).await;
+    waiting_owner_now(122).insert(&db).await;
+    let mut cluster = Cluster::start(db.clone()).await;
     // An exhausted request is no candidate: its CR is one a person kept.
     cluster
         .api
@@ -995,7 +991,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
     cluster
         .sim
         .set_contract_status("EC-120", autoapproval::external::ContractStatus::Pending);
-    owner_now(120).insert(&pool).await;
+    owner_now(120).insert(&db).await;
     let before = cluster.wait_phase(120, Phase::RetryWaiting).await;
     assert!(
         before
@@ -1037,9 +1033,9 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
         );
     }
     let asked_for = |id| {
-        let pool = pool.clone();
+        let db = db.clone();
         async move {
-            crate::support::memos(&pool, id)
+            crate::support::memos(&db, id)
                 .await
                 .into_iter()
                 .filter(|m| {
@@ -1080,14 +1076,14 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(po
     cluster.stop().await;
 }
 
+on_both!(a_deleted_paused_cr_comes_back_paused);
 /// A pause outlives its CR: a deleted paused CR comes back paused and the
 /// request is not claimed meanwhile; unpausing the new CR resumes it.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+async fn a_deleted_paused_cr_comes_back_paused(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     create_paused(&cluster, 116).await;
     let first = cluster.wait_phase(116, Phase::Paused).await;
-    owner_now(116).insert(&pool).await;
+    owner_now(116).insert(&db).await;
     cluster
         .api
         .delete(&crd::cr_name(116), &DeleteParams::default())
@@ -1100,7 +1096,7 @@ async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
     .await
     .expect("CR");
     assert!(back.spec.paused, "recreated paused");
-    assert!(!state_exists(&pool, 116).await, "never claimed");
+    assert!(!state_exists(&db, 116).await, "never claimed");
     assert_eq!(total_calls(&cluster.sim), 0);
 
     cluster
@@ -1116,14 +1112,14 @@ async fn a_deleted_paused_cr_comes_back_paused(pool: PgPool) {
     cluster.stop().await;
 }
 
+on_both!(becoming_the_leader_is_an_event_on_the_leader_lease);
 /// Leadership taken is an Event on the leader Lease, as client-go's leader
 /// election records it, so `kubectl describe lease autoapproval-leader` tells
 /// who leads since when.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
+async fn becoming_the_leader_is_an_event_on_the_leader_lease(db: Db) {
     use k8s_openapi::api::events::v1::Event;
 
-    let mut cluster = Cluster::start(pool.clone()).await;
+    let mut cluster = Cluster::start(db.clone()).await;
     let events: Api<Event> = Api::namespaced(cluster.client.clone(), NS);
     let note = eventually("a LeaderElection Event on the leader Lease", || async {
         events
@@ -1147,18 +1143,18 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(pool: PgPool) {
     cluster.stop().await;
 }
 
+on_both!(a_replica_restarted_with_nothing_changed_writes_no_status);
 /// A restarted replica finds every CR already showing what the database
 /// says: it writes no status (DESIGN: the API server is shared; a restart
 /// that rewrites statuses is load nobody asked for). Waiting, approved and
 /// superseded requests alike.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_replica_restarted_with_nothing_changed_writes_no_status(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+async fn a_replica_restarted_with_nothing_changed_writes_no_status(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
     let waiting: Vec<i64> = (1..=30).collect();
     for &id in &waiting {
-        waiting_owner_now(id).insert(&pool).await;
+        waiting_owner_now(id).insert(&db).await;
     }
-    owner_now(31).insert(&pool).await;
+    owner_now(31).insert(&db).await;
     for &id in &waiting {
         cluster.wait_phase(id, Phase::RetryWaiting).await;
     }
@@ -1195,13 +1191,13 @@ async fn a_replica_restarted_with_nothing_changed_writes_no_status(pool: PgPool)
     cluster.stop().await;
 }
 
+on_both!(an_approval_writes_its_status_once);
 /// The attempt that approves a request writes its status once; later
 /// reconciles of the approved CR (the request's own NOTIFY, a watch event)
 /// find it shown and write nothing, keeping the holder and retries shown.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_approval_writes_its_status_once(pool: PgPool) {
-    let mut cluster = Cluster::start(pool.clone()).await;
-    owner_now(61).insert(&pool).await;
+async fn an_approval_writes_its_status_once(db: Db) {
+    let mut cluster = Cluster::start(db.clone()).await;
+    owner_now(61).insert(&db).await;
     cluster.wait_phase(61, Phase::Approved).await;
     let reconciles = |c: &Cluster| {
         metric_sum(
@@ -1282,13 +1278,13 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
     cluster.stop().await;
 }
 
+on_both!(at_rest_only_the_member_and_leader_leases_are_written);
 /// At rest a replica writes one Lease per renewal round (its member Lease)
 /// and the leader one more (the leader Lease), however many shards it
 /// holds: shard Leases are written only when they change hands. Rounds are
 /// counted by the member Lease's own writes, so the assertion is about
 /// writes per round, not per second.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
+async fn at_rest_only_the_member_and_leader_leases_are_written(db: Db) {
     use std::collections::BTreeMap;
 
     use futures::TryStreamExt;
@@ -1296,7 +1292,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(pool: PgPool) {
     use kube::api::WatchEvent;
 
     const ROUNDS: u64 = 5;
-    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
+    let mut cluster = Cluster::with(db.clone(), quick_leases()).await;
     eventually("the replica to hold all 16 shards and lead", || async {
         let text = cluster.metrics.encode();
         (metric_sum(&text, "autoapproval_shards_held", &[]) == 16.0
@@ -1417,15 +1413,15 @@ async fn a_replica_written_out_of_its_member_lease_drops_every_shard(pool: PgPoo
     cluster.stop().await;
 }
 
+on_both!(a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken);
 /// A shard held by a replica whose member Lease stopped changing is taken
 /// only after the taker wrote that replica out of its member Lease (so a
 /// renew it sent meanwhile would have failed the taker's write instead),
 /// and the failover is an Event naming the old holder.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken(pool: PgPool) {
+async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_taken(db: Db) {
     use k8s_openapi::api::coordination::v1::Lease;
 
-    let mut cluster = Cluster::holding_every_shard(pool.clone()).await;
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
     // A ghost replica joins and takes shard 9, then dies: neither of its
     // Leases changes again.
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
@@ -1482,19 +1478,19 @@ async fn a_dead_holder_is_written_out_of_its_member_lease_before_its_shard_is_ta
     cluster.stop().await;
 }
 
+on_both!(shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives);
 /// During a rolling upgrade a replica of the previous coordination protocol
 /// (its member Lease carries no protocol annotation) judges each shard Lease
 /// by its own renewals and would take one left unrenewed: while one lives,
 /// the shard Leases held are renewed every turn again; once it is gone, they
 /// are written only when they change hands.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives(pool: PgPool) {
+async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives(db: Db) {
     use futures::TryStreamExt;
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
     use kube::api::WatchEvent;
 
-    let mut cluster = Cluster::holding_every_shard(pool.clone()).await;
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
     let mut events = lease_changes(&leases).await;
 
@@ -1582,15 +1578,15 @@ async fn shard_leases_are_renewed_while_a_replica_of_the_previous_protocol_lives
     cluster.stop().await;
 }
 
+on_both!(a_replica_that_lost_the_leader_lease_leads_again_once_it_expires);
 /// A leader whose Lease another replica took (a partition from the API
 /// server, say) stands again once that one is gone: it leads again after
 /// the Lease expires, instead of renewing a Lease that is not its own.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_replica_that_lost_the_leader_lease_leads_again_once_it_expires(pool: PgPool) {
+async fn a_replica_that_lost_the_leader_lease_leads_again_once_it_expires(db: Db) {
     use k8s_openapi::api::coordination::v1::Lease;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 
-    let mut cluster = Cluster::with(pool.clone(), quick_leases()).await;
+    let mut cluster = Cluster::with(db.clone(), quick_leases()).await;
     let leading = |c: &Cluster| metric_sum(&c.metrics.encode(), "autoapproval_leader", &[]);
     eventually("the replica to lead", || async {
         (leading(&cluster) == 1.0).then_some(())

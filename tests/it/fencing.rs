@@ -16,17 +16,17 @@ use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::support::eventually;
-use crate::support::{NewRequest, candidate, defaults, request_view, t0};
+use crate::support::{AsDb, Db, NewRequest, candidate, defaults, on_both, request_view, t0};
 
 const K: u32 = 4;
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
+on_both!(a_superseded_shard_token_can_neither_claim_nor_write);
+async fn a_superseded_shard_token_can_neither_claim_nor_write(db: Db) {
     // Requests 1, 5 and 9 are all in shard 1 of 4.
-    NewRequest::ready_owner(1).insert(&pool).await;
-    NewRequest::ready_owner(5).insert(&pool).await;
-    NewRequest::ready_owner(9).insert(&pool).await;
-    let store = Store::new(pool.clone(), pool.clone());
+    NewRequest::ready_owner(1).insert(&db).await;
+    NewRequest::ready_owner(5).insert(&db).await;
+    NewRequest::ready_owner(9).insert(&db).await;
+    let store = db.store();
     let a = Fence::sharded("a", 1, K);
     let b = Fence::sharded("b", 2, K);
 
@@ -104,7 +104,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
         Completion::Approved
     );
     assert_eq!(
-        request_view(&pool, 1).await.owner_number,
+        request_view(&db, 1).await.owner_number,
         None,
         "a's result was not saved"
     );
@@ -118,7 +118,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(pool: PgPool) {
 /// One replica's approver over `pool`, calling `sim` over HTTP.
 fn replica(
     sim: &autoapproval_sim::SimHandle,
-    pool: PgPool,
+    db: impl AsDb,
     metrics: Metrics,
     config: &ApproverConfig,
 ) -> Arc<Approver> {
@@ -126,7 +126,7 @@ fn replica(
         HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
             .expect("external clients");
     Arc::new(Approver::new(
-        Store::new(pool.clone(), pool),
+        db.db().store(),
         external,
         Arc::new(SystemClock),
         metrics,
@@ -269,16 +269,16 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
     assert!(approvals >= 1);
 }
 
+on_both!(a_chain_whose_shard_is_lost_makes_no_further_external_call);
 /// Replica a is waiting on the e-sign system when its shard is lost (its
 /// renewal went overdue, say); b fences the shard and approves. a's chain
 /// is cancelled at its next await point, so it makes no further external
 /// call: before, its e-sign answer arrived, it synced the ledger and called
 /// the owner service a second time, after b, until the fenced save stopped it.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool) {
+async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(db: Db) {
     NewRequest::ready_owner(1)
         .sorted_at(Utc::now())
-        .insert(&pool)
+        .insert(&db)
         .await;
     let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
@@ -291,9 +291,9 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
     .expect("faults");
     let config = defaults().approver;
     let a_metrics = Metrics::new();
-    let replica_a = replica(&sim, pool.clone(), a_metrics.clone(), &config);
-    let replica_b = replica(&sim, pool.clone(), Metrics::new(), &config);
-    let store = Store::new(pool.clone(), pool.clone());
+    let replica_a = replica(&sim, db.clone(), a_metrics.clone(), &config);
+    let replica_b = replica(&sim, db.clone(), Metrics::new(), &config);
+    let store = db.store();
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
     let a_holds = Arc::new(std::sync::atomic::AtomicBool::new(true));
 
@@ -336,7 +336,7 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
         "only b called the owner and store services: {:?}",
         stats.calls
     );
-    assert_eq!(request_view(&pool, 1).await.status, "APPROVED");
+    assert_eq!(request_view(&db, 1).await.status, "APPROVED");
     assert!(
         a_metrics
             .encode()
@@ -346,16 +346,16 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(pool: PgPool
     );
 }
 
+on_both!(an_external_call_after_the_shard_is_lost_is_never_started);
 /// The check before every external call: once the shard is seen lost, a
 /// call is refused before its future is first polled, so nothing is sent,
 /// however soon after the loss the chain gets there.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_external_call_after_the_shard_is_lost_is_never_started(pool: PgPool) {
+async fn an_external_call_after_the_shard_is_lost_is_never_started(db: Db) {
     let external = HttpExternalSystems::build(
         &ExternalArgs::all_at("http://127.0.0.1:9".to_owned()).expect("defaults"),
     )
     .expect("external clients");
-    let store = Store::new(pool.clone(), pool);
+    let store = db.store();
     let claim = autoapproval::domain::Claim {
         state_id: 1,
         request_id: 1,

@@ -15,6 +15,7 @@ mod helm;
 mod malformed;
 mod manual;
 mod migrate;
+mod mysql;
 mod replicas;
 mod retry;
 mod support;

@@ -8,7 +8,7 @@ use autoapproval::store::CandidateQuery;
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, candidate, defaults, fence, request_view, t0};
+use crate::support::{Db, Env, NewRequest, candidate, defaults, fence, request_view, t0};
 
 #[sqlx::test(migrations = "migrations/postgres")]
 async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(pool: PgPool) {
@@ -72,15 +72,17 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(p
 /// fails the same way on every attempt: each failure counts as a transient
 /// retry with backoff, so the limit ends it, instead of the claim being
 /// released uncounted and the external call repeated every poll for ever.
+// PostgreSQL only: the refusal is of a NUL in text, which MySQL and MariaDB store.
 #[sqlx::test(migrations = "migrations/postgres")]
-async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: PgPool) {
+async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: sqlx::PgPool) {
+    let db = Db::Postgres(pool);
     const LIMIT: i32 = 3;
     let mut config = crate::support::defaults().approver;
     config.retry.limit = LIMIT;
-    let env = Env::with_approver(pool.clone(), config).await;
+    let env = Env::with_approver(db.clone(), config).await;
     env.sim.add_store(500, true);
     env.sim.set_campaign_prefix("cmp\u{0}");
-    NewRequest::ready_ad(7, 500).insert(&pool).await;
+    NewRequest::ready_ad(7, 500).insert(&db).await;
 
     let mut state_id = None;
     for attempt in 1..=LIMIT {
@@ -132,7 +134,7 @@ async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: P
         memos[0].starts_with("auto-approval waits: store error:"),
         "{memos:?}"
     );
-    assert_eq!(request_view(&pool, 7).await.campaign_id, None);
+    assert_eq!(request_view(&db, 7).await.campaign_id, None);
     // One call per attempt, one creation (the retries replay its key).
     let stats = env.sim.stats();
     assert_eq!(

@@ -7,16 +7,15 @@ use autoapproval::external::System;
 use autoapproval::retry::RetryClass;
 use autoapproval_sim::{FaultKind, Faults};
 use chrono::Duration;
-use sqlx::PgPool;
 
-use crate::support::{Env, NewRequest, candidate, defaults, fence, insert_state, t0};
+use crate::support::{Db, Env, NewRequest, candidate, defaults, fence, insert_state, on_both, t0};
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+on_both!(an_unmet_condition_waits_the_long_interval_and_leaves_a_memo);
+async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(db: Db) {
+    let env = Env::start(db.clone()).await;
     let mut r = NewRequest::ready_owner(1);
     r.documents_released = false;
-    r.insert(&pool).await;
+    r.insert(&db).await;
     let outcome = env
         .approver
         .attempt(&candidate(1, None), &fence("a", 1))
@@ -92,12 +91,12 @@ async fn expect_retry(
     env.clock.set(next_retry_time);
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
+on_both!(transient_failures_back_off_exponentially_and_an_unmet_condition_resets_the_streak);
 async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets_the_streak(
-    pool: PgPool,
+    db: Db,
 ) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(1).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 2, FaultKind::Error))
         .unwrap();
@@ -107,16 +106,12 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     expect_retry(&env, &mut state_id, RetryClass::Transient, 4, 2).await;
     // An unmet condition waits the long interval, counts nothing towards
     // the limit, and ends the streak…
-    sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 1")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET documents_released = false WHERE id = 1")
+        .await;
     expect_retry(&env, &mut state_id, RetryClass::ConditionNotMet, 600, 2).await;
     // …so the next transient failure starts again at the base.
-    sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 1")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET documents_released = true WHERE id = 1")
+        .await;
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
         .unwrap();
@@ -130,16 +125,16 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     assert_eq!(outcome, AttemptOutcome::Approved);
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
+on_both!(reaching_the_retry_limit_stops_selection);
+async fn reaching_the_retry_limit_stops_selection(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(1).insert(&db).await;
     // The 300th failure: the owner service fails the call.
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
         .unwrap();
     let state_id = insert_state(
-        &pool,
+        &db,
         1,
         "RETRY_WAITING",
         Some(t0() - Duration::seconds(1)),
@@ -181,15 +176,15 @@ async fn reaching_the_retry_limit_stops_selection(pool: PgPool) {
     );
 }
 
+on_both!(a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1);
 /// A request whose documents wait from day 1 to day 3 is tried every ten
 /// minutes, 432 times, more than the limit of 300: waits are not failures,
 /// so it is never Exhausted, and the release on day 3 approves it.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1(db: Db) {
+    let env = Env::start(db.clone()).await;
     let mut r = NewRequest::ready_owner(1);
     r.documents_released = false;
-    r.insert(&pool).await;
+    r.insert(&db).await;
     let mut state_id = None;
     let mut waits = 0;
     while env.clock.now() < t0() + Duration::days(3) {
@@ -212,10 +207,8 @@ async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1
         env.clock.set(next_retry_time);
     }
     assert!(waits > DEFAULT_RETRY_LIMIT, "{waits} waits");
-    sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 1")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET documents_released = true WHERE id = 1")
+        .await;
 
     let outcome = env
         .approver
@@ -225,16 +218,16 @@ async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1
     assert_eq!(outcome, AttemptOutcome::Approved);
 }
 
+on_both!(a_fact_change_revives_an_exhausted_request);
 /// Two failures exhaust a request at a limit of 2; then the business
 /// changes one of its facts (a corrected e-contract). The change revives
 /// it: its count starts again and it is due at once, and it is approved.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_fact_change_revives_an_exhausted_request(pool: PgPool) {
+async fn a_fact_change_revives_an_exhausted_request(db: Db) {
     const LIMIT: i32 = 2;
     let mut config = defaults().approver;
     config.retry.limit = LIMIT;
-    let env = crate::support::Env::with_approver(pool.clone(), config).await;
-    NewRequest::ready_owner(1).insert(&pool).await;
+    let env = crate::support::Env::with_approver(db.clone(), config).await;
+    NewRequest::ready_owner(1).insert(&db).await;
     env.sim
         .set_faults(Faults::fail_next(System::Owner, 2, FaultKind::Error))
         .unwrap();
@@ -263,10 +256,8 @@ async fn a_fact_change_revives_an_exhausted_request(pool: PgPool) {
         "exhausted"
     );
 
-    sqlx::query("UPDATE approval_request SET econtract_ref = 'EC-1-corrected' WHERE id = 1")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET econtract_ref = 'EC-1-corrected' WHERE id = 1")
+        .await;
     let woken = env
         .store
         .apply_wakes(None, env.clock.now(), LIMIT)

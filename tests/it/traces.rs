@@ -10,10 +10,10 @@ use std::time::Duration;
 use autoapproval_sim::SimHandle;
 use kube_testserver::TestServer;
 use serde_json::Value;
-use sqlx::PgPool;
 
 use crate::support::{
-    NS, backends, eventually, free_port, owner_now, request_status, sigterm, spawn_run,
+    AsDb, Db, NS, backends, eventually, free_port, on_both, owner_now, request_status, sigterm,
+    spawn_run,
 };
 
 /// A test API server with the CRD, the simulator and a kubeconfig for the binary.
@@ -43,7 +43,7 @@ impl Stage {
     /// and the port of its endpoints.
     fn run(
         &self,
-        pool: &PgPool,
+        pool: &impl AsDb,
         args: &[&str],
         env: &[(&str, &str)],
     ) -> (tokio::process::Child, u16) {
@@ -93,17 +93,17 @@ fn field<'a>(line: &'a Value, key: &str) -> Option<&'a Value> {
         .find_map(|span| span.get(key))
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(pool: PgPool) {
+on_both!(every_log_line_of_an_attempt_carries_its_request_shard_token_and_step);
+async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(db: Db) {
     let stage = Stage::start("logs").await;
     let (child, _) = stage.run(
-        &pool,
+        &db,
         &["--log-json"],
         &[("RUST_LOG", "info,autoapproval=debug")],
     );
-    owner_now(31).insert(&pool).await;
+    owner_now(31).insert(&db).await;
     eventually("request 31 to be approved", || async {
-        (request_status(&pool, 31).await == "APPROVED").then_some(())
+        (request_status(&db, 31).await == "APPROVED").then_some(())
     })
     .await;
     let stderr = stop(child).await;
@@ -239,7 +239,7 @@ mod otlp {
 
     #[sqlx::test(migrations = "migrations/postgres")]
     async fn each_attempt_is_one_trace_covering_its_external_calls_and_the_downstream_gets_it(
-        pool: PgPool,
+        pool: sqlx::PgPool,
     ) {
         let (collector_url, received) = collector().await;
         let stage = Stage::start("otlp").await;

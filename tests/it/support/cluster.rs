@@ -11,7 +11,6 @@ use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use autoapproval::controller::{Parts, run_until};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimConfig, SimHandle, Simulator};
 use futures::StreamExt;
@@ -23,10 +22,10 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::{Client, CustomResourceExt};
 use kube_testserver::{Options, TestServer};
-use sqlx::PgPool;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::db::{AsDb, Db};
 use super::rows::NewRequest;
 
 pub const NS: &str = "default";
@@ -36,7 +35,7 @@ pub struct Cluster {
     pub server: TestServer,
     pub client: Client,
     pub sim: SimHandle,
-    pub pool: PgPool,
+    pub pool: Db,
     pub metrics: Metrics,
     pub api: Api<AutoApproval>,
     stop: Option<oneshot::Sender<()>>,
@@ -135,16 +134,20 @@ pub async fn install_crd(client: &Client) {
 }
 
 impl Cluster {
-    pub async fn start(pool: PgPool) -> Cluster {
+    pub async fn start(pool: impl AsDb) -> Cluster {
         Self::with(pool, test_settings()).await
     }
 
-    pub async fn with(pool: PgPool, settings: ControllerConfig) -> Cluster {
+    pub async fn with(pool: impl AsDb, settings: ControllerConfig) -> Cluster {
         Self::with_faults(pool, settings, Faults::default()).await
     }
 
     /// Like `with`, the simulator failing with `faults` from the start.
-    pub async fn with_faults(pool: PgPool, settings: ControllerConfig, faults: Faults) -> Cluster {
+    pub async fn with_faults(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        faults: Faults,
+    ) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
@@ -155,7 +158,7 @@ impl Cluster {
             api: Api::namespaced(client.clone(), NS),
             client,
             sim,
-            pool,
+            pool: pool.db(),
             metrics: Metrics::new(),
             stop: None,
             task: None,
@@ -173,7 +176,7 @@ impl Cluster {
         let parts = Parts {
             client: self.client.clone(),
             api_server: self.server.url(),
-            store: Store::new(self.pool.clone(), self.pool.clone()),
+            store: self.pool.store(),
             external,
             clock: Arc::new(SystemClock),
             metrics: self.metrics.clone(),
@@ -187,7 +190,7 @@ impl Cluster {
     }
 
     /// One replica with `quick_leases`, once it holds all 16 shards.
-    pub async fn holding_every_shard(pool: PgPool) -> Cluster {
+    pub async fn holding_every_shard(pool: impl AsDb) -> Cluster {
         let cluster = Self::with(pool, quick_leases()).await;
         eventually("the replica to hold all 16 shards", || async {
             (super::metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
@@ -303,14 +306,12 @@ impl Cluster {
 }
 
 /// Sets columns of a request row, as the business system would.
-pub async fn set(pool: &PgPool, id: i64, assignment: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "UPDATE approval_request SET {assignment} WHERE id = $1"
-    )))
-    .bind(id)
-    .execute(pool)
-    .await
-    .expect("update request");
+pub async fn set(db: &impl AsDb, id: i64, assignment: &str) {
+    db.db()
+        .exec(&format!(
+            "UPDATE approval_request SET {assignment} WHERE id = {id}"
+        ))
+        .await;
 }
 
 /// Polls `check` until it returns `Some`, or panics after 90 s: a hang

@@ -9,12 +9,12 @@ use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{SessionArgs, Store};
+use autoapproval::store::{DatabaseArgs, SessionArgs, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{SimConfig, SimHandle, Simulator};
 use chrono::{DateTime, TimeZone, Utc};
-use sqlx::PgPool;
-use sqlx::postgres::PgPoolOptions;
+
+use super::db::AsDb;
 
 /// A fixed "now" for tests, so fixtures can be placed relative to it.
 pub fn t0() -> DateTime<Utc> {
@@ -41,35 +41,48 @@ pub struct Env {
 impl Env {
     /// Starts a simulator and builds an approver over `pool`, with the
     /// clock standing at `t0()`.
-    pub async fn start(pool: PgPool) -> Env {
+    pub async fn start(pool: impl AsDb) -> Env {
         Self::with_external(pool, |c| c).await
     }
 
     /// Like `start`, with the external client settings adjusted.
     pub async fn with_external(
-        pool: PgPool,
+        pool: impl AsDb,
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
     ) -> Env {
         Self::with(pool, adjust, defaults().approver).await
     }
 
     /// Like `start`, with the attempt settings given (a lower retry limit, say).
-    pub async fn with_approver(pool: PgPool, config: ApproverConfig) -> Env {
+    pub async fn with_approver(pool: impl AsDb, config: ApproverConfig) -> Env {
         Self::with(pool, |c| c, config).await
     }
 
-    /// Like `start`, the store's sessions limited as `run` limits them.
-    pub async fn with_session(pool: PgPool, session: &SessionArgs) -> Env {
-        let limited = PgPoolOptions::new()
-            .max_connections(4)
-            .connect_with(session.apply_to_postgres((*pool.connect_options()).clone()))
+    /// Like `start`, the store connected as `run` connects it: by the
+    /// database's URL, its sessions limited by `session`.
+    pub async fn with_session(db: impl AsDb, session: &SessionArgs) -> Env {
+        let args = DatabaseArgs {
+            database_url: db.db().url().parse().expect("the test database's URL"),
+            read_database_url: None,
+            db_max_connections: 4,
+            wake_poll_interval: std::time::Duration::from_millis(250),
+        };
+        let store = Store::connect(&args, Some(session))
             .await
-            .expect("a limited pool");
-        Self::with(limited, |c| c, defaults().approver).await
+            .expect("the store connects");
+        Self::over(store, |c| c, defaults().approver).await
     }
 
     async fn with(
-        pool: PgPool,
+        pool: impl AsDb,
+        adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
+        approver_config: ApproverConfig,
+    ) -> Env {
+        Self::over(pool.db().store(), adjust, approver_config).await
+    }
+
+    async fn over(
+        store: Store,
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
         approver_config: ApproverConfig,
     ) -> Env {
@@ -78,7 +91,6 @@ impl Env {
             .expect("simulator starts");
         let config = adjust(ExternalArgs::all_at(sim.base_url()).expect("defaults"));
         let external = HttpExternalSystems::build(&config).expect("external clients");
-        let store = Store::new(pool.clone(), pool.clone());
         let clock = ManualClock::new(t0());
         let shared: SharedClock = Arc::new(clock.clone());
         let metrics = Metrics::new();

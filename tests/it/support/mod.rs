@@ -1,6 +1,7 @@
 //! What the integration tests share; test modules import only from here,
 //! never from each other.
 //!
+//! - `db`: the test's database on PostgreSQL or MariaDB/MySQL, and `on_both!`;
 //! - `engine`: an approver, the simulator and a manual clock over the test's database;
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
 //! - `cluster`: the test API server, the simulator and one replica in this process;
@@ -8,12 +9,14 @@
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod cluster;
+pub mod db;
 pub mod engine;
 pub mod processes;
 pub mod rows;
 pub mod tools;
 
 pub use cluster::*;
+pub use db::*;
 pub use engine::*;
 pub use processes::*;
 pub use rows::*;

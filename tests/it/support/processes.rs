@@ -1,18 +1,11 @@
 //! Child processes the tests start: the real `autoapproval` binary with
 //! the test's database, signals as a kubelet sends them, and its `/metrics`.
 
-use sqlx::PgPool;
+use super::db::AsDb;
 
 /// The URL of the test's own database, for a child process.
-pub fn database_url(pool: &PgPool) -> String {
-    let options = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port(),
-        options.get_database().expect("a database name")
-    )
+pub fn database_url(db: &impl AsDb) -> String {
+    db.db().url()
 }
 
 /// Sends SIGTERM.
@@ -90,15 +83,13 @@ impl CutProxy {
         CutProxy { addr, cut }
     }
 
-    /// `url` (a `postgres://` URL of the target) through the proxy.
-    pub fn url(&self, pool: &PgPool) -> String {
-        let options = pool.connect_options();
-        format!(
-            "postgres://{}@{}/{}",
-            options.get_username(),
-            self.addr,
-            options.get_database().expect("a database name")
-        )
+    /// The URL of the test's database, through the proxy.
+    pub fn url(&self, db: &impl AsDb) -> String {
+        let mut url = url::Url::parse(&db.db().url()).expect("a database URL");
+        url.set_host(Some(&self.addr.ip().to_string()))
+            .expect("a host");
+        url.set_port(Some(self.addr.port())).expect("a port");
+        url.to_string()
     }
 
     /// Closes every connection through the proxy and refuses new ones.
@@ -120,7 +111,7 @@ pub fn free_port() -> u16 {
 pub fn spawn_run(
     kubeconfig: &std::path::Path,
     port: u16,
-    pool: &PgPool,
+    pool: &impl AsDb,
     args: &[&str],
     env: &[(&str, &str)],
 ) -> tokio::process::Child {

@@ -2,8 +2,8 @@
 //! to insert, state rows placed by hand, and what a request looks like now.
 
 use chrono::{DateTime, Duration, Utc};
-use sqlx::PgPool;
 
+use super::db::{AsDb, with_pool};
 use super::engine::t0;
 
 /// A request row to insert; `ready_owner`/`ready_ad` meet every condition.
@@ -59,17 +59,20 @@ impl NewRequest {
         self
     }
 
-    pub async fn insert(&self, pool: &PgPool) -> i64 {
-        sqlx::query(
+    pub async fn insert(&self, db: &impl AsDb) -> i64 {
+        let db = db.db();
+        let sql = db.sql(
             "INSERT INTO approval_request
                 (id, request_type, status, sort_time, created_at, business_name, documents_released,
                  operational_hold, menu_registered, logo_registered, previous_step_approved,
                  econtract_ref, target_store_number)
-             VALUES ($1, $2, $3, $4, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
-        )
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)",
+        );
+        with_pool!(&db, pool => sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
         .bind(self.id)
         .bind(self.request_type)
         .bind(self.status)
+        .bind(self.sort_time)
         .bind(self.sort_time)
         .bind(format!("Shop {}", self.id))
         .bind(self.documents_released)
@@ -81,36 +84,42 @@ impl NewRequest {
         .bind(self.target_store_number)
         .execute(pool)
         .await
-        .expect("insert request");
+        .expect("insert request").rows_affected());
         self.id
     }
 }
 
 /// Inserts a state row directly, as another worker or an earlier attempt left it.
 pub async fn insert_state(
-    pool: &PgPool,
+    db: &impl AsDb,
     request_id: i64,
     status: &str,
     next_retry_time: Option<DateTime<Utc>>,
     retry_count: i32,
     modified_at: DateTime<Utc>,
 ) -> i64 {
-    let (id,): (i64,) = sqlx::query_as(
+    let db = db.db();
+    // No RETURNING on MySQL: the row is read back by its unique request id.
+    let sql = db.sql(
         "INSERT INTO auto_approve_state
             (request_id, request_type, status, next_retry_time, retry_count, holder, fencing_token,
              created_at, modified_at)
-         SELECT $1, request_type, $2, $3, $4, 'elsewhere', 1, $5, $5 FROM approval_request WHERE id = $1
-         RETURNING id",
-    )
-    .bind(request_id)
-    .bind(status)
-    .bind(next_retry_time)
-    .bind(retry_count)
-    .bind(modified_at)
-    .fetch_one(pool)
+         SELECT id, request_type, $1, $2, $3, 'elsewhere', 1, $4, $5 FROM approval_request WHERE id = $6",
+    );
+    with_pool!(&db, pool => sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+        .bind(status)
+        .bind(next_retry_time)
+        .bind(retry_count)
+        .bind(modified_at)
+        .bind(modified_at)
+        .bind(request_id)
+        .execute(pool)
+        .await
+        .expect("insert state").rows_affected());
+    db.fetch_i64(&format!(
+        "SELECT id FROM auto_approve_state WHERE request_id = {request_id}"
+    ))
     .await
-    .expect("insert state");
-    id
 }
 
 /// A request's business status and results, as the business system sees them.
@@ -122,22 +131,20 @@ pub struct RequestView {
     pub campaign_id: Option<String>,
 }
 
-pub async fn request_view(pool: &PgPool, id: i64) -> RequestView {
-    sqlx::query_as(
-        "SELECT status, owner_number, store_number, campaign_id FROM approval_request WHERE id = $1",
-    )
-    .bind(id)
-    .fetch_one(pool)
-    .await
-    .expect("request row")
-}
-
-pub async fn state_count(pool: &PgPool) -> i64 {
-    let (n,): (i64,) = sqlx::query_as("SELECT count(*) FROM auto_approve_state")
+pub async fn request_view(db: &impl AsDb, id: i64) -> RequestView {
+    let sql = format!(
+        "SELECT status, owner_number, store_number, campaign_id FROM approval_request WHERE id = {id}"
+    );
+    with_pool!(&db.db(), pool => sqlx::query_as(sqlx::AssertSqlSafe(sql.clone()))
         .fetch_one(pool)
         .await
-        .expect("count");
-    n
+        .expect("request row"))
+}
+
+pub async fn state_count(db: &impl AsDb) -> i64 {
+    db.db()
+        .fetch_i64("SELECT count(*) FROM auto_approve_state")
+        .await
 }
 
 /// An owner contract created now, every condition met.
@@ -146,16 +153,13 @@ pub fn owner_now(id: i64) -> NewRequest {
 }
 
 /// A request's business status.
-pub async fn request_status(pool: &PgPool, id: i64) -> String {
-    request_view(pool, id).await.status
+pub async fn request_status(db: &impl AsDb, id: i64) -> String {
+    request_view(db, id).await.status
 }
 
 /// The memo history of a request, oldest first.
-pub async fn memos(pool: &PgPool, id: i64) -> Vec<String> {
-    autoapproval::store::Store::new(pool.clone(), pool.clone())
-        .memos(id)
-        .await
-        .expect("memos")
+pub async fn memos(db: &impl AsDb, id: i64) -> Vec<String> {
+    db.db().store().memos(id).await.expect("memos")
 }
 
 /// Like `owner_now`, its documents still in review: it waits.
@@ -168,7 +172,7 @@ pub fn waiting_owner_now(id: i64) -> NewRequest {
 
 /// Rows 101–107 of the seed: new; first retry due; twelfth retry due;
 /// IN_PROGRESS elsewhere; retry not yet due; retry limit reached; approved.
-pub async fn seed_reference_rows(pool: &PgPool) {
+pub async fn seed_reference_rows(pool: &impl AsDb) {
     let now = t0();
     NewRequest::ready_owner(101)
         .sorted_at(now - Duration::minutes(1))

@@ -1,0 +1,592 @@
+//! The MySQL 8 / MariaDB backend on a real MariaDB (env `MYSQL_URL`, e.g.
+//! mysql://root@127.0.0.1:3306/): migrations, claims and fencing, the wake
+//! table its triggers fill and the poller that reads it, and the business
+//! system never waiting on our rows. Each test works in a scratch database
+//! of its own, dropped after it.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::time::{Duration as StdDuration, Instant};
+
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
+use autoapproval::store::mysql::MysqlStore;
+use autoapproval::store::{
+    ClaimOutcome, Completion, RequestChange, RequestChanges, RetryWrite, ShardFilter, Store,
+};
+use chrono::{DateTime, Duration, Utc};
+use futures::FutureExt;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
+use sqlx::{Connection, Executor, MySqlConnection};
+
+use crate::support::t0;
+
+/// The wake poller's interval in these tests.
+const POLL: StdDuration = StdDuration::from_millis(20);
+
+/// A scratch database on the server of `MYSQL_URL`, migrated.
+struct Scratch {
+    server: String,
+    name: String,
+    /// Our store, sessions as the controller sets them.
+    store: Store,
+    /// Its pool.
+    pool: MySqlPool,
+    /// The business system's pool: the server's defaults (REPEATABLE READ).
+    business: MySqlPool,
+}
+
+fn server_url() -> String {
+    std::env::var("MYSQL_URL").unwrap_or_else(|_| {
+        panic!(
+            "MYSQL_URL is not set: the MySQL backend's tests need a MariaDB or MySQL server, \
+             e.g. MYSQL_URL=mysql://root@127.0.0.1:3306/ (scripts/test.sh sets it)"
+        )
+    })
+}
+
+async fn admin(server: &str) -> MySqlConnection {
+    MySqlConnection::connect(server)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach MYSQL_URL {server}: {e}"))
+}
+
+/// Runs `test` against a fresh migrated database, dropped afterwards even
+/// when the test fails.
+async fn with_db<F, Fut>(test: F)
+where
+    F: FnOnce(Scratch) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    scratch(true, test).await
+}
+
+/// Runs `test` against a fresh database, migrated or empty.
+async fn scratch<F, Fut>(migrated: bool, test: F)
+where
+    F: FnOnce(Scratch) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    let server = server_url().trim_end_matches('/').to_owned();
+    let name = format!("aa_test_{:016x}", rand::random::<u64>());
+    admin(&server)
+        .await
+        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+        .await
+        .expect("create scratch database");
+    let url = format!("{server}/{name}");
+    let options: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a mysql:// URL");
+    let pool = MysqlStore::pool(options.clone(), 8, None);
+    let mysql = MysqlStore::new(pool.clone(), pool.clone()).with_poll_interval(POLL);
+    if migrated {
+        mysql.migrate().await.expect("migrate");
+    }
+    let store = Store::mysql(mysql);
+    // The business sessions keep the server's own defaults.
+    let business = MySqlPoolOptions::new()
+        .max_connections(4)
+        .connect_with(options.timezone(None))
+        .await
+        .expect("business pool");
+    let scratch = Scratch {
+        server: server.clone(),
+        name: name.clone(),
+        store,
+        pool,
+        business,
+    };
+    let outcome = AssertUnwindSafe(test(scratch)).catch_unwind().await;
+    let _ = admin(&server)
+        .await
+        .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
+        .await;
+    if let Err(panic) = outcome {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+impl Scratch {
+    fn url(&self) -> String {
+        format!("{}/{}", self.server, self.name)
+    }
+
+    /// A business connection of its own, waiting at most a second for a lock.
+    async fn business_connection(&self) -> MySqlConnection {
+        let mut conn = MySqlConnection::connect(&self.url()).await.unwrap();
+        conn.execute("SET SESSION innodb_lock_wait_timeout = 1")
+            .await
+            .unwrap();
+        conn
+    }
+
+    async fn wake_rows(&self) -> Vec<(Option<i64>, Option<String>)> {
+        sqlx::query_as("SELECT request_id, contract_ref FROM auto_approve_wake ORDER BY id")
+            .fetch_all(&self.business)
+            .await
+            .unwrap()
+    }
+}
+
+/// Inserts a ready owner contract as the business system does.
+async fn insert_owner(pool: &MySqlPool, id: i64) {
+    sqlx::query(
+        "INSERT INTO approval_request
+            (id, request_type, status, sort_time, created_at, business_name, documents_released,
+             menu_registered, logo_registered, previous_step_approved, econtract_ref)
+         VALUES (?, 'OWNER_CONTRACT', 'PENDING', ?, ?, ?, true, true, true, true, ?)",
+    )
+    .bind(id)
+    .bind(t0() - Duration::minutes(1))
+    .bind(t0() - Duration::minutes(1))
+    .bind(format!("Shop {id}"))
+    .bind(format!("EC-{id}"))
+    .execute(pool)
+    .await
+    .expect("insert request");
+}
+
+async fn insert_waiting(pool: &MySqlPool, request_id: i64, due: DateTime<Utc>) -> i64 {
+    let done = sqlx::query(
+        "INSERT INTO auto_approve_state
+            (request_id, request_type, status, next_retry_time, retry_count, holder, fencing_token)
+         VALUES (?, 'OWNER_CONTRACT', 'RETRY_WAITING', ?, 3, 'elsewhere', 1)",
+    )
+    .bind(request_id)
+    .bind(due)
+    .execute(pool)
+    .await
+    .expect("insert state");
+    done.last_insert_id() as i64
+}
+
+fn new_candidate(id: i64) -> Candidate {
+    Candidate {
+        request_id: id,
+        request_type: RequestType::OwnerContract,
+        state_id: None,
+    }
+}
+
+#[tokio::test]
+async fn mysql_migrations_apply_twice() {
+    scratch(false, |db| async move {
+        for run in 1..=2 {
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+                .args(["migrate", "--database-url", &db.url()])
+                .output()
+                .expect("run autoapproval migrate");
+            assert!(
+                out.status.success(),
+                "run {run}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let (tables,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM information_schema.tables
+              WHERE table_schema = DATABASE()
+                AND table_name IN ('approval_request', 'approval_request_memo', 'econtract',
+                                   'auto_approve_state', 'auto_approve_wake', 'shard_fence',
+                                   'shard_layout', 'auto_approve_pause')",
+        )
+        .fetch_one(&db.business)
+        .await
+        .unwrap();
+        assert_eq!(tables, 8);
+        let (triggers,): (i64,) = sqlx::query_as(
+            "SELECT COUNT(*) FROM information_schema.triggers WHERE trigger_schema = DATABASE()",
+        )
+        .fetch_one(&db.business)
+        .await
+        .unwrap();
+        assert_eq!(triggers, 4);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_two_concurrent_claimers_of_a_new_request_one_wins() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 1).await;
+        let (fa, fb) = (Fence::new("a", 1), Fence::new("b", 1));
+        let c = new_candidate(1);
+        let (a, b) = tokio::join!(
+            db.store.claim(&c, &fa, t0(), DEFAULT_RETRY_LIMIT),
+            db.store.claim(&c, &fb, t0(), DEFAULT_RETRY_LIMIT)
+        );
+        let outcomes = [a.unwrap(), b.unwrap()];
+        let winners: Vec<_> = outcomes
+            .iter()
+            .filter_map(|o| match o {
+                ClaimOutcome::Won(claim) => Some(claim),
+                ClaimOutcome::Lost => None,
+            })
+            .collect();
+        assert_eq!(winners.len(), 1, "{outcomes:?}");
+        let state = db.store.state(1).await.unwrap().unwrap();
+        assert_eq!(state.status.as_str(), "IN_PROGRESS");
+        assert_eq!(state.holder, winners[0].fence.holder);
+        assert_eq!(state.id, winners[0].state_id);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_many_concurrent_claimers_of_a_due_retry_one_wins() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 1).await;
+        let state_id = insert_waiting(&db.business, 1, t0() - Duration::seconds(1)).await;
+        let c = Candidate {
+            state_id: Some(state_id),
+            ..new_candidate(1)
+        };
+        let fences: Vec<_> = (0..8).map(|i| Fence::new(format!("w{i}"), 1)).collect();
+        let results = futures::future::join_all(
+            fences
+                .iter()
+                .map(|f| db.store.claim(&c, f, t0(), DEFAULT_RETRY_LIMIT)),
+        )
+        .await;
+        let won: Vec<_> = results
+            .into_iter()
+            .map(Result::unwrap)
+            .filter_map(|o| match o {
+                ClaimOutcome::Won(claim) => Some(claim),
+                ClaimOutcome::Lost => None,
+            })
+            .collect();
+        assert_eq!(won.len(), 1);
+        assert_eq!(won[0].retry_count, 3);
+        // Not due yet: nobody claims it.
+        let later = Candidate {
+            state_id: Some(state_id),
+            ..new_candidate(1)
+        };
+        db.store
+            .release(&won[0], t0() + Duration::hours(1))
+            .await
+            .unwrap();
+        let again = db
+            .store
+            .claim(&later, &Fence::new("x", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap();
+        assert_eq!(again, ClaimOutcome::Lost);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 5).await;
+        let store = &db.store;
+        // Shard 1 of 4 (5 % 4), fenced by replica a at token 1.
+        assert_eq!(
+            store.fence_shard(4, 1, 1, "a", t0()).await.unwrap(),
+            Some(vec![])
+        );
+        let old = Fence::sharded("a", 1, 4);
+        let ClaimOutcome::Won(claim) = store
+            .claim(&new_candidate(5), &old, t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap()
+        else {
+            panic!("a claims under the current token");
+        };
+        // b takes the shard: a's claim is recovered in the same transaction.
+        let recovered = store.fence_shard(4, 1, 2, "b", t0()).await.unwrap();
+        assert_eq!(recovered, Some(vec![5]));
+        assert_eq!(store.fence_shard(4, 1, 2, "c", t0()).await.unwrap(), None);
+        assert_eq!(store.shard_token(4, 1).await.unwrap(), Some(2));
+        // Every write of a is refused.
+        assert!(!store.heartbeat(&claim, "start").await.unwrap());
+        assert!(!store.save_owner_number(&claim, 77).await.unwrap());
+        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Stale);
+        assert!(!store.release(&claim, t0()).await.unwrap());
+        assert!(!store.drop_claim(&claim).await.unwrap());
+        let retry = RetryWrite {
+            next_retry_time: t0(),
+            transient: true,
+            counted: true,
+            reason: "late",
+            step: "start",
+        };
+        assert_eq!(
+            store.schedule_retry(&claim, &retry, t0()).await.unwrap(),
+            None
+        );
+        let (status, owner): (String, Option<i64>) =
+            sqlx::query_as("SELECT status, owner_number FROM approval_request WHERE id = 5")
+                .fetch_one(&db.business)
+                .await
+                .unwrap();
+        assert_eq!((status.as_str(), owner), ("PENDING", None));
+        // a cannot claim again under its old token; b can.
+        let state = store.state(5).await.unwrap().unwrap();
+        let due = Candidate {
+            state_id: Some(state.id),
+            ..new_candidate(5)
+        };
+        assert_eq!(
+            store
+                .claim(&due, &old, t0(), DEFAULT_RETRY_LIMIT)
+                .await
+                .unwrap(),
+            ClaimOutcome::Lost
+        );
+        let ClaimOutcome::Won(fresh) = store
+            .claim(&due, &Fence::sharded("b", 2, 4), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap()
+        else {
+            panic!("b claims under the new token");
+        };
+        assert!(store.save_owner_number(&fresh, 77).await.unwrap());
+        assert_eq!(store.complete(&fresh).await.unwrap(), Completion::Approved);
+        let memos = store.memos(5).await.unwrap();
+        assert!(
+            memos.iter().any(|m| m.contains("interrupted on a")),
+            "{memos:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_the_triggers_append_a_wake_row_per_relevant_change_only() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 1).await;
+        assert_eq!(db.wake_rows().await, [(Some(1), None)], "insert");
+        sqlx::query("UPDATE approval_request SET business_name = 'renamed', updated_at = UTC_TIMESTAMP(6) WHERE id = 1")
+            .execute(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await.len(), 1, "a field no filter reads wakes nobody");
+        sqlx::query("UPDATE approval_request SET operational_hold = true WHERE id = 1")
+            .execute(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await.len(), 2, "a filter fact wakes");
+        // An e-contract change names its contract; our own sync of it wakes
+        // the other requests on it, not the one that synced.
+        sqlx::query("INSERT INTO econtract (contract_ref, status) VALUES ('EC-1', 'SIGNED')")
+            .execute(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await[2], (None, Some("EC-1".to_owned())));
+        db.store
+            .sync_econtract(1, "EC-1", "PENDING", t0())
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await.len(), 3, "SIGNED never goes back to PENDING");
+        assert_eq!(db.store.econtract_status("EC-1").await.unwrap().as_deref(), Some("SIGNED"));
+        db.store
+            .sync_econtract(1, "EC-1", "REJECTED", t0())
+            .await
+            .unwrap();
+        let skip: Option<i64> =
+            sqlx::query_scalar("SELECT skip_request FROM auto_approve_wake ORDER BY id DESC LIMIT 1")
+                .fetch_one(&db.business)
+                .await
+                .unwrap();
+        assert_eq!(skip, Some(1));
+        // Our own approval wakes nobody.
+        let before = db.wake_rows().await.len();
+        let ClaimOutcome::Won(claim) = db
+            .store
+            .claim(&new_candidate(1), &Fence::new("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap()
+        else {
+            panic!("claim");
+        };
+        let after_claim = db.wake_rows().await.len();
+        assert!(after_claim < before, "the claim consumed the request's rows");
+        assert_eq!(db.store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert_eq!(db.wake_rows().await.len(), after_claim);
+    })
+    .await;
+}
+
+/// The next change the poller yields, within a second.
+async fn next_change(changes: &mut RequestChanges) -> RequestChange {
+    tokio::time::timeout(StdDuration::from_secs(1), changes.next())
+        .await
+        .expect("a change within a second")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
+    with_db(|db| async move {
+        let mut changes = db.store.request_changes().await.unwrap();
+        insert_owner(&db.business, 1).await;
+        insert_owner(&db.business, 2).await;
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(1));
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(2));
+        // An e-contract change reaches every request on the contract.
+        sqlx::query("INSERT INTO econtract (contract_ref, status) VALUES ('EC-2', 'SIGNED')")
+            .execute(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(2));
+        drop(changes);
+        // A restarted replica (a store of its own) starts at the oldest row
+        // still there: nothing was consumed, so it hears of all again.
+        let restarted = Store::mysql(
+            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
+        );
+        let mut again = restarted.request_changes().await.unwrap();
+        let mut seen = vec![];
+        for _ in 0..2 {
+            seen.push(next_change(&mut again).await);
+        }
+        assert_eq!(seen, [RequestChange::Changed(1), RequestChange::Changed(2)]);
+        // The owner's turn deletes what its poller saw below its first
+        // hole: the e-contract row the first poller expanded left one (as a
+        // transaction still open would), so the expansion's row stays.
+        restarted
+            .apply_wakes(None, t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await, [(Some(2), None)]);
+        insert_owner(&db.business, 3).await;
+        let fresh = Store::mysql(
+            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
+        );
+        let mut third = fresh.request_changes().await.unwrap();
+        let seen = [next_change(&mut third).await, next_change(&mut third).await];
+        assert_eq!(seen, [RequestChange::Changed(2), RequestChange::Changed(3)]);
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_a_new_requests_wake_row_outlives_apply_wakes_until_the_poller_saw_it() {
+    with_db(|db| async move {
+        let mut changes = db.store.request_changes().await.unwrap();
+        // A business transaction takes an id and commits late: a later
+        // request's row (a higher id) is read first.
+        let mut slow = db.business_connection().await;
+        slow.execute("BEGIN").await.unwrap();
+        sqlx::query(
+            "INSERT INTO approval_request (id, request_type, documents_released) VALUES (1, 'OWNER_CONTRACT', true)",
+        )
+        .execute(&mut slow)
+        .await
+        .unwrap();
+        insert_owner(&db.business, 2).await;
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(2));
+        // Not seen yet, so the turn leaves the rows from the gap on.
+        db.store.apply_wakes(None, t0(), DEFAULT_RETRY_LIMIT).await.unwrap();
+        slow.execute("COMMIT").await.unwrap();
+        assert_eq!(db.wake_rows().await.len(), 2);
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(1));
+        db.store.apply_wakes(None, t0(), DEFAULT_RETRY_LIMIT).await.unwrap();
+        assert!(db.wake_rows().await.is_empty());
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_a_change_makes_a_waiting_request_due_at_its_owners_turn_only() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 1).await;
+        insert_owner(&db.business, 2).await;
+        let later = t0() + Duration::hours(1);
+        insert_waiting(&db.business, 1, later).await;
+        insert_waiting(&db.business, 2, later).await;
+        for id in [1, 2] {
+            sqlx::query("UPDATE approval_request SET menu_registered = false WHERE id = ?")
+                .bind(id)
+                .execute(&db.business)
+                .await
+                .unwrap();
+        }
+        // Shard 1 of 2 holds request 1 only.
+        let mine = ShardFilter {
+            shard_count: 2,
+            shards: vec![1],
+        };
+        let due = db
+            .store
+            .apply_wakes(Some(&mine), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap();
+        assert_eq!(due, [1]);
+        assert_eq!(
+            db.store.state(1).await.unwrap().unwrap().next_retry_time,
+            Some(t0())
+        );
+        assert_eq!(
+            db.store.state(2).await.unwrap().unwrap().next_retry_time,
+            Some(later)
+        );
+        let left: Vec<Option<i64>> = db.wake_rows().await.into_iter().map(|(r, _)| r).collect();
+        assert_eq!(
+            left,
+            [Some(2), Some(2)],
+            "the other shard's rows stay for its owner"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_a_business_update_never_waits_for_a_state_row_we_hold() {
+    with_db(|db| async move {
+        insert_owner(&db.business, 1).await;
+        let ClaimOutcome::Won(_) = db
+            .store
+            .claim(
+                &new_candidate(1),
+                &Fence::new("a", 1),
+                t0(),
+                DEFAULT_RETRY_LIMIT,
+            )
+            .await
+            .unwrap()
+        else {
+            panic!("claim");
+        };
+        // Our transaction holds the state row and has deleted the newest
+        // wake rows, as a retry write and a wake consumption do.
+        let mut ours = db.pool.acquire().await.unwrap();
+        ours.execute("BEGIN").await.unwrap();
+        sqlx::query("SELECT id FROM auto_approve_state WHERE request_id = 1 FOR UPDATE")
+            .fetch_all(&mut *ours)
+            .await
+            .unwrap();
+        insert_owner(&db.business, 2).await;
+        let newest: i64 = sqlx::query_scalar("SELECT MAX(id) FROM auto_approve_wake")
+            .fetch_one(&db.business)
+            .await
+            .unwrap();
+        sqlx::query("DELETE FROM auto_approve_wake WHERE id IN (?)")
+            .bind(newest)
+            .execute(&mut *ours)
+            .await
+            .unwrap();
+        // The business, in its own REPEATABLE READ session, updates the
+        // request and inserts another: neither waits (a wait would fail
+        // after its 1 s lock timeout).
+        let mut business = db.business_connection().await;
+        let started = Instant::now();
+        sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 1")
+            .execute(&mut business)
+            .await
+            .expect("the business update does not wait for our state row");
+        sqlx::query("INSERT INTO approval_request (id, request_type) VALUES (3, 'OWNER_CONTRACT')")
+            .execute(&mut business)
+            .await
+            .expect("the business insert does not wait for our wake delete");
+        let took = started.elapsed();
+        assert!(took < StdDuration::from_millis(900), "took {took:?}");
+        ours.execute("ROLLBACK").await.unwrap();
+        let woken: Vec<Option<i64>> = db.wake_rows().await.into_iter().map(|(r, _)| r).collect();
+        assert!(
+            woken.contains(&Some(1)) && woken.contains(&Some(3)),
+            "{woken:?}"
+        );
+    })
+    .await;
+}

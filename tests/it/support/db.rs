@@ -1,0 +1,301 @@
+//! The test's database on either backend: a PostgreSQL database from
+//! `#[sqlx::test]`, or a scratch MariaDB/MySQL database on the server that
+//! `MYSQL_URL` names, created for the test and dropped after it. Tests that
+//! must hold on both are written once over [`Db`] with [`on_both!`].
+
+use autoapproval::store::Store;
+use autoapproval::store::mysql::MysqlStore;
+use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
+use sqlx::{ConnectOptions, Executor, PgPool};
+
+/// The database a test runs on.
+#[derive(Clone, Debug)]
+pub enum Db {
+    Postgres(PgPool),
+    Mysql(MySqlPool),
+}
+
+/// What a fixture accepts: a PostgreSQL pool (the tests that run on
+/// PostgreSQL alone) or a [`Db`].
+pub trait AsDb {
+    fn db(&self) -> Db;
+}
+
+impl AsDb for PgPool {
+    fn db(&self) -> Db {
+        Db::Postgres(self.clone())
+    }
+}
+
+impl AsDb for Db {
+    fn db(&self) -> Db {
+        self.clone()
+    }
+}
+
+/// Runs `$body` with the pool of `$db`, whichever backend it is; the body is
+/// compiled once per backend, so a query in it is typed for each.
+macro_rules! with_pool {
+    ($db:expr, $pool:ident => $body:expr) => {
+        match $db {
+            $crate::support::Db::Postgres($pool) => $body,
+            $crate::support::Db::Mysql($pool) => $body,
+        }
+    };
+}
+pub(crate) use with_pool;
+
+impl Db {
+    /// A store over this database, reading from the primary.
+    pub fn store(&self) -> Store {
+        match self {
+            Db::Postgres(pool) => Store::new(pool.clone(), pool.clone()),
+            Db::Mysql(pool) => Store::mysql(MysqlStore::new(pool.clone(), pool.clone())),
+        }
+    }
+
+    /// The database's URL, as `run` would be given it.
+    pub fn url(&self) -> String {
+        match self {
+            Db::Postgres(pool) => {
+                let options = pool.connect_options();
+                format!(
+                    "postgres://{}@{}:{}/{}",
+                    options.get_username(),
+                    options.get_host(),
+                    options.get_port(),
+                    options.get_database().expect("a database name")
+                )
+            }
+            Db::Mysql(pool) => pool.connect_options().to_url_lossy().to_string(),
+        }
+    }
+
+    /// Opens a transaction of the business system's that runs `sql` and
+    /// holds what it locked until [`Business::commit`].
+    pub async fn business_transaction(&self, sql: &str) -> Business {
+        match self {
+            Db::Postgres(pool) => {
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                Business::Postgres(tx)
+            }
+            Db::Mysql(pool) => {
+                let mut tx = pool.begin().await.expect("begin");
+                sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap_or_else(|e| panic!("{sql}: {e}"));
+                Business::Mysql(tx)
+            }
+        }
+    }
+
+    /// The address of the database server (its first, when it has several).
+    pub async fn server_addr(&self) -> std::net::SocketAddr {
+        let url = url::Url::parse(&self.url()).expect("a database URL");
+        let host = match url.host_str() {
+            None | Some("") => "127.0.0.1",
+            Some(host) if host.starts_with('/') || host.starts_with("%2F") => "127.0.0.1",
+            Some(host) => host,
+        }
+        .to_owned();
+        let port = url.port_or_known_default().unwrap_or(match self {
+            Db::Postgres(_) => 5432,
+            Db::Mysql(_) => 3306,
+        });
+        tokio::net::lookup_host((host.as_str(), port))
+            .await
+            .expect("the database host")
+            .next()
+            .expect("an address")
+    }
+
+    /// Which backend, for messages.
+    #[allow(dead_code)]
+    pub fn name(&self) -> &'static str {
+        match self {
+            Db::Postgres(_) => "postgres",
+            Db::Mysql(_) => "mysql",
+        }
+    }
+
+    /// `sql` with PostgreSQL's `$n` placeholders, as this backend writes
+    /// it: `?` on MySQL, where each must appear once and in order.
+    pub fn sql(&self, sql: &str) -> String {
+        match self {
+            Db::Postgres(_) => sql.to_owned(),
+            Db::Mysql(_) => {
+                let mut out = String::with_capacity(sql.len());
+                let mut chars = sql.chars().peekable();
+                let mut expected = 1;
+                while let Some(c) = chars.next() {
+                    if c == '$' && chars.peek().is_some_and(|d| d.is_ascii_digit()) {
+                        let mut n = 0u32;
+                        while let Some(d) = chars.peek().and_then(|d| d.to_digit(10)) {
+                            n = n * 10 + d;
+                            chars.next();
+                        }
+                        assert_eq!(n, expected, "placeholders in order, each once: {sql}");
+                        expected += 1;
+                        out.push('?');
+                    } else {
+                        out.push(c);
+                    }
+                }
+                out
+            }
+        }
+    }
+
+    /// Runs one statement with no parameters, as the business system would.
+    pub async fn exec(&self, sql: &str) -> u64 {
+        with_pool!(self, pool => pool
+            .execute(sqlx::AssertSqlSafe(sql.to_owned()))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected())
+    }
+
+    /// Runs one statement whose one parameter `$1` is `at`.
+    pub async fn exec_at(&self, sql: &str, at: chrono::DateTime<chrono::Utc>) -> u64 {
+        let sql = self.sql(sql);
+        with_pool!(self, pool => sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(at)
+            .execute(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"))
+            .rows_affected())
+    }
+
+    /// The integers of the one column `sql` selects.
+    pub async fn fetch_ids(&self, sql: &str) -> Vec<i64> {
+        with_pool!(self, pool => {
+            let rows: Vec<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_all(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            rows.into_iter().map(|(id,)| id).collect()
+        })
+    }
+
+    /// The one integer `sql` selects.
+    pub async fn fetch_i64(&self, sql: &str) -> i64 {
+        with_pool!(self, pool => {
+            let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(sql.to_owned()))
+                .fetch_one(pool)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+            n
+        })
+    }
+}
+
+/// A business transaction holding its locks.
+pub enum Business {
+    Postgres(sqlx::Transaction<'static, sqlx::Postgres>),
+    Mysql(sqlx::Transaction<'static, sqlx::MySql>),
+}
+
+impl Business {
+    /// Commits, releasing the locks.
+    pub async fn commit(self) {
+        match self {
+            Business::Postgres(tx) => tx.commit().await.expect("commit"),
+            Business::Mysql(tx) => tx.commit().await.expect("commit"),
+        }
+    }
+}
+
+/// A scratch database on the MariaDB/MySQL server of `MYSQL_URL`, dropped
+/// by [`MysqlScratch::finish`]; a failed test leaves its database behind
+/// for a look (named `aa_it_<pid>_<n>`).
+pub struct MysqlScratch {
+    admin: MySqlPool,
+    name: String,
+    db: Db,
+}
+
+impl MysqlScratch {
+    /// Creates the database and applies the MySQL migrations.
+    pub async fn create() -> MysqlScratch {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let server = std::env::var("MYSQL_URL").unwrap_or_else(|_| {
+            panic!(
+                "MYSQL_URL is not set: these tests need a MariaDB or MySQL server \
+                 (scripts/test.sh starts one and sets it)"
+            )
+        });
+        let admin = MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&server)
+            .await
+            .unwrap_or_else(|e| panic!("MYSQL_URL {server}: {e}"));
+        let name = format!(
+            "aa_it_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create the scratch database");
+        let url = database_url(&server, &name);
+        let pool = MySqlPoolOptions::new()
+            .max_connections(16)
+            .connect(&url)
+            .await
+            .expect("connect to the scratch database");
+        let db = Db::Mysql(pool);
+        db.store().migrate().await.expect("MySQL migrations apply");
+        MysqlScratch { admin, name, db }
+    }
+
+    /// The scratch database.
+    pub fn db(&self) -> Db {
+        self.db.clone()
+    }
+
+    /// Closes the pool and drops the database.
+    pub async fn finish(self) {
+        if let Db::Mysql(pool) = &self.db {
+            pool.close().await;
+        }
+        self.admin
+            .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE {}", self.name)))
+            .await
+            .expect("drop the scratch database");
+    }
+}
+
+/// `server` (a `mysql://` URL, with or without a database) naming `database`.
+fn database_url(server: &str, database: &str) -> String {
+    let mut url = url::Url::parse(server).expect("MYSQL_URL is a URL");
+    url.set_path(database);
+    url.to_string()
+}
+
+/// Declares the tests `<name>::postgres` and `<name>::mysql`, each calling
+/// the function `<name>(db: Db)` (written beside it) on its backend.
+macro_rules! on_both {
+    ($name:ident) => {
+        mod $name {
+            #[sqlx::test(migrations = "migrations/postgres")]
+            async fn postgres(pool: sqlx::PgPool) {
+                super::$name($crate::support::Db::Postgres(pool)).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                let scratch = $crate::support::MysqlScratch::create().await;
+                super::$name(scratch.db()).await;
+                scratch.finish().await;
+            }
+        }
+    };
+}
+pub(crate) use on_both;
