@@ -37,6 +37,10 @@ CREATE TABLE auto_approve_wake (
     contract_ref VARCHAR(255),
     -- The request whose own chain synced the contract: not woken (0007).
     skip_request BIGINT,
+    -- Appended by the INSERT trigger: a new request, for the replicas to
+    -- discover; it has no state row to wake (PostgreSQL writes no wake row
+    -- for it), so apply_wakes only deletes it.
+    new_request  BOOLEAN      NOT NULL DEFAULT false,
     woken_at     DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     KEY auto_approve_wake_request (request_id, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
@@ -44,7 +48,7 @@ CREATE TABLE auto_approve_wake (
 -- A new request: the replicas hear of it (it has no claim to wake yet).
 CREATE TRIGGER approval_request_wake_insert
     AFTER INSERT ON approval_request FOR EACH ROW
-    INSERT INTO auto_approve_wake (request_id) VALUES (NEW.id);
+    INSERT INTO auto_approve_wake (request_id, new_request) VALUES (NEW.id, true);
 
 -- A change of anything a filter reads, as PostgreSQL's trigger watches it
 -- (0015); our own approval (decided_by 'autoapproval') wakes nobody.

@@ -48,17 +48,18 @@ impl Claims for MysqlStore {
         }
         let won: Option<(i64, i32, i32)> = match candidate.state_id {
             None => {
+                // created_at in the database clock, as the wake rows' woken_at:
+                // apply_wakes drops the wake rows older than the state row.
                 let inserted = sqlx::query(
                     "INSERT IGNORE INTO auto_approve_state
                             (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6) FROM DUAL
+                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
                       WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
                 )
                 .bind(candidate.request_id)
                 .bind(candidate.request_type.as_str())
                 .bind(&fence.holder)
                 .bind(fence.token)
-                .bind(now)
                 .bind(candidate.request_id)
                 .execute(&mut *tx)
                 .await

@@ -299,7 +299,7 @@ impl Wakes for MysqlStore {
         // then locked and written by key. FORCE INDEX: MariaDB otherwise
         // reads the (request_id, id) index and sorts (EXPLAIN, issue 19).
         let select = format!(
-            "SELECT w.id, w.request_id, s.status
+            "SELECT w.id, w.request_id, s.status, NOT w.new_request AND w.woken_at >= s.created_at
                FROM auto_approve_wake w FORCE INDEX (PRIMARY)
                LEFT JOIN auto_approve_state s ON s.request_id = w.request_id
               WHERE w.id > ? AND w.request_id IS NOT NULL{shard_sql}
@@ -318,26 +318,37 @@ impl Wakes for MysqlStore {
                     query = query.bind(shard);
                 }
             }
-            let rows: Vec<(i64, i64, Option<String>)> = query
+            let rows: Vec<(i64, i64, Option<String>, Option<bool>)> = query
                 .bind(BATCH)
                 .fetch_all(&self.primary)
                 .await
                 .map_err(db("apply wakes: read"))?;
-            let Some(&(last, _, _)) = rows.last() else {
+            let Some(&(last, ..)) = rows.last() else {
                 break;
             };
             after = last;
             let full = rows.len() as i64 >= BATCH;
+            // PostgreSQL's trigger writes a wake row only for a request
+            // that has a state row (0010); here every change appends one.
+            // A new request's INSERT row, and a row older than the state
+            // row (a change the first attempt read afresh), are consumed
+            // without effect: neither makes the retry due nor revives an
+            // exhausted request.
+            let stale = |after_claim: &Option<bool>| *after_claim == Some(false);
             // Made due whether seen or not; deleted only once seen.
             let consumed: Vec<i64> = rows
                 .iter()
-                .filter(|(id, _, status)| *id <= upto && status.as_deref() != Some("IN_PROGRESS"))
-                .map(|(id, _, _)| *id)
+                .filter(|(id, _, status, after_claim)| {
+                    *id <= upto && (status.as_deref() != Some("IN_PROGRESS") || stale(after_claim))
+                })
+                .map(|(id, ..)| *id)
                 .collect();
             let waiting: BTreeSet<i64> = rows
                 .iter()
-                .filter(|(_, _, status)| status.as_deref() == Some("RETRY_WAITING"))
-                .map(|(_, request_id, _)| *request_id)
+                .filter(|(_, _, status, after_claim)| {
+                    status.as_deref() == Some("RETRY_WAITING") && !stale(after_claim)
+                })
+                .map(|(_, request_id, ..)| *request_id)
                 .collect();
             made_due.extend(
                 self.consume_wakes(&consumed, &waiting, now, retry_limit)
