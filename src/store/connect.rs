@@ -23,7 +23,7 @@ pub struct DatabaseArgs {
     /// Connections per pool, primary and replica each; `run` needs at least --concurrency / 2 + 2. The listener and the Lease loop have connections of their own.
     #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
     pub db_max_connections: u32,
-    /// MySQL / MariaDB only (no LISTEN/NOTIFY there): how often each replica reads the rows the triggers appended to auto_approve_wake; the pickup latency of a new request is about half of it.
+    /// MySQL / MariaDB only (no LISTEN/NOTIFY there): how often each replica reads the rows the triggers appended to auto_approve_wake; more than 0; the pickup latency of a new request is about half of it.
     #[arg(long, env = "AUTOAPPROVAL_WAKE_POLL_INTERVAL", default_value = "250ms", value_parser = parse_duration)]
     pub wake_poll_interval: Duration,
 }
@@ -34,10 +34,10 @@ pub struct DatabaseArgs {
 /// holding a chain, a connection and the row locks we took for ever.
 #[derive(clap::Args, Clone, Debug)]
 pub struct SessionArgs {
-    /// A statement waits at most this long for a lock another transaction holds (PostgreSQL lock_timeout; 0: no limit).
+    /// A statement waits at most this long for a lock another transaction holds (PostgreSQL lock_timeout; MySQL / MariaDB innodb_lock_wait_timeout, rounded up to whole seconds; 0: no limit).
     #[arg(long, env = "AUTOAPPROVAL_DB_LOCK_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub db_lock_timeout: Duration,
-    /// A statement runs at most this long (PostgreSQL statement_timeout; 0: no limit).
+    /// A statement runs at most this long (PostgreSQL statement_timeout; MariaDB max_statement_time; MySQL 8 max_execution_time, SELECTs only; 0: no limit).
     #[arg(long, env = "AUTOAPPROVAL_DB_STATEMENT_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub db_statement_timeout: Duration,
 }
@@ -112,6 +112,12 @@ impl Store {
             return Err(StoreError::Config {
                 setting: "--db-max-connections",
                 message: "must be at least 1".into(),
+            });
+        }
+        if config.wake_poll_interval.is_zero() {
+            return Err(StoreError::Config {
+                setting: "--wake-poll-interval",
+                message: "must be more than 0".into(),
             });
         }
         let read_is_mysql = config.read_database_url.as_ref().map(DatabaseUrl::is_mysql);

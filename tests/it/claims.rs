@@ -5,7 +5,9 @@ use autoapproval::store::{ClaimOutcome, Completion, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0};
+use autoapproval::store::mysql::MysqlStore;
+
+use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0, with_pool};
 
 fn new_candidate(id: i64) -> Candidate {
     Candidate {
@@ -273,16 +275,17 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
     );
 }
 
-/// Our own approval notifies nobody (migration 0015): the replica that
-/// wrote it knows, and a NOTIFY cost the shard's holder a discovery turn and
-/// a reconcile of a finished request. A person's decision still notifies.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPool) {
+on_both!(our_own_approval_notifies_nobody_and_a_persons_decision_does);
+/// Our own approval notifies nobody (PostgreSQL 0015, MySQL's update
+/// trigger): the replica that wrote it knows, and a wake cost the shard's
+/// holder a discovery turn and a reconcile of a finished request. A
+/// person's decision still wakes.
+async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(db: Db) {
     use autoapproval::store::{Completion, RequestChange};
 
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = db.store();
     for id in [61, 62] {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
     }
     let mut changes = store.request_changes().await.unwrap();
     let claim = match store
@@ -300,12 +303,10 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPo
     };
     assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
     // A person approves 62: delivered in commit order, after anything of 61's.
-    sqlx::query(
+    db.exec(
         "UPDATE approval_request SET status = 'APPROVED', decided_by = 'manual:ann' WHERE id = 62",
     )
-    .execute(&pool)
-    .await
-    .unwrap();
+    .await;
     let first = tokio::time::timeout(std::time::Duration::from_secs(30), changes.next())
         .await
         .expect("a notification")
@@ -317,18 +318,18 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(pool: PgPo
     );
 }
 
-/// The change's own transaction records the wake (migration 0010: a row
-/// appended, nothing of ours locked), with no listener at all: the next
+on_both!(a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener);
+/// The change's own transaction records the wake (PostgreSQL 0010, MySQL
+/// 0003: a row appended, nothing of ours locked), with no listener at all: the next
 /// discovery turn makes a waiting retry due at once, a running chain's retry
 /// is scheduled due at once, and a change to a column no filter reads wakes
 /// nothing.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener(pool: PgPool) {
+async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener(db: Db) {
     use autoapproval::store::RetryWrite;
     use chrono::SubsecRound;
 
-    let store = Store::new(pool.clone(), pool.clone());
-    // Microseconds, as PostgreSQL keeps them.
+    let store = db.store();
+    // Microseconds, as both databases keep them.
     let now = chrono::Utc::now().trunc_subsecs(6);
     let later = now + Duration::minutes(10);
     let write = RetryWrite {
@@ -340,7 +341,7 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     };
     let mut claims = Vec::new();
     for id in [51, 52, 53] {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
         match store
             .claim(
                 &new_candidate(id),
@@ -362,14 +363,15 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
         );
     }
     let due = async |id: i64| -> bool {
-        let (due,): (bool,) = sqlx::query_as(
-            "SELECT next_retry_time <= now() FROM auto_approve_state WHERE request_id = $1",
-        )
-        .bind(id)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        due
+        let sql = db.sql(&format!(
+            "SELECT count(*) FROM auto_approve_state WHERE request_id = {id} AND next_retry_time <= $1"
+        ));
+        let count: i64 = with_pool!(&db, pool => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.clone()))
+            .bind(chrono::Utc::now())
+            .fetch_one(pool)
+            .await
+            .unwrap());
+        count == 1
     };
 
     // 51 waits and a fact changes; 52 waits and a result column changes;
@@ -379,13 +381,18 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
         "UPDATE approval_request SET owner_number = 7 WHERE id = 52",
         "UPDATE approval_request SET menu_registered = false WHERE id = 53",
     ] {
-        sqlx::query(sql).execute(&pool).await.unwrap();
+        db.exec(sql).await;
     }
-    let (recorded,): (Vec<i64>,) =
-        sqlx::query_as("SELECT array_agg(request_id ORDER BY request_id) FROM auto_approve_wake")
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+    // MySQL records every change, PostgreSQL only those of requests with a
+    // state row; a new request's row is for discovery only (0003).
+    let recorded = db
+        .fetch_ids(match db {
+            Db::Postgres(_) => "SELECT request_id FROM auto_approve_wake ORDER BY request_id",
+            Db::Mysql(_) => {
+                "SELECT request_id FROM auto_approve_wake WHERE NOT new_request ORDER BY request_id"
+            }
+        })
+        .await;
     assert_eq!(recorded, [51, 53], "recorded in the changing transaction");
     assert!(!due(51).await, "the business side touched no row of ours");
     assert_eq!(
@@ -409,20 +416,35 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     );
 }
 
-/// The LISTEN connection is held for good: it has a pool of its own, so it
-/// never takes one of the connections the chains were given. Here the
-/// chains' pool has one connection, and it stays free while the listener runs.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_listener_takes_no_connection_from_the_chains_pool(pool: PgPool) {
-    let options = (*pool.connect_options()).clone();
-    let chains = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(std::time::Duration::from_secs(2))
-        .connect_with(options)
-        .await
-        .unwrap();
-    let store = Store::new(chains.clone(), chains);
+on_both!(the_listener_takes_no_connection_from_the_chains_pool);
+/// The LISTEN connection (the wake poller's on MySQL) is held for good: it
+/// has a pool of its own, so it never takes one of the connections the
+/// chains were given. Here the chains' pool has one connection, and it
+/// stays free while the listener runs.
+async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
+    let store = match &db {
+        Db::Postgres(pool) => {
+            let chains = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(std::time::Duration::from_secs(2))
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .unwrap();
+            Store::new(chains.clone(), chains)
+        }
+        Db::Mysql(pool) => {
+            let chains = sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .acquire_timeout(std::time::Duration::from_secs(2))
+                .connect_with((*pool.connect_options()).clone())
+                .await
+                .unwrap();
+            Store::mysql(MysqlStore::new(chains.clone(), chains))
+        }
+    };
     let _listening = store.request_changes().await.expect("listening");
+    // The poller's first read happens at once; give it a moment to run.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
 
     store
         .ping()

@@ -4,10 +4,10 @@ use std::sync::Arc;
 
 use autoapproval::cleanser::Cleanser;
 use autoapproval::clock::ManualClock;
+use autoapproval::store::mysql::MysqlStore;
 use autoapproval::store::{ClaimOutcome, Store};
 use autoapproval::telemetry::Metrics;
 use chrono::{Duration, Utc};
-use sqlx::PgPool;
 
 use crate::support::{Db, NewRequest, candidate, fence, insert_state, on_both, state_count, t0};
 
@@ -112,41 +112,60 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(db: Db) {
     );
 }
 
+on_both!(the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_replica);
 /// The CR garbage collector deletes the CR of a request it cannot find, so
 /// it must look where every request already is: on the primary, not on a
 /// read replica that has not caught up with the newest rows.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_replica(pool: PgPool) {
-    NewRequest::ready_owner(1).insert(&pool).await;
+async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_replica(db: Db) {
+    NewRequest::ready_owner(1).insert(&db).await;
     // A "replica" that lags: the same tables, without the new row.
-    sqlx::query("CREATE SCHEMA lagging")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("CREATE TABLE lagging.approval_request (LIKE public.approval_request)")
-        .execute(&pool)
-        .await
-        .unwrap();
-    let options = (*pool.connect_options())
-        .clone()
-        .options([("search_path", "lagging")]);
-    let replica = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .unwrap();
-    let store = Store::new(pool.clone(), replica.clone());
-    let (on_replica,): (i64,) = sqlx::query_as("SELECT count(*) FROM approval_request")
-        .fetch_one(&replica)
-        .await
-        .unwrap();
-    assert_eq!(on_replica, 0, "the replica lags");
+    let mut lagging_scratch = None;
+    let (store, lagging) = match &db {
+        Db::Postgres(pool) => {
+            db.exec("CREATE SCHEMA lagging").await;
+            db.exec("CREATE TABLE lagging.approval_request (LIKE public.approval_request)")
+                .await;
+            let options = (*pool.connect_options())
+                .clone()
+                .options([("search_path", "lagging")]);
+            let replica = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await
+                .unwrap();
+            (
+                Store::new(pool.clone(), replica.clone()),
+                Db::Postgres(replica),
+            )
+        }
+        Db::Mysql(pool) => {
+            // A second scratch database, migrated and empty.
+            let scratch = crate::support::MysqlScratch::create().await;
+            let replica = scratch.db();
+            let Db::Mysql(read) = &replica else {
+                unreachable!("a MySQL scratch database")
+            };
+            let store = Store::mysql(MysqlStore::new(pool.clone(), read.clone()));
+            lagging_scratch = Some(scratch);
+            (store, replica)
+        }
+    };
+    assert_eq!(
+        lagging
+            .fetch_i64("SELECT count(*) FROM approval_request")
+            .await,
+        0,
+        "the replica lags"
+    );
 
     let rows = store.request_statuses(&[1]).await.unwrap();
 
     assert_eq!(rows.len(), 1, "request 1 exists on the primary");
     assert_eq!(rows[0].request_id, 1);
     assert!(matches!(rows[0].status, Ok(ref s) if s.is_open()));
+    if let Some(scratch) = lagging_scratch {
+        scratch.finish().await;
+    }
 }
 
 on_both!(a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one);
