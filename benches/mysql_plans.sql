@@ -6,6 +6,7 @@
 -- literals and user variables, which the optimizer treats as constants too.
 -- See docs/BENCHMARKS.md (issue 19) for the command.
 DELETE FROM auto_approve_wake;
+DELETE FROM shard_fence;
 DELETE FROM auto_approve_state;
 DELETE FROM approval_request;
 
@@ -63,46 +64,134 @@ SELECT id, request_id INTO @sid, @rid FROM auto_approve_state
  WHERE status = 'IN_PROGRESS' ORDER BY id LIMIT 1;
 SELECT MIN(id), MAX(id) INTO @wmin, @wmax FROM auto_approve_wake;
 
+-- The candidate statements are prepared from the store's SQL, verbatim
+-- (tests/it/candidates.rs checks the strings), and run twice: once to warm
+-- the buffer pool, then under ANALYZE (the rows each step really read) and
+-- ANALYZE FORMAT=JSON (r_total_time_ms: the execution time).
+SET @limit = 20, @retry_limit = 300, @k = 16;
+
 SELECT '== candidates: owner contracts, shards 0-3 of 16 (store/mysql/candidates.rs)' AS statement;
-ANALYZE SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
-  LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.request_type = 'OWNER_CONTRACT'
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.sort_time >= @window
-   AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= @now AND s.retry_count < 300))
-   AND r.id % 16 IN (0, 1, 2, 3)
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
- ORDER BY r.status, r.sort_time
- LIMIT 20;
+SET @owner = "SELECT request_id, state_id FROM (
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'OWNER_CONTRACT'
+      AND r.status = 'ING'
+      AND r.sort_time >= ?
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND r.id % ? IN (?, ?, ?, ?)
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'OWNER_CONTRACT'
+      AND r.status = 'PENDING'
+      AND r.sort_time >= ?
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND r.id % ? IN (?, ?, ?, ?)
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'OWNER_CONTRACT'
+      AND r.status = 'RETRY'
+      AND r.sort_time >= ?
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND r.id % ? IN (?, ?, ?, ?)
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+) AS candidates
+ ORDER BY status, sort_time
+ LIMIT ?";
+SET @q = CONCAT('ANALYZE ', @owner);
+PREPARE owner_plan FROM @q;
+SET @q = CONCAT('ANALYZE FORMAT=JSON ', @owner);
+PREPARE owner_time FROM @q;
+EXECUTE owner_plan USING @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit,
+                         @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit,
+                         @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit, @limit;
+EXECUTE owner_time USING @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit,
+                         @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit,
+                         @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit, @limit;
 
 SELECT '== candidates: ad contracts, no shard filter' AS statement;
-ANALYZE SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
-  LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.request_type = 'AD_CONTRACT'
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.sort_time >= @window
-   AND r.target_store_number IS NOT NULL
-   AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= @now AND s.retry_count < 300))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
- ORDER BY r.status, r.sort_time
- LIMIT 10;
+SET @ad = "SELECT request_id, state_id FROM (
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'AD_CONTRACT'
+      AND r.status = 'ING'
+      AND r.sort_time >= ?
+      AND r.target_store_number IS NOT NULL
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'AD_CONTRACT'
+      AND r.status = 'PENDING'
+      AND r.sort_time >= ?
+      AND r.target_store_number IS NOT NULL
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = 'AD_CONTRACT'
+      AND r.status = 'RETRY'
+      AND r.sort_time >= ?
+      AND r.target_store_number IS NOT NULL
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)
+) AS candidates
+ ORDER BY status, sort_time
+ LIMIT ?";
+SET @q = CONCAT('ANALYZE ', @ad);
+PREPARE ad_plan FROM @q;
+SET @q = CONCAT('ANALYZE FORMAT=JSON ', @ad);
+PREPARE ad_time FROM @q;
+SET @limit = 10;
+EXECUTE ad_plan USING @window, @now, @retry_limit, @limit, @window, @now, @retry_limit, @limit,
+                      @window, @now, @retry_limit, @limit, @limit;
+EXECUTE ad_time USING @window, @now, @retry_limit, @limit, @window, @now, @retry_limit, @limit,
+                      @window, @now, @retry_limit, @limit, @limit;
 
 SELECT '== candidates among notified requests (by primary key)' AS statement;
-ANALYZE SELECT r.id AS request_id, r.request_type, s.id AS state_id
+SET @among = "SELECT r.id AS request_id, r.request_type, s.id AS state_id
   FROM approval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.id IN (9, 19, 109, 1009)
+ WHERE r.id IN (?, ?, ?, ?)
    AND r.status IN ('ING', 'PENDING', 'RETRY')
    AND (r.request_type = 'OWNER_CONTRACT'
         OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
-   AND r.sort_time >= @window
+   AND r.sort_time >= ?
    AND (s.id IS NULL
-        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= @now AND s.retry_count < 300))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id);
+        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
+SET @q = CONCAT('ANALYZE ', @among);
+PREPARE among_plan FROM @q;
+EXECUTE among_plan USING 9, 19, 109, 1009, @window, @now, @retry_limit;
 
 SELECT '== census (store/mysql/census.rs): one pass over the state table' AS statement;
 ANALYZE SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END),
@@ -116,8 +205,8 @@ ANALYZE SELECT id, request_id, contract_ref, skip_request FROM auto_approve_wake
  WHERE id > @wmax - 100 ORDER BY id LIMIT 1000;
 
 SELECT '== apply_wakes read: a range of the primary key, no lock' AS statement;
-ANALYZE SELECT w.id, w.request_id, s.status
-  FROM auto_approve_wake w
+ANALYZE SELECT w.id, w.request_id, s.status, NOT w.new_request AND w.woken_at >= s.created_at
+  FROM auto_approve_wake w FORCE INDEX (PRIMARY)
   LEFT JOIN auto_approve_state s ON s.request_id = w.request_id
  WHERE w.id > 0 AND w.request_id IS NOT NULL AND w.request_id % 16 IN (0, 1, 2, 3)
  ORDER BY w.id LIMIT 1000;
@@ -131,7 +220,7 @@ EXPLAIN SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 LOCK 
 SELECT '== LOCK claim of a new request: INSERT IGNORE (unique request_id)' AS statement;
 EXPLAIN INSERT IGNORE INTO auto_approve_state
         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
- SELECT 2000000, 'OWNER_CONTRACT', 'IN_PROGRESS', 'r1', 1, @now, UTC_TIMESTAMP(6) FROM DUAL
+ SELECT 2000000, 'OWNER_CONTRACT', 'IN_PROGRESS', 'r1', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
   WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = 2000000);
 
 SELECT '== LOCK claim of a due retry: UPDATE by primary key' AS statement;

@@ -214,3 +214,22 @@ async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(db: Db)
             .is_empty()
     );
 }
+
+/// The MariaDB plan benchmark must measure the statements the MySQL store
+/// sends: they are prepared from these strings, verbatim.
+#[test]
+fn the_mysql_benchmark_script_prepares_the_store_queries_verbatim() {
+    use autoapproval::store::mysql::{candidate_sql, candidates_among_sql};
+    let script = include_str!("../../benches/mysql_plans.sql");
+    let statements = [
+        candidate_sql(RequestType::OwnerContract, 4).unwrap(),
+        candidate_sql(RequestType::AdContract, 0).unwrap(),
+        candidates_among_sql(4),
+    ];
+    for sql in statements {
+        assert!(
+            script.contains(&format!("\"{sql}\"")),
+            "benches/mysql_plans.sql lacks, as a double-quoted string:\n{sql}"
+        );
+    }
+}

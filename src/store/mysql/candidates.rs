@@ -63,7 +63,8 @@ pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String>
 }
 
 /// The same conditions for given requests of both types, by primary key.
-fn candidates_among_sql(n: usize) -> String {
+/// The look at notified requests, for `n` of them.
+pub fn candidates_among_sql(n: usize) -> String {
     format!(
         "SELECT r.id AS request_id, r.request_type, s.id AS state_id
   FROM approval_request r

@@ -34,6 +34,7 @@ mod pause;
 mod recovery;
 mod rows;
 
+pub use candidates::{candidate_sql, candidates_among_sql};
 pub use notify::MysqlRequestChanges;
 use notify::WakeCursor;
 
