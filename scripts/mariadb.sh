@@ -44,13 +44,15 @@ port="${AUTOAPPROVAL_TEST_MYSQL_PORT:-53306}"
 url="mysql://root@127.0.0.1:$port/"
 dir="$repo/.tools/mariadb-$port"
 if ! answers "$url"; then
-  mkdir -p "$dir"
+  # A tmpdir of its own: a starting server removes every #sql* file in its
+  # tmpdir, other servers' temporary tables included.
+  mkdir -p "$dir/tmp"
   # mariadbd refuses to run as root unless told to; a throwaway server may.
   as_user=()
   [[ "$(id -u)" == 0 ]] && as_user=(--user=root)
   if [[ ! -d "$dir/data/mysql" ]]; then
     mariadb-install-db --no-defaults "${as_user[@]}" --datadir="$dir/data" \
-      --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 \
+      --tmpdir="$dir/tmp" --auth-root-authentication-method=normal --skip-test-db >"$dir/install.log" 2>&1 \
       || { cat "$dir/install.log" >&2; exit 1; }
   fi
   # root over TCP from 127.0.0.1 without a password, like the local server;
@@ -63,6 +65,7 @@ SQL
   # Started in the background; the server outlives this script, like
   # scripts/postgres.sh's cluster.
   nohup "$server" --no-defaults "${as_user[@]}" --datadir="$dir/data" --port="$port" \
+    --tmpdir="$dir/tmp" \
     --bind-address=127.0.0.1 --socket="$dir/mysqld.sock" --pid-file="$dir/mysqld.pid" \
     --log-error="$dir/server.log" --skip-name-resolve --init-file="$dir/init.sql" \
     --max-connections=500 --innodb-flush-log-at-trx-commit=2 >/dev/null 2>&1 &
