@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite on a fresh machine: starts PostgreSQL (installing it
-# when absent), installs kubectl and helm when absent, and promtool (Debian's
-# prometheus package) for the alert rules' tests, then runs every test.
+# The whole test suite on a fresh machine: starts PostgreSQL, MariaDB and
+# Redis (installing each when absent), installs kubectl and helm when absent,
+# and promtool (Debian's prometheus package) for the alert rules' tests, then
+# runs every test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 DATABASE_URL="$(scripts/postgres.sh | tail -n 1)"
 export DATABASE_URL
+MYSQL_URL="$(scripts/mariadb.sh | tail -n 1)"
+export MYSQL_URL
+REDIS_URL="$(scripts/redis.sh | tail -n 1)"
+export REDIS_URL
 PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
 export PATH KUBECTL="$(command -v kubectl)"
 if ! command -v promtool >/dev/null; then
@@ -16,7 +21,7 @@ if ! command -v promtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 export PROMTOOL="$(command -v promtool)"
-echo "PostgreSQL: $DATABASE_URL; kubectl: $KUBECTL; helm: $(command -v helm); promtool: $PROMTOOL" >&2
+echo "PostgreSQL: $DATABASE_URL; MariaDB: $MYSQL_URL; Redis: $REDIS_URL; kubectl: $KUBECTL; helm: $(command -v helm); promtool: $PROMTOOL" >&2
 
 cargo fmt --all --check
 # Both builds: without features (what `cargo build` gives) and with the span export.

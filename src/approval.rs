@@ -243,6 +243,18 @@ impl Approver {
                 debug!(request_id = candidate.request_id, "claim lost");
                 return Ok(AttemptOutcome::NotClaimed);
             }
+            // Decided before our claim: a lagging read replica's stale
+            // candidate costs this refused claim and nothing more.
+            ClaimOutcome::Closed(Some(status)) => {
+                self.metrics.claim("already_done");
+                debug!(request_id = candidate.request_id, %status, "claim refused: already decided");
+                return Ok(AttemptOutcome::Superseded(status));
+            }
+            ClaimOutcome::Closed(None) => {
+                self.metrics.claim("vanished");
+                warn!(request_id = candidate.request_id, "request vanished");
+                return Ok(AttemptOutcome::Vanished);
+            }
         };
         self.metrics.claim("won");
         debug!(state_id = claim.state_id, "claimed");

@@ -177,7 +177,7 @@ impl Metrics {
         let claims = Family::<ResultLabel, Counter>::default();
         registry.register(
             "claims",
-            "Claim attempts on the primary by result",
+            "Claim attempts on the primary by result: won; lost (another worker holds it, or the retry is no longer due); already_done (decided before the claim, e.g. a lagging read replica's candidate); vanished",
             claims.clone(),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();

@@ -6,7 +6,7 @@
 use chrono::{DateTime, Utc};
 
 use super::StoreError;
-use crate::domain::{Candidate, Claim, Fence};
+use crate::domain::{Candidate, Claim, Fence, RequestStatus};
 
 /// The outcome of a claim attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,6 +15,33 @@ pub enum ClaimOutcome {
     Won(Claim),
     /// Another worker got there first, or the retry is no longer due.
     Lost,
+    /// A new request's claim refused because the request is no longer open
+    /// on the primary: decided (by an earlier attempt or a person), or gone
+    /// (`None`). Nothing was written. A lagging read replica's candidates of
+    /// requests approved meanwhile end here, without a chain.
+    Closed(Option<RequestStatus>),
+}
+
+impl ClaimOutcome {
+    /// Why a new request's claim wrote nothing, from the request's status
+    /// on the primary read after it (`None`: no such request): closed, or
+    /// else lost to another worker.
+    pub(super) fn refused(
+        request_id: i64,
+        status: Option<&str>,
+    ) -> Result<ClaimOutcome, StoreError> {
+        let Some(status) = status else {
+            return Ok(ClaimOutcome::Closed(None));
+        };
+        let status: RequestStatus = status
+            .parse()
+            .map_err(|error| StoreError::Malformed { request_id, error })?;
+        Ok(if status.is_open() {
+            ClaimOutcome::Lost
+        } else {
+            ClaimOutcome::Closed(Some(status))
+        })
+    }
 }
 
 /// The outcome of a completion.
@@ -48,7 +75,8 @@ interface! {
     /// Claims: see the methods on [`Store`].
     trait Claims {
         /// Claims a candidate on the primary: an INSERT for a new request (the
-        /// UNIQUE(request_id) lets exactly one racer win), a conditional UPDATE
+        /// UNIQUE(request_id) lets exactly one racer win; only while the request
+        /// is open there, else [`ClaimOutcome::Closed`]), a conditional UPDATE
         /// for a due retry. Check and write are one statement, so nothing is held
         /// while the chain runs. A sharded fence also needs its token to be the
         /// shard's current one (migration 0008), and a paused request is never

@@ -65,7 +65,7 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(db: Db) {
         .into_iter()
         .filter_map(|r| match r.unwrap() {
             ClaimOutcome::Won(claim) => Some(claim),
-            ClaimOutcome::Lost => None,
+            _ => None,
         })
         .collect();
     assert_eq!(winners.len(), 1);
@@ -200,7 +200,7 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(db: D
             .unwrap()
         {
             ClaimOutcome::Won(claim) => claims.push(claim),
-            ClaimOutcome::Lost => panic!("claim {id}"),
+            other => panic!("claim {id}: {other:?}"),
         }
     }
     // Request 31 changes while its chain runs; 32 does not.
@@ -299,7 +299,7 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(db: Db) {
         .unwrap()
     {
         ClaimOutcome::Won(claim) => claim,
-        ClaimOutcome::Lost => panic!("claim 61"),
+        other => panic!("claim 61: {other:?}"),
     };
     assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
     // A person approves 62: delivered in commit order, after anything of 61's.
@@ -353,7 +353,7 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
             .unwrap()
         {
             ClaimOutcome::Won(claim) => claims.push(claim),
-            ClaimOutcome::Lost => panic!("claim {id}"),
+            other => panic!("claim {id}: {other:?}"),
         }
     }
     for claim in &claims[..2] {

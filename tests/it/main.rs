@@ -16,6 +16,7 @@ mod malformed;
 mod manual;
 mod migrate;
 mod mysql;
+mod replica_lag;
 mod replicas;
 mod retry;
 mod support;

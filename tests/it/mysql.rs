@@ -217,7 +217,7 @@ async fn mysql_two_concurrent_claimers_of_a_new_request_one_wins() {
             .iter()
             .filter_map(|o| match o {
                 ClaimOutcome::Won(claim) => Some(claim),
-                ClaimOutcome::Lost => None,
+                _ => None,
             })
             .collect();
         assert_eq!(winners.len(), 1, "{outcomes:?}");
@@ -250,7 +250,7 @@ async fn mysql_many_concurrent_claimers_of_a_due_retry_one_wins() {
             .map(Result::unwrap)
             .filter_map(|o| match o {
                 ClaimOutcome::Won(claim) => Some(claim),
-                ClaimOutcome::Lost => None,
+                _ => None,
             })
             .collect();
         assert_eq!(won.len(), 1);

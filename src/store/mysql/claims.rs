@@ -54,17 +54,36 @@ impl Claims for MysqlStore {
                     "INSERT IGNORE INTO auto_approve_state
                             (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
                      SELECT ?, ?, 'IN_PROGRESS', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
-                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
+                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
+                        AND EXISTS (SELECT 1 FROM approval_request r
+                                     WHERE r.id = ? AND r.status IN ('ING', 'PENDING', 'RETRY'))",
                 )
                 .bind(candidate.request_id)
                 .bind(candidate.request_type.as_str())
                 .bind(&fence.holder)
                 .bind(fence.token)
                 .bind(candidate.request_id)
+                .bind(candidate.request_id)
                 .execute(&mut *tx)
                 .await
                 .map_err(db("claim new request"))?;
-                (inserted.rows_affected() == 1).then(|| (inserted.last_insert_id() as i64, 0, 0))
+                if inserted.rows_affected() == 0 {
+                    // Approved meanwhile (a lagging replica's candidate), decided
+                    // by a person, or held by another worker: the status tells.
+                    // A plain read: READ COMMITTED locks nothing here.
+                    let status: Option<(String,)> =
+                        sqlx::query_as("SELECT status FROM approval_request WHERE id = ?")
+                            .bind(candidate.request_id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(db("claim new request: why refused"))?;
+                    let outcome = ClaimOutcome::refused(
+                        candidate.request_id,
+                        status.as_ref().map(|(s,)| s.as_str()),
+                    )?;
+                    return give_up(tx, "claim", outcome).await;
+                }
+                Some((inserted.last_insert_id() as i64, 0, 0))
             }
             Some(state_id) => {
                 let updated = sqlx::query(

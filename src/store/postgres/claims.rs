@@ -28,6 +28,8 @@ impl Claims for PgStore {
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
                            FOR SHARE))
                     AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
+                    AND EXISTS (SELECT 1 FROM approval_request r
+                                 WHERE r.id = $1 AND r.status IN ('ING', 'PENDING', 'RETRY'))
                  ON CONFLICT (request_id) DO NOTHING
                  RETURNING id, retry_count, transient_streak",
             )
@@ -80,6 +82,17 @@ impl Claims for PgStore {
                 transient_streak,
                 fence: fence.clone(),
             }),
+            // Approved meanwhile (a lagging replica's candidate), decided by
+            // a person, or held by another worker: the status tells.
+            None if candidate.state_id.is_none() => {
+                let status: Option<(String,)> =
+                    sqlx::query_as("SELECT status FROM approval_request WHERE id = $1")
+                        .bind(candidate.request_id)
+                        .fetch_optional(&self.primary)
+                        .await
+                        .map_err(db("claim new request: why refused"))?;
+                ClaimOutcome::refused(candidate.request_id, status.as_ref().map(|(s,)| s.as_str()))?
+            }
             None => ClaimOutcome::Lost,
         })
     }

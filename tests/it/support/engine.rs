@@ -61,13 +61,23 @@ impl Env {
     /// Like `start`, the store connected as `run` connects it: by the
     /// database's URL, its sessions limited by `session`.
     pub async fn with_session(db: impl AsDb, session: &SessionArgs) -> Env {
+        Self::connected(&db.db().url(), None, Some(session)).await
+    }
+
+    /// Like `start`, the store connected as `run` connects it to a primary
+    /// (`database_url`) and a read replica (`read_database_url`).
+    pub async fn with_read_replica(database_url: &str, read_database_url: &str) -> Env {
+        Self::connected(database_url, Some(read_database_url), None).await
+    }
+
+    async fn connected(url: &str, read_url: Option<&str>, session: Option<&SessionArgs>) -> Env {
         let args = DatabaseArgs {
-            database_url: db.db().url().parse().expect("the test database's URL"),
-            read_database_url: None,
+            database_url: url.parse().expect("the test database's URL"),
+            read_database_url: read_url.map(|u| u.parse().expect("the read replica's URL")),
             db_max_connections: 4,
             wake_poll_interval: std::time::Duration::from_millis(250),
         };
-        let store = Store::connect(&args, Some(session))
+        let store = Store::connect(&args, session)
             .await
             .expect("the store connects");
         Self::over(store, |c| c, defaults().approver).await
