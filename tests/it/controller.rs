@@ -1231,17 +1231,29 @@ async fn an_approval_writes_its_status_once(db: Db) {
     cluster.stop().await;
 }
 
+on_both!(a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole_turn);
 /// A new request's notification costs its shard's holder one look at that
 /// request, not a whole discovery turn (the wake batch and a range query
 /// per type); a change to a waiting request still gets the whole turn,
 /// which applies its wake.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole_turn(
-    pool: sqlx::PgPool,
-) {
-    let mut cluster = Cluster::start(pool.clone()).await;
+async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole_turn(db: Db) {
+    // A window of new requests is measured again (at most twice) when a
+    // turn of another cause fell into it: the turn of shards acquired by
+    // the coordination turn that reached 16 may still be pending, a member
+    // Lease renewed after its deadline under load resumes claiming with a
+    // turn, and the first poll comes at a random time. A whole turn per new
+    // request falls into every window.
+    const WINDOWS: i64 = 3;
+    let mut cluster = Cluster::start(db.clone()).await;
+    // The replica takes its shards over several coordination turns, each
+    // acquisition starting a whole turn: the count starts once all are held.
+    eventually("the replica to hold all 16 shards", || async {
+        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            .then_some(())
+    })
+    .await;
     cluster.wait_listening().await;
-    waiting_owner_now(80).insert(&pool).await;
+    waiting_owner_now(80).insert(&db).await;
     cluster.wait_phase(80, Phase::RetryWaiting).await;
     let turns = |c: &Cluster| {
         metric_sum(
@@ -1250,19 +1262,29 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
             &[],
         )
     };
-    let before = turns(&cluster);
-    for id in 81..=85 {
-        owner_now(id).insert(&pool).await;
+    let mut disturbed = Vec::new();
+    for window in 0..WINDOWS {
+        let before = turns(&cluster);
+        let ids = 81 + 5 * window..=85 + 5 * window;
+        for id in ids.clone() {
+            owner_now(id).insert(&db).await;
+        }
+        for id in ids.clone() {
+            cluster.wait_phase(id, Phase::Approved).await;
+        }
+        let whole = turns(&cluster) - before;
+        if whole == 0.0 {
+            break;
+        }
+        disturbed.push((ids, whole));
     }
-    for id in 81..=85 {
-        cluster.wait_phase(id, Phase::Approved).await;
-    }
-    assert_eq!(turns(&cluster), before, "no whole turn for new requests");
+    assert!(
+        disturbed.len() < WINDOWS as usize,
+        "no whole turn for new requests; whole turns in each window: {disturbed:?}"
+    );
     // The waiting request's documents are released: its wake is applied by a turn.
-    sqlx::query("UPDATE approval_request SET documents_released = true WHERE id = 80")
-        .execute(&pool)
-        .await
-        .unwrap();
+    let before = turns(&cluster);
+    set(&db, 80, "documents_released = true").await;
     cluster.wait_phase(80, Phase::Approved).await;
     assert!(
         turns(&cluster) > before,
