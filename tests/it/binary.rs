@@ -8,7 +8,6 @@ use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use autoapproval_sim::{SimConfig, Simulator};
 use kube::api::Api;
 use kube_testserver::{Options, TestServer};
-use sqlx::PgPool;
 
 use crate::support::{
     AsDb, Db, NS, client_for, database_url, eventually, free_port, install_crd, metric_sum,
@@ -445,13 +444,12 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: 
     assert!(per_turn <= 4, "no line every turn: {logs}");
 }
 
-/// A port free on loopback now.
+on_both!(a_replica_with_another_shard_count_refuses_to_start);
 /// Two replicas started with different `--shards` would both own one
 /// request (shard 3 of 16 and shard 3 of 8 share request 19): the first
 /// records its K in the database, and the second refuses to start, naming
 /// the value in force and how to change it.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
+async fn a_replica_with_another_shard_count_refuses_to_start(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
@@ -463,7 +461,7 @@ async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
     let first = spawn_run(
         &kubeconfig,
         free_port(),
-        &pool,
+        &db,
         &[
             "--namespace",
             NS,
@@ -475,18 +473,14 @@ async fn a_replica_with_another_shard_count_refuses_to_start(pool: PgPool) {
         &[],
     );
     eventually("the first replica to record its K", || async {
-        sqlx::query_as::<_, (i32,)>("SELECT shard_count FROM shard_layout")
-            .fetch_optional(&pool)
-            .await
-            .ok()
-            .flatten()
+        (db.fetch_i64("SELECT count(*) FROM shard_layout").await == 1).then_some(())
     })
     .await;
 
     let second = spawn_run(
         &kubeconfig,
         free_port(),
-        &pool,
+        &db,
         &[
             "--namespace",
             NS,

@@ -4,56 +4,96 @@
 use autoapproval::approval::{AttemptOutcome, attempt_all};
 use autoapproval::clock::Clock;
 use autoapproval::domain::RequestType;
-use sqlx::PgPool;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::support::{Env, NewRequest, defaults, fence, request_view};
+use crate::support::{Db, Env, NewRequest, defaults, fence, on_both, request_view, with_pool};
 
 /// A login role with exactly the documented grants of the business system:
-/// its own tables, nothing of ours. Roles are cluster-wide: the name is unique.
-async fn business_role(pool: &PgPool) -> (String, PgPool) {
+/// its own tables, nothing of ours (our triggers run with their definer's
+/// rights), and a pool of its sessions with the server's defaults (on
+/// MySQL, InnoDB's REPEATABLE READ). Roles are server-wide: the name is
+/// unique. The statements differ by dialect: roles, grants and sequences.
+async fn business_role(db: &Db) -> (String, Db) {
     let role = format!("business_{}", std::process::id() ^ rand::random::<u32>());
-    let database: (String,) = sqlx::query_as("SELECT current_database()")
-        .fetch_one(pool)
-        .await
-        .unwrap();
-    for sql in [
-        format!("CREATE ROLE {role} LOGIN"),
-        format!("GRANT CONNECT ON DATABASE \"{}\" TO {role}", database.0),
-        format!("GRANT USAGE ON SCHEMA public TO {role}"),
-        format!(
-            "GRANT SELECT, INSERT, UPDATE ON approval_request, approval_request_memo, econtract TO {role}"
-        ),
-        format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(sql))
-            .execute(pool)
-            .await
-            .unwrap();
+    match db {
+        Db::Postgres(pool) => {
+            let database: (String,) = sqlx::query_as("SELECT current_database()")
+                .fetch_one(pool)
+                .await
+                .unwrap();
+            for sql in [
+                format!("CREATE ROLE {role} LOGIN"),
+                format!("GRANT CONNECT ON DATABASE \"{}\" TO {role}", database.0),
+                format!("GRANT USAGE ON SCHEMA public TO {role}"),
+                format!(
+                    "GRANT SELECT, INSERT, UPDATE ON approval_request, approval_request_memo, econtract TO {role}"
+                ),
+                format!("GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"),
+            ] {
+                db.exec(&sql).await;
+            }
+            let options = (*pool.connect_options()).clone().username(&role);
+            let business = PgPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await
+                .expect("the business role connects");
+            (role, Db::Postgres(business))
+        }
+        Db::Mysql(pool) => {
+            let database = pool
+                .connect_options()
+                .get_database()
+                .expect("a database name")
+                .to_owned();
+            db.exec(&format!("CREATE USER '{role}'@'%'")).await;
+            for table in ["approval_request", "approval_request_memo", "econtract"] {
+                db.exec(&format!(
+                    "GRANT SELECT, INSERT, UPDATE ON {database}.{table} TO '{role}'@'%'"
+                ))
+                .await;
+            }
+            // The server's session defaults, not the controller's.
+            let options = (*pool.connect_options())
+                .clone()
+                .username(&role)
+                .timezone(None);
+            let business = MySqlPoolOptions::new()
+                .max_connections(4)
+                .connect_with(options)
+                .await
+                .expect("the business role connects");
+            (role, Db::Mysql(business))
+        }
     }
-    let options = (*pool.connect_options()).clone().username(&role);
-    let business = PgPoolOptions::new()
-        .max_connections(4)
-        .connect_with(options)
-        .await
-        .expect("the business role connects");
-    (role, business)
 }
 
+on_both!(business_writes_racing_the_chains_never_fail_and_every_request_is_approved);
 /// The business system updates the facts of requests the controller is
 /// claiming, working and completing at that moment, in short transactions
 /// that hold the request row: before migration 0010 its trigger updated our
 /// state rows, which deadlocked with a completion and was refused to a role
 /// without grants on them. Now the business side only appends a wake row:
 /// none of its writes fails, and every request is approved.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn business_writes_racing_the_chains_never_fail_and_every_request_is_approved(pool: PgPool) {
+async fn business_writes_racing_the_chains_never_fail_and_every_request_is_approved(db: Db) {
     const REQUESTS: i64 = 40;
-    let (role, business) = business_role(&pool).await;
-    let env = Env::start(pool.clone()).await;
+    let (role, business) = business_role(&db).await;
+    let env = Env::start(db.clone()).await;
     for id in 1..=REQUESTS {
-        NewRequest::ready_owner(id).insert(&pool).await;
+        NewRequest::ready_owner(id).insert(&db).await;
     }
+    // By key, as the business system edits a request.
+    let update = business.sql(
+        "UPDATE approval_request
+            SET target_store_number = COALESCE(target_store_number, 0) + 1
+          WHERE id = $1",
+    );
+    // The row held a moment: each dialect has its own sleep.
+    let sleep = match business {
+        Db::Postgres(_) => "SELECT pg_sleep(0.005)",
+        Db::Mysql(_) => "SELECT SLEEP(0.005)",
+    };
 
     // The business side: rounds of short transactions over every request,
     // each changing a fact its trigger reacts to, holding the row a moment.
@@ -63,22 +103,16 @@ async fn business_writes_racing_the_chains_never_fail_and_every_request_is_appro
             let mut errors = Vec::new();
             for round in 0..6 {
                 for id in 1..=REQUESTS {
-                    let result: Result<(), sqlx::Error> = async {
-                        let mut tx = business.begin().await?;
-                        sqlx::query(
-                            "UPDATE approval_request
-                                SET target_store_number = COALESCE(target_store_number, 0) + 1
-                              WHERE id = $1",
-                        )
-                        .bind(id)
-                        .execute(&mut *tx)
-                        .await?;
-                        sqlx::query("SELECT pg_sleep(0.005)")
+                    let result: Result<(), sqlx::Error> = with_pool!(&business, pool => async {
+                        let mut tx = pool.begin().await?;
+                        sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+                            .bind(id)
                             .execute(&mut *tx)
                             .await?;
+                        sqlx::query(sleep).execute(&mut *tx).await?;
                         tx.commit().await
                     }
-                    .await;
+                    .await);
                     if let Err(error) = result {
                         errors.push(format!("round {round}, request {id}: {error}"));
                     }
@@ -117,15 +151,16 @@ async fn business_writes_racing_the_chains_never_fail_and_every_request_is_appro
         "the business side never fails"
     );
     for id in 1..=REQUESTS {
-        assert_eq!(request_view(&pool, id).await.status, "APPROVED", "{id}");
+        assert_eq!(request_view(&db, id).await.status, "APPROVED", "{id}");
     }
-    business.close().await;
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP OWNED BY {role}")))
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP ROLE {role}")))
-        .execute(&pool)
-        .await
-        .unwrap();
+    with_pool!(&business, pool => pool.close().await);
+    match db {
+        Db::Postgres(_) => {
+            db.exec(&format!("DROP OWNED BY {role}")).await;
+            db.exec(&format!("DROP ROLE {role}")).await;
+        }
+        Db::Mysql(_) => {
+            db.exec(&format!("DROP USER '{role}'@'%'")).await;
+        }
+    }
 }

@@ -8,10 +8,11 @@ use std::time::Duration as StdDuration;
 use autoapproval::census::{Census, CensusConfig};
 use autoapproval::clock::ManualClock;
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
+use autoapproval::store::mysql::MysqlStore;
 use autoapproval::store::{RequestCensus, Store};
 use autoapproval::telemetry::Metrics;
 use chrono::Duration;
-use sqlx::PgPool;
+use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::support::{Db, NewRequest, eventually, metric_sum, on_both, seed_reference_rows, t0};
@@ -196,22 +197,31 @@ async fn the_census_follows_leadership_as_it_changes(db: Db) {
     running.await.expect("the census stops");
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_shown(pool: PgPool) {
-    seed_reference_rows(&pool).await;
+on_both!(a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_shown);
+async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_shown(db: Db) {
+    seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    census_of(Store::new(pool.clone(), pool), &metrics)
-        .once(true)
-        .await;
+    census_of(db.store(), &metrics).once(true).await;
     assert!(metrics.encode().contains("autoapproval_requests{"));
-    // The same metrics, now through a pool whose database refuses connections.
-    let gone = PgPoolOptions::new()
-        .acquire_timeout(StdDuration::from_secs(2))
-        .connect_lazy("postgres://postgres@127.0.0.1:1/gone")
-        .expect("lazy pool");
-    census_of(Store::new(gone.clone(), gone), &metrics)
-        .once(true)
-        .await;
+    // The same metrics, now through a pool whose database refuses
+    // connections (nothing listens on port 1).
+    let gone = match db {
+        Db::Postgres(_) => {
+            let gone = PgPoolOptions::new()
+                .acquire_timeout(StdDuration::from_secs(2))
+                .connect_lazy("postgres://postgres@127.0.0.1:1/gone")
+                .expect("lazy pool");
+            Store::new(gone.clone(), gone)
+        }
+        Db::Mysql(_) => {
+            let gone = MySqlPoolOptions::new()
+                .acquire_timeout(StdDuration::from_secs(2))
+                .connect_lazy("mysql://root@127.0.0.1:1/gone")
+                .expect("lazy pool");
+            Store::mysql(MysqlStore::new(gone.clone(), gone))
+        }
+    };
+    census_of(gone, &metrics).once(true).await;
     let text = metrics.encode();
     assert_eq!(
         metric_sum(&text, "autoapproval_database_up", &[r#"pool="primary""#]),

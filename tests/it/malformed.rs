@@ -6,17 +6,16 @@ use autoapproval::domain::{DEFAULT_RETRY_LIMIT, RequestType};
 use autoapproval::retry::RetryClass;
 use autoapproval::store::CandidateQuery;
 use chrono::Duration;
-use sqlx::PgPool;
 
-use crate::support::{Db, Env, NewRequest, candidate, defaults, fence, request_view, t0};
+use crate::support::{Db, Env, NewRequest, candidate, defaults, fence, on_both, request_view, t0};
 
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(pool: PgPool) {
-    let env = Env::start(pool.clone()).await;
+on_both!(unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds);
+async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(db: Db) {
+    let env = Env::start(db.clone()).await;
     for id in 1..=4 {
         NewRequest::ready_owner(id)
             .sorted_at(t0() - Duration::minutes(10 - id))
-            .insert(&pool)
+            .insert(&db)
             .await;
     }
     let query = CandidateQuery {
@@ -31,14 +30,10 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(p
     assert_eq!(candidates.len(), 4);
     // Between the candidate query and the primary re-read, the business
     // system writes values this controller does not know.
-    sqlx::query("UPDATE approval_request SET status = 'ON_HOLD' WHERE id = 2")
-        .execute(&pool)
-        .await
-        .unwrap();
-    sqlx::query("UPDATE approval_request SET request_type = 'MYSTERY' WHERE id = 3")
-        .execute(&pool)
-        .await
-        .unwrap();
+    db.exec("UPDATE approval_request SET status = 'ON_HOLD' WHERE id = 2")
+        .await;
+    db.exec("UPDATE approval_request SET request_type = 'MYSTERY' WHERE id = 3")
+        .await;
 
     let report = attempt_all(&env.approver, &candidates, &fence("a", 1), 4).await;
 
@@ -64,7 +59,7 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(p
         );
     }
     assert_eq!(report.errors, 0);
-    assert_eq!(request_view(&pool, 2).await.status, "ON_HOLD");
+    assert_eq!(request_view(&db, 2).await.status, "ON_HOLD");
     assert_eq!(env.sim.stats().created.owners, 2);
 }
 
