@@ -84,10 +84,23 @@ async fn interrupt(child: &mut tokio::process::Child) -> std::process::ExitStatu
 
 #[tokio::test]
 async fn the_demo_ends_every_request_where_it_should_and_removes_its_stack() {
-    let dir = work_dir("demo");
+    demo_ends_every_request(&[], "PostgreSQL").await;
+}
+
+#[tokio::test]
+async fn the_demo_on_mariadb_ends_every_request_where_it_should() {
+    demo_ends_every_request(&["--database", "mysql"], "MariaDB").await;
+}
+
+/// `demo --requests 10 <args>` ends every request where it should, on
+/// `database`, and leaves nothing behind.
+async fn demo_ends_every_request(args: &[&str], database: &str) {
+    let dir = work_dir(&format!("demo-{database}"));
     crate::assert_controller_built();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
-        .args(["demo", "--requests", "10", "--work-dir"])
+        .args(["demo", "--requests", "10"])
+        .args(args)
+        .arg("--work-dir")
         .arg(&dir)
         .output()
         .await
@@ -110,6 +123,8 @@ async fn the_demo_ends_every_request_where_it_should_and_removes_its_stack() {
         "failed claims across replicas: 0",
         "pickup latency, eligible → claimed (",
         "get autoapprovals",
+        &format!("starting {database}, the test API server"),
+        &format!("16 shards, {database})"),
     ] {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
     }
