@@ -251,7 +251,13 @@ impl Report {
         }
         for (name, value) in &self.ratios {
             if let Some(v) = value.as_f64() {
-                text.push_str(&format!("{name:<34}{v:>16.1}×\n"));
+                // Two decimals below 10: ours on two databases may differ 30-fold.
+                let v = if v < 10.0 {
+                    format!("{v:.2}")
+                } else {
+                    format!("{v:.1}")
+                };
+                text.push_str(&format!("{name:<34}{v:>16}×\n"));
             }
         }
         text
