@@ -23,7 +23,7 @@ pub struct LabArgs {
 /// The lab's subcommands.
 #[derive(Subcommand, Debug)]
 pub enum LabCommand {
-    /// Show the controller at work: a throwaway PostgreSQL, API server, simulator and 3 replicas on a mixed workload.
+    /// Show the controller at work: a throwaway PostgreSQL (or MariaDB), API server, simulator and 3 replicas on a mixed workload.
     Demo(Box<crate::demo::DemoArgs>),
     /// Measure ours (and, with --compare, the seed's two designs) on the demo's stack; JSON report and SVG plot.
     Bench(Box<crate::bench::BenchArgs>),

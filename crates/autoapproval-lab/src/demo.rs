@@ -159,7 +159,10 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     }
     let mut interrupt = install_termination()?;
     let out = Out::new();
-    out.line("starting PostgreSQL, the test API server and the simulator...");
+    let database = args.stack.database.name();
+    out.line(&format!(
+        "starting {database}, the test API server and the simulator..."
+    ));
     // Not raced against Ctrl-C: a start cut short would leave its directory.
     let mut stack = Stack::start(&args.stack, "demo", SimConfig::default()).await?;
     let result = if interrupt.caught() {
@@ -187,7 +190,9 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
             ));
         }
     }
-    out.line("stopping the replicas, the simulator, the API server and PostgreSQL...");
+    out.line(&format!(
+        "stopping the replicas, the simulator, the API server and {database}..."
+    ));
     let failed = result.is_err() && !matches!(result, Err(DemoError::Interrupted));
     if failed {
         out.line(&format!("logs kept in {}", stack.dir().display()));
@@ -512,9 +517,10 @@ async fn summary(
     let harness = stack.harness()?;
     out.line("");
     out.line(&format!(
-        "Every request reached its expected end in {:.1} s ({} replicas, 16 shards):",
+        "Every request reached its expected end in {:.1} s ({} replicas, 16 shards, {}):",
         took.as_secs_f64(),
-        args.replicas
+        args.replicas,
+        args.stack.database.name()
     ));
     for (group, total, _, _) in view.by_group() {
         out.line(&format!(
@@ -547,7 +553,8 @@ async fn summary(
             stats.faults_injected.error
         ));
     }
-    let lost = stack.failed_claims(&reqwest::Client::new()).await;
+    let failed = stack.failed_claims(&reqwest::Client::new()).await;
+    let lost = failed.get("claim lost").copied().unwrap_or(0.0);
     out.line(&format!("  failed claims across replicas: {lost}"));
     out.line("");
     out.line(&format!(

@@ -1,5 +1,8 @@
 //! `autoapproval-lab bench`: one design, or (`--compare`) ours and the seed's
-//! two, on the same throwaway stack and workload, one after the other. Each
+//! two, on the same throwaway stack and workload, one after the other; with
+//! `--database mysql` the stack is a MariaDB, the seed's new design is its
+//! own (Redis locks), and `--compare` also runs ours on PostgreSQL, so one
+//! run holds the figures of both backends. Each
 //! run inserts owner contracts at a steady rate, waits until all are
 //! approved, and reports pickup latency (eligible → claimed, in the
 //! database's clock), throughput and what each approval cost.
@@ -8,6 +11,7 @@ pub mod at_rest;
 pub mod plot;
 pub mod report;
 pub mod seed_designs;
+pub mod seed_redis;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -16,7 +20,9 @@ use report::{DesignReport, Percentiles, Report, duplicate_creations};
 use seed_designs::SeedDesign;
 
 use crate::harness::NewRequest;
-use crate::stack::{Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination};
+use crate::stack::{
+    Database, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
+};
 use autoapproval::domain::RequestType;
 use autoapproval::flags::parse_duration;
 use autoapproval::shutdown::Termination;
@@ -109,6 +115,9 @@ pub struct BenchArgs {
         default_value = "target/bench/report.json"
     )]
     pub report: PathBuf,
+    /// Redis of seed-new's per-request locks with --database mysql.
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
     /// Where --compare writes the SVG plot of the pickup latencies.
     #[arg(
         long,
@@ -206,11 +215,23 @@ impl BenchArgs {
         }
     }
 
-    fn designs(&self) -> Vec<Design> {
-        if self.compare {
-            vec![Design::Ours, Design::SeedNew, Design::SeedOld]
-        } else {
-            vec![self.design]
+    /// The designs to run, each with its database: `--compare` on MariaDB
+    /// also runs ours on PostgreSQL (NOTIFY), second, for the comparison.
+    fn designs(&self) -> Vec<(Design, Database)> {
+        let db = self.stack.database;
+        match (self.compare, db) {
+            (false, _) => vec![(self.design, db)],
+            (true, Database::Postgres) => vec![
+                (Design::Ours, db),
+                (Design::SeedNew, db),
+                (Design::SeedOld, db),
+            ],
+            (true, Database::Mysql) => vec![
+                (Design::Ours, db),
+                (Design::Ours, Database::Postgres),
+                (Design::SeedNew, db),
+                (Design::SeedOld, db),
+            ],
         }
     }
 
@@ -228,6 +249,9 @@ impl BenchArgs {
             "scale_polls": self.scale_polls,
             "poll_period_run_ms": self.poll().as_secs_f64() * 1000.0,
             "scaled_seed_old_cycle_s": 600.0 / self.time_scale,
+            "database": self.stack.database.name(),
+            "wake_poll_interval_ms": (self.stack.database == Database::Mysql).then_some(250),
+            "read_replica": false,
         })
     }
 }
@@ -240,18 +264,22 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     if args.at_rest {
         return at_rest::run(&args, &mut interrupt).await;
     }
+    if args.stack.database == Database::Mysql {
+        println!("{MYSQL_NOTE}");
+    }
     let mut designs = Vec::new();
-    for design in args.designs() {
+    for (design, database) in args.designs() {
         println!(
-            "{}: {} owner contracts at {}/s, {} replicas, {} ms per external call, {}",
+            "{} on {}: {} owner contracts at {}/s, {} replicas, {} ms per external call, {}",
             design.name(),
+            on(design, database),
             args.requests,
             args.rate,
             args.replicas,
             args.latency.as_millis(),
             args.scaling()
         );
-        let report = run_design(&args, design, &mut interrupt).await?;
+        let report = run_design(&args, design, database, &mut interrupt).await?;
         println!(
             "  approved {}/{}; pickup p99 {}",
             report.approved,
@@ -291,11 +319,13 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let problems: Vec<String> = report
         .designs
         .iter()
-        .filter(|d| d.approved < d.requests || d.duplicate_creations > 0)
+        .filter(|d| {
+            d.approved < d.requests || d.duplicate_creations > 0 || d.overlapping_creations > 0
+        })
         .map(|d| {
             format!(
-                "{}: {} of {} approved, {} duplicate creations",
-                d.design, d.approved, d.requests, d.duplicate_creations
+                "{}: {} of {} approved, {} duplicate creations, {} overlapping",
+                d.design, d.approved, d.requests, d.duplicate_creations, d.overlapping_creations
             )
         })
         .collect();
@@ -317,11 +347,40 @@ fn write(path: &std::path::Path, text: &str) -> Result<(), BenchError> {
     std::fs::write(path, text).map_err(fail)
 }
 
+/// How the MariaDB runs differ from the PostgreSQL ones, printed first.
+const MYSQL_NOTE: &str = "on MariaDB: ours wakes by polling the wake table every 250 ms (no NOTIFY); \
+candidates are read from the primary, as on PostgreSQL, whose stack has no read replica \
+either, so seed-new's stale candidates are those read before another replica's claim, \
+not replica lag; seed-new locks each request in Redis (SET NX PX), as the seed did";
+
+/// What a design runs on, as the output names it.
+fn on(design: Design, database: Database) -> &'static str {
+    match (design, database) {
+        (_, Database::Postgres) => "PostgreSQL",
+        (Design::SeedNew, Database::Mysql) => "MariaDB + Redis",
+        (_, Database::Mysql) => "MariaDB",
+    }
+}
+
+/// The design's name in the report: the database is named when a run
+/// holds the same design on both.
+fn label(args: &BenchArgs, design: Design, database: Database) -> String {
+    if args.compare && args.stack.database == Database::Mysql && design == Design::Ours {
+        match database {
+            Database::Mysql => "ours-mariadb".into(),
+            Database::Postgres => "ours-postgres".into(),
+        }
+    } else {
+        design.name().into()
+    }
+}
+
 /// One design on a stack of its own, which is removed afterwards, also when
 /// interrupted.
 async fn run_design(
     args: &BenchArgs,
     design: Design,
+    database: Database,
     interrupt: &mut Termination,
 ) -> Result<DesignReport, BenchError> {
     let sim = SimConfig {
@@ -331,12 +390,23 @@ async fn run_design(
         },
         ..SimConfig::default()
     };
-    let mut stack = Stack::start(&args.stack, "bench", sim).await?;
+    if design == Design::SeedNew && database == Database::Mysql {
+        check_redis(&args.redis_url).await?;
+    }
+    let stack_args = StackArgs {
+        database,
+        ..args.stack.clone()
+    };
+    let mut stack = Stack::start(&stack_args, "bench", sim).await?;
     let result = if interrupt.caught() {
         Err(BenchError::Interrupted)
     } else {
         tokio::select! {
-            result = measure(&mut stack, args, design) => result,
+            result = measure(&mut stack, args, design) => result.map(|mut report| {
+                report.design = label(args, design, database);
+                report.database = on(design, database).into();
+                report
+            }),
             () = interrupt.recv() => Err(BenchError::Interrupted),
         }
     };
@@ -347,6 +417,22 @@ async fn run_design(
         .shutdown(result.is_err() && !matches!(result, Err(BenchError::Interrupted)))
         .await;
     result
+}
+
+/// Fails, naming the fix, when seed-new's Redis does not answer.
+async fn check_redis(url: &str) -> Result<(), BenchError> {
+    let answer = async {
+        let locks =
+            seed_redis::RedisLocks::connect(url, "autoapproval-lab-check", Duration::from_secs(1))
+                .await?;
+        locks.ping().await
+    };
+    answer.await.map_err(|e| BenchError::Setting {
+        flag: "--redis-url",
+        message: format!(
+            "{e}; seed-new on MariaDB takes its locks in Redis: start one (scripts/redis.sh) or name it"
+        ),
+    })
 }
 
 async fn measure(
@@ -382,6 +468,15 @@ async fn measure(
                     },
                     "--poll-period".into(),
                     format!("{}ms", args.poll_period.as_millis()),
+                    "--redis-url".into(),
+                    args.redis_url.clone(),
+                    // The locks of one run only.
+                    "--lock-prefix".into(),
+                    format!(
+                        "autoapproval-lab-{}-{:08x}",
+                        std::process::id(),
+                        rand::random::<u32>()
+                    ),
                 ],
             ),
         };
@@ -397,11 +492,11 @@ async fn measure(
         .iter()
         .map(|r| r.cpu_seconds().unwrap_or(0.0))
         .collect();
-    let postgres_before = stack.postgres_cpu_seconds();
+    let database_before = stack.database_cpu_seconds();
     let lab_before = crate::stack::replicas::cpu_seconds(std::process::id());
     let writes_before = stack.apiserver().map_or(0, |s| s.write_count());
     let calls_before = sim_calls(stack);
-    let lost_before = stack.failed_claims(&http).await;
+    let failed_before = stack.failed_claims(&http).await;
     let harness = stack.harness()?.clone();
     let counting = stack.counts_statements();
     if counting {
@@ -459,16 +554,16 @@ async fn measure(
     } else {
         (None, Vec::new())
     };
-    let postgres_cpu = stack
-        .postgres_cpu_seconds()
-        .zip(postgres_before)
+    let database_cpu = stack
+        .database_cpu_seconds()
+        .zip(database_before)
         .map(|(after, before)| after - before);
     let lab_cpu = crate::stack::replicas::cpu_seconds(std::process::id())
         .zip(lab_before)
         .map(|(after, before)| after - before);
     let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
     let calls = sim_calls(stack) - calls_before;
-    let lost = stack.failed_claims(&http).await - lost_before;
+    let failed = stack.failed_claims(&http).await;
     let span = harness
         .approval_span("autoapproval")
         .await
@@ -494,14 +589,22 @@ async fn measure(
             0.0
         },
         cpu_seconds_per_1000: per(cpu) * 1000.0,
-        postgres_cpu_seconds_per_1000: postgres_cpu.map(|c| per(c) * 1000.0),
+        database_cpu_seconds_per_1000: database_cpu.map(|c| per(c) * 1000.0),
         lab_cpu_seconds_per_1000: lab_cpu.map(|c| per(c) * 1000.0),
         db_statements_per_approval: statements.map(|s| per(s as f64)),
         db_statements_top: top,
         kube_writes_per_approval: per(writes as f64),
         external_calls_per_approval: per(calls as f64),
         duplicate_creations: stack.sim().map_or(0, |s| duplicate_creations(&s.stats())),
-        failed_claims: lost.max(0.0) as u64,
+        overlapping_creations: stack.sim().map_or(0, |s| s.stats().overlapping_creations),
+        failed_claims: failed
+            .iter()
+            .map(|(reason, n)| {
+                let before = failed_before.get(reason).copied().unwrap_or(0.0);
+                (reason.clone(), (n - before).max(0.0) as u64)
+            })
+            .collect(),
+        database: String::new(),
     })
 }
 

@@ -196,14 +196,16 @@ mod tests {
             pickup_samples_ms: samples,
             throughput_per_s: 0.0,
             cpu_seconds_per_1000: 0.0,
-            postgres_cpu_seconds_per_1000: None,
+            database_cpu_seconds_per_1000: None,
             lab_cpu_seconds_per_1000: None,
             db_statements_per_approval: None,
             db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
             external_calls_per_approval: 0.0,
             duplicate_creations: 0,
-            failed_claims: 0,
+            overlapping_creations: 0,
+            failed_claims: Default::default(),
+            database: "PostgreSQL".into(),
         }
     }
 

@@ -1,5 +1,7 @@
 //! What a benchmark run measured, as JSON and as a side-by-side table.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use autoapproval_sim::Stats;
@@ -54,8 +56,11 @@ pub fn duplicate_creations(stats: &Stats) -> u64 {
 /// One design's figures.
 #[derive(Clone, Debug, Serialize)]
 pub struct DesignReport {
-    /// `ours`, `seed-new` or `seed-old`.
+    /// `ours`, `seed-new` or `seed-old` (`ours-mariadb`, `ours-postgres`
+    /// when one run holds ours on both databases).
     pub design: String,
+    /// What it ran on: PostgreSQL, MariaDB, or MariaDB + Redis.
+    pub database: String,
     /// Requests inserted.
     pub requests: u64,
     /// Requests approved by the design within the run.
@@ -68,8 +73,9 @@ pub struct DesignReport {
     pub throughput_per_s: f64,
     /// CPU seconds of the replica processes per 1,000 approvals.
     pub cpu_seconds_per_1000: f64,
-    /// CPU seconds of PostgreSQL (server and backends) per 1,000 approvals.
-    pub postgres_cpu_seconds_per_1000: Option<f64>,
+    /// CPU seconds of the database (PostgreSQL's server and backends, or
+    /// MariaDB's process) per 1,000 approvals.
+    pub database_cpu_seconds_per_1000: Option<f64>,
     /// CPU seconds of the benchmark's own process per 1,000 approvals: the
     /// in-memory API server, the simulator and the inserts.
     pub lab_cpu_seconds_per_1000: Option<f64>,
@@ -84,8 +90,21 @@ pub struct DesignReport {
     pub external_calls_per_approval: f64,
     /// Creations beyond the first per request and kind.
     pub duplicate_creations: u64,
-    /// Claims that lost on the primary (`autoapproval_claims_total{result="lost"}`).
-    pub failed_claims: u64,
+    /// Creations that arrived while another for the same request and system
+    /// was in flight: two chains on one request at once.
+    pub overlapping_creations: u64,
+    /// Failed claims by reason: `claim lost` (a conditional claim on the
+    /// primary refused), and the seed's `lock contention` (Redis refused the
+    /// lock), `stale candidate` (the writer's re-check refused a candidate
+    /// read before another replica's claim) and `redis unavailable`.
+    pub failed_claims: BTreeMap<String, u64>,
+}
+
+impl DesignReport {
+    /// Failed claims of every reason.
+    pub fn failed_claims_total(&self) -> u64 {
+        self.failed_claims.values().sum()
+    }
 }
 
 /// The whole report: the parameters and each design.
@@ -106,18 +125,16 @@ impl Report {
     /// p50 to ours.
     pub fn new(parameters: serde_json::Value, designs: Vec<DesignReport>) -> Self {
         let mut ratios = serde_json::Map::new();
-        let ours = designs
-            .iter()
-            .find(|d| d.design == "ours")
-            .and_then(|d| d.pickup_ms);
-        if let Some(ours) = ours {
-            for other in designs.iter().filter(|d| d.design != "ours") {
+        // Ours on the database under test runs first.
+        let base = designs.iter().find(|d| d.design.starts_with("ours"));
+        if let Some((base_name, ours)) = base.and_then(|d| Some((&d.design, d.pickup_ms?))) {
+            for other in designs.iter().filter(|d| &d.design != base_name) {
                 if let Some(theirs) = other.pickup_ms {
                     for (name, a, b) in
                         [("p50", theirs.p50, ours.p50), ("p99", theirs.p99, ours.p99)]
                     {
                         ratios.insert(
-                            format!("{name} {} / ours", other.design),
+                            format!("{name} {} / {base_name}", other.design),
                             serde_json::json!(a / b.max(f64::MIN_POSITIVE)),
                         );
                     }
@@ -140,6 +157,7 @@ impl Report {
         let get = |pick: &dyn Fn(&DesignReport) -> String| {
             self.designs.iter().map(pick).collect::<Vec<String>>()
         };
+        rows.push(("database".into(), get(&|d| d.database.clone())));
         rows.push((
             "approved / requests".into(),
             get(&|d| format!("{}/{}", d.approved, d.requests)),
@@ -169,8 +187,8 @@ impl Report {
             get(&|d| f(d.cpu_seconds_per_1000)),
         ));
         rows.push((
-            "  PostgreSQL CPU s / 1,000".into(),
-            get(&|d| d.postgres_cpu_seconds_per_1000.map_or("n/a".into(), f)),
+            "  database CPU s / 1,000".into(),
+            get(&|d| d.database_cpu_seconds_per_1000.map_or("n/a".into(), f)),
         ));
         rows.push((
             "  API server + sim CPU s / 1,000".into(),
@@ -193,24 +211,53 @@ impl Report {
             get(&|d| d.duplicate_creations.to_string()),
         ));
         rows.push((
-            "failed claims (primary)".into(),
-            get(&|d| d.failed_claims.to_string()),
+            "overlapping chains".into(),
+            get(&|d| d.overlapping_creations.to_string()),
         ));
-        let mut text = format!("{:<28}", "");
+        rows.push((
+            "failed claims".into(),
+            get(&|d| d.failed_claims_total().to_string()),
+        ));
+        let mut reasons: Vec<&String> = self
+            .designs
+            .iter()
+            .flat_map(|d| d.failed_claims.keys())
+            .collect();
+        reasons.sort();
+        reasons.dedup();
+        for reason in reasons {
+            rows.push((
+                format!("  {reason}"),
+                get(&|d| {
+                    d.failed_claims
+                        .get(reason)
+                        .copied()
+                        .unwrap_or(0)
+                        .to_string()
+                }),
+            ));
+        }
+        let mut text = format!("{:<34}", "");
         for d in &self.designs {
-            text.push_str(&format!("{:>14}", d.design));
+            text.push_str(&format!("{:>16}", d.design));
         }
         text.push('\n');
         for (label, cells) in rows {
-            text.push_str(&format!("{label:<28}"));
+            text.push_str(&format!("{label:<34}"));
             for cell in cells {
-                text.push_str(&format!("{cell:>14}"));
+                text.push_str(&format!("{cell:>16}"));
             }
             text.push('\n');
         }
         for (name, value) in &self.ratios {
             if let Some(v) = value.as_f64() {
-                text.push_str(&format!("{name:<28}{v:>14.1}×\n"));
+                // Two decimals below 10: ours on two databases may differ 30-fold.
+                let v = if v < 10.0 {
+                    format!("{v:.2}")
+                } else {
+                    format!("{v:.1}")
+                };
+                text.push_str(&format!("{name:<34}{v:>16}×\n"));
             }
         }
         text
@@ -261,14 +308,16 @@ mod tests {
             pickup_samples_ms: vec![p99],
             throughput_per_s: 1.0,
             cpu_seconds_per_1000: 1.0,
-            postgres_cpu_seconds_per_1000: None,
+            database_cpu_seconds_per_1000: None,
             lab_cpu_seconds_per_1000: None,
             db_statements_per_approval: None,
             db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
             external_calls_per_approval: 3.0,
             duplicate_creations: 0,
-            failed_claims: 0,
+            overlapping_creations: 0,
+            failed_claims: BTreeMap::from([("lock contention".to_owned(), 2)]),
+            database: "PostgreSQL".into(),
         };
         let report = Report::new(
             serde_json::json!({}),
@@ -283,5 +332,6 @@ mod tests {
         let table = report.table();
         assert!(table.contains("seed-old"), "{table}");
         assert!(table.contains("2000.0×"), "{table}");
+        assert!(table.contains("  lock contention"), "{table}");
     }
 }

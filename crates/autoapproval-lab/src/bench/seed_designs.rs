@@ -8,8 +8,12 @@
 //!   random first delay, claims per request, and queries again (up to three
 //!   rounds a turn) when a round claimed nothing.
 //!
-//! Both run the same chain, claims and store as ours ([`Approver`]); only
-//! how work is found differs. Periods are divided by `--time-scale`.
+//! On PostgreSQL both run the same chain, claims and store as ours
+//! ([`Approver`]); only how work is found differs. On MariaDB the new design
+//! is the seed's own, claims included: a Redis lock per request, a re-check
+//! on the writer and a ShedLock-style cleanser ([`super::seed_redis`]); the
+//! old design's schedulers take ShedLock's table there. Periods are
+//! divided by `--time-scale`.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -26,10 +30,12 @@ use autoapproval::controller::config::{ControllerConfig, SettingError};
 use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::flags::parse_duration;
+use autoapproval::processors::Chain;
 use autoapproval::shutdown::Termination;
-use autoapproval::store::{DatabaseArgs, SessionArgs, Store, StoreError};
+use autoapproval::store::{DatabaseArgs, Pool, SessionArgs, Store, StoreError};
 use autoapproval::telemetry::Metrics;
 
+use super::seed_redis::{self, FailedClaims, RedisLocks, SeedWorker};
 use crate::harness::SeedQueue;
 
 /// Which of the seed's designs.
@@ -78,6 +84,21 @@ pub struct SeedDesignArgs {
     /// Attempts run at once.
     #[arg(long, default_value_t = 16)]
     pub concurrency: usize,
+    /// Redis of the new design's per-request locks (MariaDB only).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379")]
+    pub redis_url: String,
+    /// Prefix of the Redis lock keys, one per run so runs never share a lock.
+    #[arg(long, default_value = "autoapproval-lab")]
+    pub lock_prefix: String,
+    /// A Redis lock expires after this, far above one chain's run.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub lock_ttl: Duration,
+    /// The new design's cleanser runs this often, before scaling (MariaDB only).
+    #[arg(long, default_value = "1m", value_parser = parse_duration)]
+    pub cleanse_period: Duration,
+    /// The cleanser revives a claim untouched this long.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub stuck_after: Duration,
 }
 
 /// Why a seed design stopped.
@@ -109,16 +130,18 @@ pub enum SeedDesignError {
     /// The controller's defaults, which the designs share, are invalid.
     #[error(transparent)]
     Defaults(#[from] SettingError),
+    /// The new design's Redis failed.
+    #[error(transparent)]
+    Redis(#[from] seed_redis::SeedRedisError),
 }
 
 /// The seed's cycle of the old design: 10 minutes; the collector runs 7 minutes in.
 const OLD_CYCLE: Duration = Duration::from_secs(600);
 const OLD_COLLECTOR_OFFSET: f64 = 0.7;
-/// Lock keys of the old design's two schedulers.
-const COLLECTOR_LOCK: i64 = 0x5eed_0001;
-const PROCESSOR_LOCK: i64 = 0x5eed_0002;
-/// The seed's "up to three queries a turn".
-const MAX_ROUNDS: usize = 3;
+/// Lock names of the old design's two schedulers.
+const COLLECTOR_LOCK: &str = "autoApproveEnqueue";
+const PROCESSOR_LOCK: &str = "autoApproveProcess";
+use seed_redis::MAX_ROUNDS;
 
 /// Runs the design until SIGTERM.
 pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
@@ -143,14 +166,18 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
     })?;
     let store = Store::connect(&args.database, Some(&session)).await?;
     let metrics = Metrics::new();
+    let failed = Arc::new(FailedClaims::default());
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|source| SeedDesignError::Listen {
             addr: args.listen,
             source,
         })?;
-    let served = metrics.clone();
-    let app = Router::new().route("/metrics", get(move || async move { served.encode() }));
+    let (served, served_failed) = (metrics.clone(), failed.clone());
+    let app = Router::new().route(
+        "/metrics",
+        get(move || async move { served.encode() + &served_failed.encode() }),
+    );
     tokio::spawn(async move {
         if let Err(error) = axum::serve(listener, app).await {
             warn!(%error, "metrics endpoint stopped");
@@ -160,10 +187,10 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
     let defaults = ControllerConfig::defaults("", args.replica_name.clone())?;
     let approver = Arc::new(Approver::new(
         store.clone(),
-        external,
+        external.clone(),
         Arc::new(SystemClock),
-        metrics,
-        defaults.approver,
+        metrics.clone(),
+        defaults.approver.clone(),
     ));
     let turn = TurnConfig {
         concurrency: args.concurrency,
@@ -173,24 +200,47 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
     let fence = Fence::new(args.replica_name.clone(), 0);
     let scale = |d: Duration| d.div_f64(args.time_scale);
     info!(design = args.design.name(), replica = %args.replica_name, "seed design running");
-    // The seed's queue table and its scheduler locks are PostgreSQL's here.
-    let Some(pool) = store.postgres_pool().cloned() else {
-        return Err(SeedDesignError::Setting {
-            flag: "--database-url",
-            message: "the seed designs run on PostgreSQL".into(),
-        });
-    };
+    let queue = SeedQueue::new(store.primary_pool());
+    let holder = args.replica_name.as_str();
     let work = async {
-        match args.design {
-            SeedDesign::New => poll_loop(&approver, &fence, scale(args.poll_period), &turn).await,
-            SeedDesign::Old => {
-                let queue = SeedQueue::new(pool.clone());
+        match (args.design, store.primary_pool()) {
+            (SeedDesign::New, Pool::Mysql(writer)) => {
+                let locks =
+                    RedisLocks::connect(&args.redis_url, &args.lock_prefix, args.lock_ttl).await?;
+                let worker = SeedWorker {
+                    store: store.clone(),
+                    writer,
+                    external,
+                    metrics,
+                    locks,
+                    failed,
+                    holder: holder.to_owned(),
+                    turn: turn.clone(),
+                    retry: defaults.approver.retry.clone(),
+                    chain: Chain::default(),
+                };
+                let cleanse = scale(args.cleanse_period);
+                tokio::join!(
+                    seed_redis::poll_loop(&worker, scale(args.poll_period)),
+                    seed_redis::cleanser(&store, &queue, holder, cleanse, args.stuck_after),
+                );
+                Ok(())
+            }
+            (SeedDesign::New, Pool::Postgres(_)) => {
+                poll_loop(&approver, &fence, scale(args.poll_period), &turn).await
+            }
+            (SeedDesign::Old, _) => {
                 let cycle = scale(OLD_CYCLE);
                 tokio::try_join!(
-                    scheduled(cycle, OLD_COLLECTOR_OFFSET, COLLECTOR_LOCK, &pool, || {
-                        collect(&approver, &queue, &turn)
-                    }),
-                    scheduled(cycle, 0.0, PROCESSOR_LOCK, &pool, || {
+                    scheduled(
+                        cycle,
+                        OLD_COLLECTOR_OFFSET,
+                        COLLECTOR_LOCK,
+                        &queue,
+                        holder,
+                        || { collect(&approver, &queue, &turn) }
+                    ),
+                    scheduled(cycle, 0.0, PROCESSOR_LOCK, &queue, holder, || {
                         process(&approver, &queue, &fence, args.concurrency)
                     }),
                 )
@@ -230,12 +280,13 @@ async fn poll_loop(
 }
 
 /// Runs `job` at `offset` × `cycle` into every cycle of the wall clock (as
-/// cron would on every replica), when this replica wins the lock `key`.
+/// cron would on every replica), when this replica wins the lock `name`.
 async fn scheduled<F, Fut>(
     cycle: Duration,
     offset: f64,
-    key: i64,
-    pool: &sqlx::PgPool,
+    name: &str,
+    locks: &SeedQueue,
+    holder: &str,
     job: F,
 ) -> Result<(), SeedDesignError>
 where
@@ -244,20 +295,20 @@ where
 {
     loop {
         tokio::time::sleep(until_next(cycle, offset)).await;
-        let mut conn = match pool.acquire().await {
-            Ok(conn) => conn,
+        let lock = match locks.try_lock(name, holder, cycle).await {
+            Ok(Some(lock)) => lock,
+            Ok(None) => continue,
             Err(error) => {
-                warn!(%error, "no connection for the scheduler lock");
+                warn!(%error, "could not take the scheduler lock");
                 continue;
             }
         };
-        if !SeedQueue::try_lock(&mut conn, key).await? {
-            continue;
-        }
         if let Err(error) = job().await {
             warn!(%error, "scheduled job failed");
         }
-        SeedQueue::unlock(&mut conn, key).await?;
+        // Held for at least half a cycle: a replica whose schedule fires a
+        // little later does not run the job again.
+        locks.unlock(lock, holder, cycle / 2).await?;
     }
 }
 

@@ -1,5 +1,6 @@
 //! The throwaway stack the demo and the benchmark run on, in one process
-//! tree: a PostgreSQL of their own, the in-memory test API server with the
+//! tree: a PostgreSQL (or, with `--database mysql`, a MariaDB) of their
+//! own, the in-memory test API server with the
 //! CRD, the simulator of the external systems, and replicas started as child
 //! processes: the shipped `autoapproval` binary, or this one for the seed's
 //! designs. Everything is removed again by [`Stack::shutdown`].
@@ -8,13 +9,16 @@ pub mod postgres;
 pub mod process;
 pub mod replicas;
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use kube_testserver::{Options, TestServer};
+use throwaway_db::MariaDb;
 
 use autoapproval::controller::crd::AutoApproval;
 use autoapproval::shutdown::Termination;
+use autoapproval::store::mysql::MysqlStore;
 use autoapproval::store::{Store, StoreError};
 use autoapproval_sim::{SimConfig, SimError, SimHandle, Simulator};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -33,9 +37,36 @@ pub const DATABASE: &str = "autoapproval";
 /// The namespace of the CRs and Leases.
 pub const NAMESPACE: &str = "default";
 
+/// The database a stack runs on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Database {
+    /// PostgreSQL; the replicas wake on NOTIFY.
+    Postgres,
+    /// MariaDB (the MySQL family, from Debian's binaries); the replicas poll the wake table.
+    Mysql,
+}
+
+impl Database {
+    /// The server's name in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Database::Postgres => "PostgreSQL",
+            Database::Mysql => "MariaDB",
+        }
+    }
+}
+
 /// Settings of the stack shared by `demo` and `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StackArgs {
+    /// The database the stack starts: a throwaway PostgreSQL, or a throwaway MariaDB (`mysql`: the controller's MySQL 8 / MariaDB backend).
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_LAB_DATABASE",
+        value_enum,
+        default_value = "postgres"
+    )]
+    pub database: Database,
     /// Directory of PostgreSQL's `initdb` and `postgres` [default: the newest /usr/lib/postgresql/*/bin, else PATH].
     #[arg(long, env = "AUTOAPPROVAL_PG_BINDIR")]
     pub pg_bindir: Option<PathBuf>,
@@ -76,6 +107,9 @@ pub enum StackError {
     /// PostgreSQL could not be found, initialised or started.
     #[error("PostgreSQL: {0}")]
     Postgres(String),
+    /// MariaDB could not be started or set up.
+    #[error("MariaDB: {0}")]
+    Mariadb(String),
     /// The database failed.
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -113,6 +147,7 @@ pub fn install_termination() -> Result<Termination, StackError> {
 pub struct Stack {
     dir: PathBuf,
     postgres: Option<Postgres>,
+    mariadb: Option<MariaDb>,
     apiserver: Option<TestServer>,
     sim: Option<SimHandle>,
     kubeconfig: PathBuf,
@@ -156,6 +191,7 @@ impl Stack {
             controller_bin,
             dir,
             postgres: None,
+            mariadb: None,
             apiserver: None,
             sim: None,
             harness: None,
@@ -173,23 +209,10 @@ impl Stack {
     }
 
     async fn bring_up(&mut self, args: &StackArgs, sim: SimConfig) -> Result<(), StackError> {
-        let postgres = Postgres::start(&self.dir.join("pg"), args.pg_bindir.as_deref()).await?;
-        let admin = postgres.connect("postgres", "postgres").await?;
-        for sql in [
-            format!("CREATE ROLE {WORKER_ROLE} LOGIN"),
-            format!("CREATE DATABASE {DATABASE} OWNER {WORKER_ROLE}"),
-        ] {
-            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
-                .execute(&admin)
-                .await
-                .map_err(|e| StackError::Postgres(format!("{sql}: {e}")))?;
-        }
-        admin.close().await;
-        let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
-        Store::new(worker.clone(), worker.clone()).migrate().await?;
-        worker.close().await;
-        self.postgres = Some(postgres);
-        let harness = Harness::new(self.postgres()?.connect("postgres", DATABASE).await?);
+        let harness = match args.database {
+            Database::Postgres => self.bring_up_postgres(args).await?,
+            Database::Mysql => self.bring_up_mariadb().await?,
+        };
         self.counts_statements = harness.enable_statement_counts().await?;
         harness.install_probes(WORKER_ROLE).await?;
         self.harness = Some(harness);
@@ -207,6 +230,54 @@ impl Stack {
             .map_err(|e| StackError::Kube(format!("applying the CRD: {e}")))?;
         self.sim = Some(Simulator::start(([127, 0, 0, 1], 0).into(), sim).await?);
         Ok(())
+    }
+
+    /// PostgreSQL with the worker role and the migrated database; the
+    /// harness connects as the superuser.
+    async fn bring_up_postgres(&mut self, args: &StackArgs) -> Result<Harness, StackError> {
+        let postgres = Postgres::start(&self.dir.join("pg"), args.pg_bindir.as_deref()).await?;
+        let admin = postgres.connect("postgres", "postgres").await?;
+        for sql in [
+            format!("CREATE ROLE {WORKER_ROLE} LOGIN"),
+            format!("CREATE DATABASE {DATABASE} OWNER {WORKER_ROLE}"),
+        ] {
+            sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .execute(&admin)
+                .await
+                .map_err(|e| StackError::Postgres(format!("{sql}: {e}")))?;
+        }
+        admin.close().await;
+        let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
+        Store::new(worker.clone(), worker.clone()).migrate().await?;
+        worker.close().await;
+        self.postgres = Some(postgres);
+        Ok(Harness::new(
+            self.postgres()?.connect("postgres", DATABASE).await?,
+        ))
+    }
+
+    /// A throwaway MariaDB with the migrated database. The replicas and the
+    /// harness connect as its root (no password, 127.0.0.1 only): the
+    /// server lives as long as the stack.
+    async fn bring_up_mariadb(&mut self) -> Result<Harness, StackError> {
+        let mariadb = MariaDb::start()
+            .await
+            .map_err(|e| StackError::Mariadb(e.to_string()))?;
+        mariadb
+            .create_database(DATABASE)
+            .await
+            .map_err(|e| StackError::Mariadb(e.to_string()))?;
+        let url = mariadb.database_url(DATABASE);
+        self.mariadb = Some(mariadb);
+        let options = url
+            .parse()
+            .map_err(|e| StackError::Mariadb(format!("{url}: {e}")))?;
+        // The store's own session settings (READ COMMITTED, UTC).
+        let pool = MysqlStore::pool(options, 4, None);
+        Store::mysql(MysqlStore::new(pool.clone(), pool.clone()))
+            .migrate()
+            .await?;
+        Ok(Harness::mysql(pool))
     }
 
     fn postgres(&self) -> Result<&Postgres, StackError> {
@@ -276,7 +347,19 @@ impl Stack {
 
     /// The URL the replicas connect with.
     pub fn worker_url(&self) -> Result<String, StackError> {
-        Ok(self.postgres()?.url(WORKER_ROLE, DATABASE))
+        match &self.mariadb {
+            Some(mariadb) => Ok(mariadb.database_url(DATABASE)),
+            None => Ok(self.postgres()?.url(WORKER_ROLE, DATABASE)),
+        }
+    }
+
+    /// The database the stack runs.
+    pub fn database(&self) -> Database {
+        if self.mariadb.is_some() {
+            Database::Mysql
+        } else {
+            Database::Postgres
+        }
     }
 
     /// `autoapproval run` against this stack as replica `name`; the caller
@@ -321,9 +404,18 @@ impl Stack {
         Ok(())
     }
 
-    /// CPU seconds PostgreSQL (server and backends) has used so far.
-    pub fn postgres_cpu_seconds(&self) -> Option<f64> {
-        self.postgres.as_ref()?.cpu_seconds()
+    /// CPU seconds the database has used so far: PostgreSQL's server and
+    /// backends, or MariaDB's one process (all its threads).
+    pub fn database_cpu_seconds(&self) -> Option<f64> {
+        match &self.mariadb {
+            Some(mariadb) => {
+                // Its pid file sits beside its log in its data directory's parent.
+                let pid = std::fs::read_to_string(mariadb.log_path().with_file_name("mysqld.pid"))
+                    .ok()?;
+                replicas::cpu_seconds(pid.trim().parse().ok()?)
+            }
+            None => self.postgres.as_ref()?.cpu_seconds(),
+        }
     }
 
     /// The running replicas.
@@ -370,16 +462,29 @@ impl Stack {
         }
     }
 
-    /// Claims the replicas lost so far (`autoapproval_claims_total{result="lost"}`).
-    pub async fn failed_claims(&self, http: &reqwest::Client) -> f64 {
-        let mut lost = 0.0;
+    /// Failed claims across the replicas so far, by reason: `claim lost`
+    /// (`autoapproval_claims_total{result="lost"}`: a conditional claim on
+    /// the primary refused) and the seed's own reasons
+    /// ([`crate::bench::seed_redis::FAILED_CLAIMS_METRIC`]).
+    pub async fn failed_claims(&self, http: &reqwest::Client) -> BTreeMap<String, f64> {
+        let mut failed = BTreeMap::new();
         for replica in &self.replicas {
-            if let Ok(text) = replica.scrape(http).await {
-                lost +=
-                    replicas::metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
+            let Ok(text) = replica.scrape(http).await else {
+                continue;
+            };
+            *failed.entry("claim lost".to_owned()).or_default() +=
+                replicas::metric_sum(&text, "autoapproval_claims_total", &["result=\"lost\""]);
+            for reason in ["lock_contention", "stale_candidate", "redis_unavailable"] {
+                let label = format!("reason=\"{reason}\"");
+                let n = replicas::metric_sum(
+                    &text,
+                    crate::bench::seed_redis::FAILED_CLAIMS_METRIC,
+                    &[&label],
+                );
+                *failed.entry(reason.replace('_', " ")).or_default() += n;
             }
         }
-        lost
+        failed
     }
 
     /// Stops the replica named `name` (SIGTERM, then SIGKILL after `grace`).
@@ -406,16 +511,21 @@ impl Stack {
             server.shutdown().await;
         }
         if let Some(harness) = self.harness.take() {
-            harness.pool().close().await;
+            harness.close().await;
         }
         if let Some(pg) = self.postgres.take() {
             pg.stop().await;
         }
+        // Killed, its data directory removed.
+        drop(self.mariadb.take());
         let remove = if keep_logs {
             self.dir.join("pg").join("data")
         } else {
             self.dir.clone()
         };
+        if !remove.exists() {
+            return;
+        }
         if let Err(error) = std::fs::remove_dir_all(&remove) {
             tracing::warn!(dir = %self.dir.display(), %error, "could not remove the stack's directory");
         }

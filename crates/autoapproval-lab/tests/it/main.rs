@@ -4,6 +4,7 @@
 
 mod demo;
 mod outages;
+mod seed_redis;
 
 /// Sends `SIG<name>` to `pid`.
 pub fn signal(pid: u32, name: &str) {
