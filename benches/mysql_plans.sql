@@ -223,7 +223,7 @@ EXPLAIN INSERT IGNORE INTO auto_approve_state
  SELECT 2000000, 'OWNER_CONTRACT', 'IN_PROGRESS', 'r1', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
   WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = 2000000)
     AND EXISTS (SELECT 1 FROM approval_request r
-                 WHERE r.id = 2000000 AND r.status IN ('ING', 'PENDING', 'RETRY'));
+                 WHERE r.id = 2000000 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'));
 
 SELECT '== LOCK claim of a due retry: UPDATE by primary key' AS statement;
 EXPLAIN UPDATE auto_approve_state

@@ -24,23 +24,18 @@ pub enum ClaimOutcome {
 
 impl ClaimOutcome {
     /// Why a new request's claim wrote nothing, from the request's status
-    /// on the primary read after it (`None`: no such request): closed, or
-    /// else lost to another worker.
-    pub(super) fn refused(
-        request_id: i64,
-        status: Option<&str>,
-    ) -> Result<ClaimOutcome, StoreError> {
+    /// on the primary read after it (`None`: no such request): decided, or
+    /// else lost to another worker (or paused). The claim refuses only a
+    /// known decision, so a status this controller does not know is claimed
+    /// and reported by the chain's re-read (`malformed_rows`), not here.
+    pub(super) fn refused(status: Option<&str>) -> ClaimOutcome {
         let Some(status) = status else {
-            return Ok(ClaimOutcome::Closed(None));
+            return ClaimOutcome::Closed(None);
         };
-        let status: RequestStatus = status
-            .parse()
-            .map_err(|error| StoreError::Malformed { request_id, error })?;
-        Ok(if status.is_open() {
-            ClaimOutcome::Lost
-        } else {
-            ClaimOutcome::Closed(Some(status))
-        })
+        match status.parse::<RequestStatus>() {
+            Ok(status) if !status.is_open() => ClaimOutcome::Closed(Some(status)),
+            _ => ClaimOutcome::Lost,
+        }
     }
 }
 

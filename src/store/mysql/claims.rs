@@ -50,13 +50,15 @@ impl Claims for MysqlStore {
             None => {
                 // created_at in the database clock, as the wake rows' woken_at:
                 // apply_wakes drops the wake rows older than the state row.
+                // Only a known decision refuses the claim: an unknown status
+                // is claimed, and the chain's re-read reports it by name.
                 let inserted = sqlx::query(
                     "INSERT IGNORE INTO auto_approve_state
                             (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
                      SELECT ?, ?, 'IN_PROGRESS', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
                       WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
                         AND EXISTS (SELECT 1 FROM approval_request r
-                                     WHERE r.id = ? AND r.status IN ('ING', 'PENDING', 'RETRY'))",
+                                     WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
                 )
                 .bind(candidate.request_id)
                 .bind(candidate.request_type.as_str())
@@ -77,10 +79,7 @@ impl Claims for MysqlStore {
                             .fetch_optional(&mut *tx)
                             .await
                             .map_err(db("claim new request: why refused"))?;
-                    let outcome = ClaimOutcome::refused(
-                        candidate.request_id,
-                        status.as_ref().map(|(s,)| s.as_str()),
-                    )?;
+                    let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()));
                     return give_up(tx, "claim", outcome).await;
                 }
                 Some((inserted.last_insert_id() as i64, 0, 0))

@@ -28,8 +28,10 @@ impl Claims for PgStore {
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
                            FOR SHARE))
                     AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
+                    -- Only a known decision refuses: an unknown status is
+                    -- claimed, and the chain's re-read reports it by name.
                     AND EXISTS (SELECT 1 FROM approval_request r
-                                 WHERE r.id = $1 AND r.status IN ('ING', 'PENDING', 'RETRY'))
+                                 WHERE r.id = $1 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))
                  ON CONFLICT (request_id) DO NOTHING
                  RETURNING id, retry_count, transient_streak",
             )
@@ -91,7 +93,7 @@ impl Claims for PgStore {
                         .fetch_optional(&self.primary)
                         .await
                         .map_err(db("claim new request: why refused"))?;
-                ClaimOutcome::refused(candidate.request_id, status.as_ref().map(|(s,)| s.as_str()))?
+                ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()))
             }
             None => ClaimOutcome::Lost,
         })
