@@ -14,6 +14,10 @@ use crate::stack::{Program, Stack, StackError, WORKER_ROLE};
 use autoapproval::shutdown::Termination;
 use autoapproval_sim::SimConfig;
 
+/// The replicas' `--condition-retry-interval` at rest: no waiting request
+/// comes due while a run lasts.
+const AT_REST_RETRY_INTERVAL: Duration = Duration::from_secs(3 * 3600);
+
 /// What `--at-rest` measured.
 #[derive(Debug, Serialize)]
 pub struct AtRestReport {
@@ -70,10 +74,11 @@ pub struct Restart {
 /// Runs `--at-rest` on a stack of its own, removed afterwards.
 pub async fn run(args: &BenchArgs, interrupt: &mut Termination) -> Result<(), BenchError> {
     println!(
-        "at rest: {} replicas, {} shards, {} requests waiting, measured for {} s",
+        "at rest: {} replicas, {} shards, {} requests waiting (--condition-retry-interval {} s), measured for {} s",
         args.replicas,
         args.shards,
         args.waiting,
+        AT_REST_RETRY_INTERVAL.as_secs(),
         args.window.as_secs_f64()
     );
     let mut stack = Stack::start(&args.stack, "at-rest", SimConfig::default()).await?;
@@ -188,8 +193,17 @@ async fn first_approval(
 }
 
 async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, BenchError> {
-    let replica_args =
-        |stack: &Stack, name: &str| super::ours_argv(stack, args, name, args.poll_period);
+    // Waiting requests must stay waiting while they are inserted, measured
+    // and restarted over: at 100,000 that takes longer than the 10-minute
+    // default, after which every one would be attempted again.
+    let replica_args = |stack: &Stack, name: &str| {
+        let mut argv = super::ours_argv(stack, args, name, args.poll_period);
+        argv.extend([
+            "--condition-retry-interval".to_owned(),
+            format!("{}s", AT_REST_RETRY_INTERVAL.as_secs()),
+        ]);
+        argv
+    };
     let names: Vec<String> = (0..args.replicas).map(|i| format!("ours-{i}")).collect();
     for name in &names {
         let argv = replica_args(stack, name);
