@@ -412,7 +412,10 @@ fn table(r: &AtRestReport) -> String {
     );
     out += &format!(
         "| restart: balanced again | {:.1} s |\n| restart: reconciles done (quiet 3 s) | {:.1} s, {} reconciles |\n| restart: status patches | {} |\n",
-        r.restart.ready_s, r.restart.reconciled_s, r.restart.reconciles, r.restart.status_patches
+        r.restart.ready_s,
+        r.restart.reconciled_s,
+        r.restart.reconciles + 0.0, // an empty sum is -0.0
+        r.restart.status_patches
     );
     out
 }
