@@ -219,19 +219,19 @@ pub fn for_request(request_id: i64, approval_type: ApprovalType, shard_count: u3
 /// been replaced meanwhile (404, 409).
 pub async fn delete_seen(
     api: &kube::Api<AutoApproval>,
-    cr: &AutoApproval,
+    name: &str,
+    uid: Option<String>,
 ) -> Result<bool, kube::Error> {
-    use kube::ResourceExt;
     use kube::api::{DeleteParams, Preconditions};
 
     let params = DeleteParams {
         preconditions: Some(Preconditions {
-            uid: cr.uid(),
+            uid,
             resource_version: None,
         }),
         ..DeleteParams::default()
     };
-    match api.delete(&cr.name_any(), &params).await {
+    match api.delete(name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => Ok(false),
         Err(error) => Err(error),
@@ -246,31 +246,6 @@ pub fn annotation_field(key: &str) -> String {
     )
 }
 
-/// Drops what the controller never reads from a CR before the reflector
-/// caches it: other parties' annotations (kubectl's last-applied copy of the
-/// whole object among them) and every managedFields entry but those that set
-/// the retry annotation, which name who asked, cut down to that field. Each
-/// replica keeps every CR in memory, and these were most of one.
-pub fn trim_for_cache(cr: &mut AutoApproval) {
-    let meta = &mut cr.metadata;
-    if let Some(annotations) = meta.annotations.as_mut() {
-        annotations.retain(|key, _| key.starts_with("autoapproval.io/"));
-    }
-    if let Some(entries) = meta.managed_fields.as_mut() {
-        let retry = annotation_field(RETRY_ANNOTATION);
-        entries.retain(|e| {
-            e.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.pointer(&retry).is_some())
-        });
-        for entry in entries.iter_mut() {
-            entry.fields_v1 = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::FieldsV1(
-                serde_json::json!({"f:metadata": {"f:annotations": {format!("f:{RETRY_ANNOTATION}"): {}}}}),
-            ));
-        }
-    }
-}
-
 /// The CRD manifest as YAML, what `autoapproval crd` prints and
 /// `crds/autoapproval.yaml` holds.
 pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
@@ -280,58 +255,6 @@ pub fn crd_yaml() -> Result<String, serde_yaml::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_cached_cr_keeps_our_annotations_and_who_set_the_retry_one() {
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{FieldsV1, ManagedFieldsEntry};
-        let entry = |manager: &str, fields: serde_json::Value| ManagedFieldsEntry {
-            manager: Some(manager.into()),
-            operation: Some("Update".into()),
-            fields_v1: Some(FieldsV1(fields)),
-            ..ManagedFieldsEntry::default()
-        };
-        let mut cr = for_request(7, ApprovalType::OwnerContract, 16);
-        cr.metadata.annotations = Some(
-            [
-                (RETRY_ANNOTATION.to_owned(), "now".to_owned()),
-                (
-                    "kubectl.kubernetes.io/last-applied-configuration".to_owned(),
-                    "{…}".to_owned(),
-                ),
-            ]
-            .into(),
-        );
-        cr.metadata.managed_fields = Some(vec![
-            entry(
-                "autoapproval",
-                serde_json::json!({"f:spec": {"f:requestId": {}}, "f:status": {}}),
-            ),
-            entry(
-                "kubectl-annotate",
-                serde_json::json!({"f:metadata": {"f:annotations": {
-                    "f:autoapproval.io/retry-requested-at": {},
-                    "f:other": {}
-                }}}),
-            ),
-        ]);
-        trim_for_cache(&mut cr);
-        let annotations = cr.metadata.annotations.clone().unwrap_or_default();
-        assert_eq!(annotations.keys().collect::<Vec<_>>(), [RETRY_ANNOTATION]);
-        let entries = cr.metadata.managed_fields.clone().unwrap_or_default();
-        assert_eq!(entries.len(), 1, "{entries:?}");
-        assert_eq!(entries[0].manager.as_deref(), Some("kubectl-annotate"));
-        let fields = &entries[0].fields_v1.as_ref().expect("fields").0;
-        assert!(
-            fields
-                .pointer(&annotation_field(RETRY_ANNOTATION))
-                .is_some()
-        );
-        assert!(
-            fields
-                .pointer("/f:metadata/f:annotations/f:other")
-                .is_none()
-        );
-    }
 
     #[test]
     fn names_and_shards_are_deterministic() {

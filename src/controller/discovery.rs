@@ -8,8 +8,6 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
-use futures::channel::mpsc;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store as Cache};
 use rand::Rng;
@@ -17,10 +15,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use super::cached::CachedAutoApproval;
 use super::crd::{self, ApprovalType, AutoApproval, FIELD_MANAGER};
 use crate::approval::TurnConfig;
 use crate::clock::SharedClock;
-use crate::coordination::Shards;
+use crate::coordination::{Acquired, Shards};
 use crate::domain::{Candidate, RequestType};
 use crate::store::{RequestChange, ShardFilter, Store, StoreError};
 use crate::telemetry::Metrics;
@@ -57,9 +56,9 @@ pub struct Discovery {
     /// The CRs' namespace.
     pub api: Api<AutoApproval>,
     /// The controller's CR cache.
-    pub cache: Cache<AutoApproval>,
+    pub cache: Cache<CachedAutoApproval>,
     /// Feeds `Controller::reconcile_on`.
-    pub trigger: mpsc::UnboundedSender<ObjectRef<AutoApproval>>,
+    pub trigger: Trigger,
     /// The clock.
     pub clock: SharedClock,
     /// Metrics.
@@ -68,6 +67,60 @@ pub struct Discovery {
     pub settings: DiscoveryConfig,
     /// The shards this replica holds: discovery touches no other.
     pub shards: Arc<Shards>,
+}
+
+/// Feeds `Controller::reconcile_on`: bounded by [`TRIGGER_CAPACITY`]; a
+/// sender finding it full waits. The controller's scheduler takes from it
+/// whatever its reconciles are doing (it keeps one entry per CR), so the
+/// wait is short and never circular.
+pub type Trigger = tokio::sync::mpsc::Sender<ObjectRef<CachedAutoApproval>>;
+
+/// Capacity of [`Trigger`] and of the channels into discovery.
+pub const TRIGGER_CAPACITY: usize = 1024;
+
+/// Changes heard from the database, into discovery: bounded by
+/// [`TRIGGER_CAPACITY`]. A full channel drops the change and raises `lost`,
+/// and discovery then runs a whole turn: every change is recorded in the
+/// database (the wake row, the state row), so the turn finds what the
+/// dropped notifications named.
+#[derive(Clone)]
+pub struct ChangeSender {
+    tx: tokio::sync::mpsc::Sender<RequestChange>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ChangeSender {
+    /// False once discovery is gone.
+    fn send(&self, change: RequestChange) -> bool {
+        use tokio::sync::mpsc::error::TrySendError;
+        match self.tx.try_send(change) {
+            Ok(()) => true,
+            Err(TrySendError::Full(_)) => {
+                self.lost.store(true, std::sync::atomic::Ordering::Relaxed);
+                true
+            }
+            Err(TrySendError::Closed(_)) => false,
+        }
+    }
+}
+
+/// The receiving end of [`ChangeSender`].
+pub struct Changes {
+    rx: tokio::sync::mpsc::Receiver<RequestChange>,
+    lost: Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// A bounded channel of request changes.
+pub fn changes_channel() -> (ChangeSender, Changes) {
+    let (tx, rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+    let lost = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    (
+        ChangeSender {
+            tx,
+            lost: lost.clone(),
+        },
+        Changes { rx, lost },
+    )
 }
 
 /// What one turn did.
@@ -92,10 +145,10 @@ impl Discovery {
     pub async fn run(
         self,
         mut stopping: watch::Receiver<bool>,
-        mut deleted: mpsc::UnboundedReceiver<i64>,
-        mut acquired: mpsc::UnboundedReceiver<u32>,
+        mut deleted: tokio::sync::mpsc::Receiver<i64>,
+        acquired: Arc<Acquired>,
     ) {
-        let (changes_tx, mut changes) = mpsc::unbounded();
+        let (changes_tx, mut changes) = changes_channel();
         if self.settings.notify {
             tokio::spawn(listen(self.store.clone(), changes_tx, stopping.clone()));
         } else {
@@ -114,24 +167,20 @@ impl Discovery {
             // shutdown) disables its branch; the poll and the stop remain.
             let woken = tokio::select! {
                 () = tokio::time::sleep_until(next_turn) => Woken::default(),
-                Some(first) = changes.next() => drain(first, &mut changes),
-                Some(first) = deleted.next() => {
+                Some(first) = changes.rx.recv() => drain(first, &mut changes),
+                Some(first) = deleted.recv() => {
                     self.restore(&drain_ids(first, &mut deleted)).await;
                     continue;
                 }
-                Some(first) = acquired.next() => {
-                    let mut shards = BTreeSet::from([first]);
-                    while let Ok(shard) = acquired.try_recv() {
-                        shards.insert(shard);
-                    }
-                    self.reconcile_shards(&shards);
+                shards = acquired.take() => {
+                    self.reconcile_shards(&shards).await;
                     Woken::default()
                 }
                 () = stopped(&mut stopping) => return,
             };
             if !woken.ids.is_empty() {
                 self.metrics.notify_wakeup();
-                self.wake(&woken.ids);
+                self.wake(&woken.ids).await;
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
                 let ours = self.ours();
@@ -167,19 +216,60 @@ impl Discovery {
         }
     }
 
-    /// Reconciles every cached CR of `shards` (just acquired: the previous
-    /// holder's requeue timers are gone with it).
-    fn reconcile_shards(&self, shards: &BTreeSet<u32>) {
-        let mut n = 0;
+    /// Reconciles the cached CRs of `shards` (just acquired: the previous
+    /// holder's requeue timers are gone with it), except those that wait
+    /// quietly beyond one poll period: the candidate query finds each when
+    /// it is due, and a change to its request makes it due (the wake row).
+    /// Of those, only the ones whose request was decided meanwhile (a
+    /// person's decision wakes nothing) are reconciled, found by one query.
+    async fn reconcile_shards(&self, shards: &BTreeSet<u32>) {
+        let horizon = self.clock.now()
+            + chrono::Duration::from_std(self.settings.poll_period).unwrap_or_default();
+        let (mut reconciled, mut settled) = (0, Vec::new());
         for cr in self.cache.state() {
-            if shards.contains(&self.shards.shard_of(cr.spec.request_id)) {
-                // By the CR's own name: a misnamed one is reconciled too,
-                // to be reported.
-                let _ = self.trigger.unbounded_send(ObjectRef::from_obj(&*cr));
-                n += 1;
+            if !shards.contains(&self.shards.shard_of(cr.spec.request_id)) {
+                continue;
             }
+            if cr.settled_until().is_some_and(|due| due > horizon) {
+                settled.push(cr);
+                continue;
+            }
+            // By the CR's own name: a misnamed one is reconciled too,
+            // to be reported.
+            self.reconcile(ObjectRef::from_obj(&*cr)).await;
+            reconciled += 1;
         }
-        debug!(?shards, crs = n, "reconciling the CRs of acquired shards");
+        let ids: Vec<i64> = settled.iter().map(|cr| cr.spec.request_id).collect();
+        let decided = match self.store.request_statuses(&ids).await {
+            Ok(rows) => rows
+                .into_iter()
+                .filter(|row| !matches!(&row.status, Ok(status) if status.is_open()))
+                .map(|row| row.request_id)
+                .collect::<BTreeSet<i64>>(),
+            Err(error) => {
+                warn!(%error, "cannot tell which waiting requests were decided; reconciling them all");
+                ids.iter().copied().collect()
+            }
+        };
+        for cr in settled
+            .iter()
+            .filter(|cr| decided.contains(&cr.spec.request_id))
+        {
+            self.reconcile(ObjectRef::from_obj(&**cr)).await;
+        }
+        debug!(
+            ?shards,
+            reconciled,
+            settled = settled.len(),
+            decided = decided.len(),
+            "reconciling the CRs of acquired shards"
+        );
+    }
+
+    /// Asks for a reconcile of `key`; waits while the controller's queue is full.
+    async fn reconcile(&self, key: ObjectRef<CachedAutoApproval>) {
+        // Closed only when the controller is gone, at shutdown.
+        let _ = self.trigger.send(key).await;
     }
 
     /// Whether a request is in a shard this replica can work now (one
@@ -229,12 +319,12 @@ impl Discovery {
     /// 0009), for every request and whoever holds its shard, so a change
     /// notified while a shard changes hands is found due by the next
     /// holder's first turn.
-    fn wake(&self, changed: &[i64]) {
+    async fn wake(&self, changed: &[i64]) {
         let ours = self.ours();
         for request_id in changed.iter().copied().filter(|id| ours(*id)) {
             let key = self.key(request_id);
             if self.cache.get(&key).is_some() {
-                let _ = self.trigger.unbounded_send(key);
+                self.reconcile(key).await;
             }
         }
     }
@@ -267,6 +357,7 @@ impl Discovery {
     /// One turn: the candidate query of each type; a CR for each new
     /// candidate, a reconcile for each one whose CR exists.
     pub async fn turn(&self) -> Result<TurnSummary, DiscoveryError> {
+        let started = Instant::now();
         let now = self.clock.now();
         let mut summary = TurnSummary::default();
         let held = self.shards.workable();
@@ -303,7 +394,8 @@ impl Discovery {
                 self.ensure(candidate, &mut summary).await;
             }
         }
-        self.metrics.turn(summary.candidates);
+        self.metrics
+            .turn(summary.candidates, started.elapsed().as_secs_f64());
         debug!(?summary, "discovery turn");
         Ok(summary)
     }
@@ -314,7 +406,7 @@ impl Discovery {
             // A CR without status has a reconcile pending from its watch
             // event; one with status and still a candidate needs another.
             if candidate.state_id.is_some() || cr.status.is_some() {
-                let _ = self.trigger.unbounded_send(key);
+                self.reconcile(key).await;
                 summary.triggered += 1;
             }
             return;
@@ -347,7 +439,7 @@ impl Discovery {
                 true
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
-                let _ = self.trigger.unbounded_send(self.key(request_id));
+                self.reconcile(self.key(request_id)).await;
                 false
             }
             Err(error) => {
@@ -357,7 +449,7 @@ impl Discovery {
         }
     }
 
-    fn key(&self, request_id: i64) -> ObjectRef<AutoApproval> {
+    fn key(&self, request_id: i64) -> ObjectRef<CachedAutoApproval> {
         let ns = self.api_namespace();
         ObjectRef::new(&crd::cr_name(request_id)).within(&ns)
     }
@@ -368,7 +460,7 @@ impl Discovery {
 }
 
 /// The deleted CRs' request ids already waiting in the channel.
-fn drain_ids(first: i64, deleted: &mut mpsc::UnboundedReceiver<i64>) -> Vec<i64> {
+fn drain_ids(first: i64, deleted: &mut tokio::sync::mpsc::Receiver<i64>) -> Vec<i64> {
     let mut ids = BTreeSet::from([first]);
     while let Ok(id) = deleted.try_recv() {
         ids.insert(id);
@@ -386,9 +478,12 @@ struct Woken {
 }
 
 /// Everything already waiting in the channel.
-fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChange>) -> Woken {
+fn drain(first: RequestChange, changes: &mut Changes) -> Woken {
     let mut ids = BTreeSet::new();
-    let mut reconnected = false;
+    // Changes dropped on a full channel: a whole turn finds them.
+    let mut reconnected = changes
+        .lost
+        .swap(false, std::sync::atomic::Ordering::Relaxed);
     let mut add = |change: RequestChange| match change {
         RequestChange::Changed(id) => {
             ids.insert(id);
@@ -397,7 +492,7 @@ fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChan
         RequestChange::Malformed(_) => {}
     };
     add(first);
-    while let Ok(change) = changes.try_recv() {
+    while let Ok(change) = changes.rx.try_recv() {
         add(change);
     }
     Woken {
@@ -408,11 +503,7 @@ fn drain(first: RequestChange, changes: &mut mpsc::UnboundedReceiver<RequestChan
 
 /// Forwards request changes from LISTEN; reconnects with backoff. A
 /// reconnection is forwarded too, so discovery runs a full turn.
-async fn listen(
-    store: Store,
-    tx: mpsc::UnboundedSender<RequestChange>,
-    mut stopping: watch::Receiver<bool>,
-) {
+async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bool>) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let connected = tokio::select! {
@@ -436,7 +527,7 @@ async fn listen(
             }
         };
         // A turn after (re)connecting catches whatever was missed.
-        if tx.unbounded_send(RequestChange::Reconnected).is_err() {
+        if !tx.send(RequestChange::Reconnected) {
             return;
         }
         loop {
@@ -449,7 +540,7 @@ async fn listen(
                     warn!(%payload, "request-changed notification without a request id; ignored");
                 }
                 Ok(change) => {
-                    if tx.unbounded_send(change).is_err() {
+                    if !tx.send(change) {
                         return;
                     }
                 }
@@ -469,7 +560,7 @@ pub(crate) async fn stopped(stopping: &mut watch::Receiver<bool>) {
 
 /// Waits for the cache's first sync. A fresh wait each 100 ms: with several
 /// waiters on one store, a wake-up can be missed.
-pub(crate) async fn wait_ready(cache: &Cache<AutoApproval>) {
+pub(crate) async fn wait_ready(cache: &Cache<CachedAutoApproval>) {
     loop {
         tokio::select! {
             _ = cache.wait_until_ready() => return,
@@ -484,13 +575,13 @@ mod tests {
 
     #[test]
     fn a_reconnect_among_changes_still_asks_for_a_whole_turn() {
-        let (tx, mut rx) = mpsc::unbounded();
+        let (tx, mut rx) = changes_channel();
         for change in [
             RequestChange::Changed(5),
             RequestChange::Reconnected,
             RequestChange::Changed(3),
         ] {
-            tx.unbounded_send(change).unwrap();
+            assert!(tx.send(change));
         }
         let first = RequestChange::Changed(5);
         assert_eq!(
@@ -500,9 +591,21 @@ mod tests {
                 reconnected: true
             }
         );
-        tx.unbounded_send(RequestChange::Changed(9)).unwrap();
+        assert!(tx.send(RequestChange::Changed(9)));
         let only_changes = drain(RequestChange::Changed(8), &mut rx);
         assert_eq!(only_changes.ids, [8, 9]);
         assert!(!only_changes.reconnected);
+    }
+
+    #[test]
+    fn changes_dropped_on_a_full_channel_ask_for_a_whole_turn() {
+        let (tx, mut rx) = changes_channel();
+        for id in 0..=TRIGGER_CAPACITY as i64 {
+            assert!(tx.send(RequestChange::Changed(id)));
+        }
+        let woken = drain(RequestChange::Changed(-1), &mut rx);
+        assert!(woken.reconnected, "one change was dropped");
+        assert_eq!(woken.ids.len(), TRIGGER_CAPACITY + 1);
+        assert!(!drain(RequestChange::Changed(1), &mut rx).reconnected);
     }
 }

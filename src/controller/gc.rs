@@ -11,6 +11,7 @@ use kube::api::Api;
 use kube::runtime::reflector::Store as Cache;
 use tracing::{info, warn};
 
+use super::cached::CachedAutoApproval;
 use super::crd::{self, AutoApproval};
 use crate::clock::SharedClock;
 use crate::store::{Store, StoreError};
@@ -39,7 +40,7 @@ pub struct Collector {
     /// The CRs' namespace.
     pub api: Api<AutoApproval>,
     /// The controller's CR cache.
-    pub cache: Cache<AutoApproval>,
+    pub cache: Cache<CachedAutoApproval>,
     /// The store.
     pub store: Store,
     /// The clock.
@@ -103,19 +104,18 @@ impl Collector {
         Ok(report)
     }
 
-    fn age(&self, cr: &AutoApproval, now: chrono::DateTime<chrono::Utc>) -> Duration {
-        cr.metadata
-            .creation_timestamp
-            .as_ref()
-            .and_then(|t| chrono::DateTime::from_timestamp_micros(t.0.as_microsecond()))
+    fn age(&self, cr: &CachedAutoApproval, now: chrono::DateTime<chrono::Utc>) -> Duration {
+        cr.created_at
+            .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
             .and_then(|created| (now - created).to_std().ok())
             .unwrap_or_default()
     }
 
     /// Deletes exactly the CR seen; false when it is gone, replaced or
     /// the API server refused (logged).
-    async fn delete(&self, cr: &AutoApproval) -> bool {
-        crd::delete_seen(&self.api, cr)
+    async fn delete(&self, cr: &CachedAutoApproval) -> bool {
+        use kube::ResourceExt;
+        crd::delete_seen(&self.api, &cr.name_any(), cr.uid())
             .await
             .unwrap_or_else(|error| {
                 warn!(request_id = cr.spec.request_id, %error, "could not delete AutoApproval");

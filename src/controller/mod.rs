@@ -1,9 +1,11 @@
 //! The controller: AutoApproval CRs mirroring requests, discovery feeding
 //! kube-runtime's `Controller`, and the level-triggered reconcile.
 
+pub mod cached;
 pub mod config;
 pub mod crd;
 pub mod discovery;
+pub mod events;
 pub mod gc;
 pub mod reconcile;
 pub mod status;
@@ -17,7 +19,7 @@ use futures::channel::mpsc;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::utils::Predicate;
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
@@ -35,9 +37,11 @@ use crate::outage::{Outage, Report};
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
+use self::cached::CachedAutoApproval;
 use self::config::ControllerConfig;
 use self::crd::AutoApproval;
-use self::discovery::Discovery;
+use self::discovery::{Discovery, TRIGGER_CAPACITY};
+use self::events::Publisher;
 use self::gc::Collector;
 use self::reconcile::Context;
 
@@ -52,6 +56,9 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How long shutdown waits for the Leases to be handed back.
 const LEASE_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The replica's long-running tasks under the [`Supervisor`].
+const SUPERVISED_TASKS: usize = 6;
 
 /// How often a lasting watch failure is logged again.
 const WATCH_OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -167,7 +174,7 @@ pub async fn run_until(
     };
     let (coordinator, coordination) = Coordinator::new(
         Api::namespaced(client.clone(), &settings.namespace),
-        Recorder::new(client.clone(), reporter.clone()),
+        Publisher::new(client.clone(), reporter.clone()),
         &api_server,
         &settings.replica_name,
         fencer,
@@ -177,40 +184,61 @@ pub async fn run_until(
     );
     let shards = coordination.shards.clone();
     let (release_tx, release_rx) = watch::channel(false);
-    // A task that ends before shutdown, by panic or otherwise, stops the replica.
-    let (failed_tx, mut failed_rx) = mpsc::unbounded();
+    // A task that ends before shutdown, by panic or otherwise, stops the
+    // replica. Each of the six tasks sends at most once: never full.
+    let (failed_tx, mut failed_rx) = mpsc::channel(SUPERVISED_TASKS);
     let supervise = Supervisor {
         failed: failed_tx,
         stopping: stop_rx.clone(),
     };
     let coordinator = supervise.spawn("coordination", coordinator.run(release_rx));
 
-    // Only spec and annotation changes (a retry asked for) trigger a
-    // reconcile from the watch: our own status writes would otherwise come
-    // straight back as work. A
-    // deletion goes to discovery, which puts back the CR of an open request.
-    let (cache, writer) = reflector::store();
-    let (deleted_tx, deleted_rx) = mpsc::unbounded();
-    let crs = watcher(api.clone(), watcher::Config::default())
+    // Only spec changes and a retry asked for trigger a reconcile from the
+    // watch: our own status writes would otherwise come straight back as
+    // work. A CR that waits quietly beyond one poll period is not reconciled
+    // on sight either (a restart or a re-list sees every CR): the candidate
+    // query finds it when it is due. A deletion goes to discovery, which
+    // puts back the CR of an open request.
+    let (cache, writer) = reflector::store::<CachedAutoApproval>();
+    // Full (1024 deletions discovery has not looked at yet): the deletion
+    // is dropped, and the CR comes back when its request is next a
+    // candidate (due, or woken by a change) instead of at once.
+    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+    let horizon = chrono::Duration::from_std(settings.discovery.poll_period).unwrap_or_default();
+    let watched: Api<CachedAutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
+    let crs = watcher(watched, watcher::Config::default())
         .default_backoff()
-        .modify(crd::trim_for_cache)
+        .modify(CachedAutoApproval::forget_version)
         .reflect(writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(cr) = event {
-                let _ = deleted_tx.unbounded_send(cr.spec.request_id);
+                let _ = deleted_tx.try_send(cr.spec.request_id);
             }
         })
         .applied_objects()
         .predicate_filter(
-            predicates::generation::<AutoApproval>.combine(predicates::annotations),
+            predicates::generation::<CachedAutoApproval>.combine(retry_asked),
             Default::default(),
-        );
-    let (trigger_tx, trigger_rx) = mpsc::unbounded();
+        )
+        .try_filter({
+            let clock = clock.clone();
+            move |cr| {
+                let quiet = cr
+                    .settled_until()
+                    .is_some_and(|due| due > clock.now() + horizon);
+                futures::future::ready(!quiet)
+            }
+        });
+    // Full: discovery and the sweeper wait (see discovery::Trigger).
+    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+    let trigger_rx = futures::stream::unfold(trigger_rx, |mut rx| async move {
+        rx.recv().await.map(|key| (key, rx))
+    });
 
     let context = Arc::new(Context {
         approver: approver.clone(),
         api: api.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
+        events: Publisher::new(client.clone(), reporter),
         shards: shards.clone(),
         clock: clock.clone(),
         metrics: metrics.clone(),
@@ -294,7 +322,7 @@ pub async fn run_until(
     };
     let discovery = supervise.spawn(
         "discovery",
-        discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired),
+        discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired.clone()),
     );
     let census = Census {
         store: store.clone(),
@@ -410,12 +438,22 @@ async fn crd_installed(api: &Api<AutoApproval>) -> Result<(), ControllerError> {
     }
 }
 
+/// The retry asked for on a CR, for the watch's predicate: a new value is
+/// a reconcile.
+fn retry_asked(cr: &CachedAutoApproval) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let ask = cr.retry.as_ref()?;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    ask.value.hash(&mut hasher);
+    Some(hasher.finish())
+}
+
 // === impl Supervisor ===
 
 /// Spawns the replica's long-running tasks and reports the one that ends
 /// while the replica is not stopping, with its panic message.
 struct Supervisor {
-    failed: mpsc::UnboundedSender<(&'static str, String)>,
+    failed: mpsc::Sender<(&'static str, String)>,
     stopping: watch::Receiver<bool>,
 }
 
@@ -424,7 +462,7 @@ impl Supervisor {
     where
         F: Future<Output = ()> + Send + 'static,
     {
-        let failed = self.failed.clone();
+        let mut failed = self.failed.clone();
         let stopping = self.stopping.clone();
         tokio::spawn(async move {
             let ended = std::panic::AssertUnwindSafe(work).catch_unwind().await;
@@ -433,7 +471,7 @@ impl Supervisor {
                 Ok(()) if !*stopping.borrow() => "it returned before shutdown".to_owned(),
                 Ok(()) => return,
             };
-            let _ = failed.unbounded_send((task, reason));
+            let _ = failed.try_send((task, reason));
         })
     }
 }
@@ -454,7 +492,7 @@ async fn sweep(
     approver: Arc<Approver>,
     shards: Arc<crate::coordination::Shards>,
     holder: String,
-    trigger: mpsc::UnboundedSender<kube::runtime::reflector::ObjectRef<AutoApproval>>,
+    trigger: discovery::Trigger,
     namespace: String,
     mut stopping: watch::Receiver<bool>,
 ) {
@@ -474,7 +512,7 @@ async fn sweep(
                 for request_id in released {
                     let key = kube::runtime::reflector::ObjectRef::new(&crd::cr_name(request_id))
                         .within(&namespace);
-                    let _ = trigger.unbounded_send(key);
+                    let _ = trigger.send(key).await;
                 }
             }
             Err(error) => debug!(%error, "cannot look for idle claims; next sweep retries"),
@@ -525,7 +563,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_task_that_panics_or_returns_early_is_reported_and_one_that_stops_is_not() {
-        let (failed, mut reports) = mpsc::unbounded();
+        let (failed, mut reports) = mpsc::channel(SUPERVISED_TASKS);
         let (stop, stopping) = watch::channel(false);
         let supervisor = Supervisor { failed, stopping };
         supervisor

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
+use super::cached::{CachedAutoApproval, digest};
 use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name};
+use super::events::Publisher;
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
@@ -91,7 +93,7 @@ pub struct Context {
     /// The CRs' namespace.
     pub api: Api<AutoApproval>,
     /// Publishes Events.
-    pub recorder: Recorder,
+    pub events: Publisher,
     /// The shards this replica holds: it reconciles no other.
     pub shards: Arc<Shards>,
     /// The clock.
@@ -102,12 +104,21 @@ pub struct Context {
     pub settings: ReconcileConfig,
     /// True once shutdown began: no new claims.
     pub stopping: watch::Receiver<bool>,
-    /// Consecutive errors per CR, for the backoff.
+    /// Consecutive errors per CR, for the backoff: at most
+    /// [`FAILURES_TRACKED`] CRs.
     pub failures: Mutex<HashMap<String, u32>>,
 }
 
+/// CRs whose consecutive errors are counted. When that many fail at once,
+/// one count is dropped: one more CR starts its backoff from the
+/// base again, and the map stays bounded whatever the API server does.
+pub const FAILURES_TRACKED: usize = 1024;
+
 /// The reconcile function given to kube-runtime's Controller.
-pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Action, ReconcileError> {
+pub async fn reconcile(
+    cr: Arc<CachedAutoApproval>,
+    ctx: Arc<Context>,
+) -> Result<Action, ReconcileError> {
     let started = Instant::now();
     let shard = ctx.shards.shard_of(cr.spec.request_id);
     // Not ours now: the holder reconciles it, and acquiring the shard
@@ -144,10 +155,21 @@ pub async fn reconcile(cr: Arc<AutoApproval>, ctx: Arc<Context>) -> Result<Actio
 }
 
 /// The error policy: exponential backoff per CR, capped.
-pub fn error_policy(cr: Arc<AutoApproval>, error: &ReconcileError, ctx: Arc<Context>) -> Action {
+pub fn error_policy(
+    cr: Arc<CachedAutoApproval>,
+    error: &ReconcileError,
+    ctx: Arc<Context>,
+) -> Action {
     let failures = {
         let mut map = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
-        let n = map.entry(cr.name_any()).or_insert(0);
+        let name = cr.name_any();
+        if map.len() >= FAILURES_TRACKED && !map.contains_key(&name) {
+            // Any one: the map has no order, and any one loses only its count.
+            if let Some(evicted) = map.keys().next().cloned() {
+                map.remove(&evicted);
+            }
+        }
+        let n = map.entry(name).or_insert(0);
         *n = n.saturating_add(1);
         *n
     };
@@ -161,7 +183,7 @@ pub fn error_policy(cr: Arc<AutoApproval>, error: &ReconcileError, ctx: Arc<Cont
 }
 
 struct Reconcile<'a> {
-    cr: &'a AutoApproval,
+    cr: &'a CachedAutoApproval,
     ctx: &'a Context,
     guard: &'a ShardGuard,
     /// A retry request acted on in this reconcile, echoed by the status write.
@@ -208,7 +230,7 @@ impl Reconcile<'_> {
             .await?;
             return Ok(Action::await_change());
         }
-        let was_paused = self.cr.status.as_ref().and_then(|s| s.phase) == Some(Phase::Paused);
+        let was_paused = self.cr.phase() == Some(Phase::Paused);
         if was_paused {
             // Unpaused on this CR: the pause it set ends.
             store
@@ -438,7 +460,7 @@ impl Reconcile<'_> {
             // and retries: a second write would only blank those (one more
             // API write per approval). Written here only when that write
             // was lost, e.g. to a crash right after the approval.
-            if self.cr.status.as_ref().and_then(|s| s.phase) == Some(Phase::Approved) {
+            if self.cr.phase() == Some(Phase::Approved) {
                 return Ok(Action::await_change());
             }
             self.write(Observed::phase(
@@ -501,18 +523,11 @@ impl Reconcile<'_> {
     /// True when it made the request's state row due (the caller's copy of
     /// the row is then stale).
     async fn act_on_retry_request(&self) -> Result<bool, ReconcileError> {
-        let Some(asked) = self.cr.annotations().get(RETRY_ANNOTATION) else {
+        let Some(ask) = self.cr.retry_pending() else {
             return Ok(false);
         };
-        let done = self
-            .cr
-            .status
-            .as_ref()
-            .and_then(|s| s.last_retry_request.as_ref());
-        if done == Some(asked) {
-            return Ok(false);
-        }
-        let who = annotation_manager(self.cr, RETRY_ANNOTATION).unwrap_or_else(|| "someone".into());
+        let asked = &ask.value;
+        let who = ask.manager.as_deref().unwrap_or("someone");
         let note = format!("retry requested by {who} at {asked} ({RETRY_ANNOTATION})");
         let limit = self.ctx.approver.config().retry.limit;
         let made_due = self
@@ -540,7 +555,7 @@ impl Reconcile<'_> {
         info!(request_id = self.request_id(), %reason, "request type changed; replacing its AutoApproval");
         self.event(EventType::Normal, "TypeChanged", "Replace", reason)
             .await;
-        match super::crd::delete_seen(&self.ctx.api, self.cr).await {
+        match super::crd::delete_seen(&self.ctx.api, &self.cr.name_any(), self.cr.uid()).await {
             // Deleted, gone already, or replaced by someone else meanwhile.
             Ok(_) => Ok(Action::await_change()),
             Err(source) => Err(ReconcileError::Replace {
@@ -559,8 +574,8 @@ impl Reconcile<'_> {
             .cr
             .status
             .as_ref()
-            .and_then(|s| s.last_reason.as_deref());
-        if reason.starts_with("recovered:") && shown != Some(reason) {
+            .is_some_and(|s| s.shows_reason(reason));
+        if reason.starts_with("recovered:") && !shown {
             let note = format!("{reason}; last held by {}", state.holder);
             self.event(EventType::Normal, "Recovered", "Recover", note)
                 .await;
@@ -571,11 +586,11 @@ impl Reconcile<'_> {
     /// it wrote. A CR deleted meanwhile is not an error: the DB has the
     /// outcome and discovery recreates the CR if there is work left.
     async fn write(&self, observed: Observed) -> Result<bool, ReconcileError> {
-        let previous = self.cr.status.as_ref();
+        let previous = self.cr.status.as_deref();
         let mut status = project(
             previous,
             &observed,
-            self.cr.metadata.generation,
+            self.cr.meta().generation,
             self.ctx.clock.now(),
         );
         if let Some(ack) = self
@@ -586,7 +601,7 @@ impl Reconcile<'_> {
         {
             status.last_retry_request = Some(ack);
         }
-        if previous == Some(&status) {
+        if previous.map(|p| p.digest) == Some(digest(&status)) {
             return Ok(false);
         }
         let patch = serde_json::json!({
@@ -626,30 +641,13 @@ impl Reconcile<'_> {
             secondary: None,
         };
         let reference = self.cr.object_ref(&());
-        match self.ctx.recorder.publish(&event, &reference).await {
+        match self.ctx.events.publish(&event, &reference).await {
             Ok(()) => self.ctx.metrics.event(reason),
             Err(error) => {
                 warn!(request_id = self.request_id(), reason, %error, "could not publish Event");
             }
         }
     }
-}
-
-/// The field manager that last set annotation `key` (from managedFields):
-/// who asked, as the API server recorded it.
-fn annotation_manager(cr: &AutoApproval, key: &str) -> Option<String> {
-    let pointer = super::crd::annotation_field(key);
-    cr.metadata
-        .managed_fields
-        .as_ref()?
-        .iter()
-        .rev()
-        .find(|m| {
-            m.fields_v1
-                .as_ref()
-                .is_some_and(|f| f.0.pointer(&pointer).is_some())
-        })
-        .and_then(|m| m.manager.clone())
 }
 
 fn waiting_view(phase: Phase, state: &State) -> Observed {

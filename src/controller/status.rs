@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
+use super::cached::CachedStatus;
 use super::crd::{AutoApprovalStatus, Condition, Phase};
 
 /// `t` as a metav1 Time, to the second as the API server keeps it, so a
@@ -48,7 +49,7 @@ impl Observed {
 /// The status to write for `observed`, keeping each condition's
 /// lastTransitionTime while its status does not change.
 pub fn project(
-    previous: Option<&AutoApprovalStatus>,
+    previous: Option<&CachedStatus>,
     observed: &Observed,
     generation: Option<i64>,
     now: DateTime<Utc>,
@@ -76,9 +77,9 @@ pub fn project(
     .into_iter()
     .map(|(type_, status)| {
         let last_transition_time = previous
-            .and_then(|p| p.conditions.iter().find(|c| c.type_ == type_))
-            .filter(|c| c.status == status)
-            .map_or_else(|| api_time(now), |c| c.last_transition_time.clone());
+            .and_then(|p| p.condition(type_))
+            .filter(|c| &*c.status == status)
+            .map_or_else(|| api_time(now), |c| c.at.clone());
         Condition {
             type_: type_.to_owned(),
             status: status.to_owned(),
@@ -97,7 +98,7 @@ pub fn project(
         last_reason: observed.reason.clone(),
         holder: observed.holder.clone(),
         observed_generation: generation,
-        last_retry_request: previous.and_then(|p| p.last_retry_request.clone()),
+        last_retry_request: previous.and_then(|p| p.last_retry_request.as_deref().map(Into::into)),
         conditions,
     }
 }
@@ -131,14 +132,14 @@ mod tests {
             api_time(at(0))
         );
 
-        let again = project(Some(&first), &waiting, Some(1), at(5));
+        let again = project(Some(&CachedStatus::of(&first)), &waiting, Some(1), at(5));
         assert_eq!(
             again, first,
             "same observation, same status: nothing to write"
         );
 
         let done = project(
-            Some(&again),
+            Some(&CachedStatus::of(&again)),
             &Observed::phase(Phase::Approved, None),
             Some(1),
             at(7),

@@ -328,7 +328,7 @@ impl Coordinator {
                     recovered = recovered.len(),
                     "shard acquired"
                 );
-                let _ = self.acquired.unbounded_send(shard);
+                self.acquired.push(shard);
             }
             Ok(None) => {
                 warn!(

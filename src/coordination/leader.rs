@@ -65,7 +65,7 @@ impl Coordinator {
                 shard,
                 "member Lease renewed again after the renew deadline: claiming resumes"
             );
-            let _ = self.acquired.unbounded_send(shard);
+            self.acquired.push(shard);
         }
     }
 

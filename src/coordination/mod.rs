@@ -32,7 +32,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::channel::mpsc;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams};
 use tokio::sync::watch;
@@ -92,6 +91,38 @@ struct Seen {
     changed: Instant,
 }
 
+/// Shards acquired and not yet taken by discovery. A set, not a queue: at
+/// most K entries however often shards change hands before discovery
+/// looks, and a shard acquired twice meanwhile is reconciled once.
+#[derive(Debug, Default)]
+pub struct Acquired {
+    shards: std::sync::Mutex<std::collections::BTreeSet<u32>>,
+    added: tokio::sync::Notify,
+}
+
+impl Acquired {
+    /// Records `shard` as just acquired.
+    pub fn push(&self, shard: u32) {
+        self.shards
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(shard);
+        // Stores a permit when nobody waits: the next `take` finds it.
+        self.added.notify_one();
+    }
+
+    /// Waits for shards acquired since the last call and takes them all.
+    pub async fn take(&self) -> std::collections::BTreeSet<u32> {
+        loop {
+            let taken = std::mem::take(&mut *self.shards.lock().unwrap_or_else(|e| e.into_inner()));
+            if !taken.is_empty() {
+                return taken;
+            }
+            self.added.notified().await;
+        }
+    }
+}
+
 /// The coordination loop of one replica.
 pub struct Coordinator {
     api: Api<Lease>,
@@ -101,7 +132,7 @@ pub struct Coordinator {
     metrics: Metrics,
     settings: CoordinationConfig,
     leader: watch::Sender<bool>,
-    acquired: mpsc::UnboundedSender<u32>,
+    acquired: Arc<Acquired>,
     seen: HashMap<String, Seen>,
     /// When the last successful list was sent.
     last_list: Option<Instant>,
@@ -134,7 +165,7 @@ pub struct Coordinator {
     /// Every Lease was given back because the database does not answer.
     withdrawn: bool,
     /// Publishes Events on Leases: leadership taken, a shard failed over.
-    recorder: kube::runtime::events::Recorder,
+    recorder: crate::controller::events::Publisher,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -144,7 +175,7 @@ pub struct Handles {
     /// True while this replica is the leader.
     pub leader: watch::Receiver<bool>,
     /// Shards as they are acquired: their CRs need a reconcile.
-    pub acquired: mpsc::UnboundedReceiver<u32>,
+    pub acquired: Arc<Acquired>,
     /// When the API server last answered a Lease list (start-up until then).
     pub api_ok: watch::Receiver<Instant>,
 }
@@ -156,7 +187,7 @@ impl Coordinator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Lease>,
-        recorder: kube::runtime::events::Recorder,
+        recorder: crate::controller::events::Publisher,
         api_server: &str,
         identity: &str,
         cleanser: Arc<Cleanser>,
@@ -166,7 +197,7 @@ impl Coordinator {
     ) -> (Self, Handles) {
         let shards = Shards::new(identity, settings.shard_count, settings.renew_deadline);
         let (leader, leader_rx) = watch::channel(false);
-        let (acquired, acquired_rx) = mpsc::unbounded();
+        let acquired = Arc::new(Acquired::default());
         let (api_ok, api_ok_rx) = watch::channel(Instant::now());
         let coordinator = Self {
             api,
@@ -176,7 +207,7 @@ impl Coordinator {
             metrics,
             settings,
             leader,
-            acquired,
+            acquired: acquired.clone(),
             seen: HashMap::new(),
             last_list: None,
             mine: HashMap::new(),
@@ -198,7 +229,7 @@ impl Coordinator {
         let handles = Handles {
             shards,
             leader: leader_rx,
-            acquired: acquired_rx,
+            acquired,
             api_ok: api_ok_rx,
         };
         (coordinator, handles)

@@ -563,6 +563,7 @@ async fn health_readiness_and_metrics_are_served(db: Db) {
         "autoapproval_pickup_latency_seconds_bucket",
         "autoapproval_reconcile_duration_seconds_count{result=\"ok\"} 1",
         "autoapproval_discovery_turn_candidates_bucket",
+        "autoapproval_discovery_turn_duration_seconds_bucket",
         concat!(
             "autoapproval_build_info{version=\"",
             env!("CARGO_PKG_VERSION"),

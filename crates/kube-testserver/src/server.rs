@@ -497,32 +497,26 @@ fn resource(
                 }
                 None => (st.rv, None),
             };
-            let mut items: Vec<Value> = st
-                .list(&rt, t.ns.as_deref())
-                .into_iter()
-                .filter(|o| labels.matches(o) && fields.matches(o))
-                .filter(|o| {
-                    after.as_ref().is_none_or(|(cns, cname)| {
-                        (s(o, "/metadata/namespace"), s(o, "/metadata/name"))
-                            > (cns.as_str(), cname.as_str())
-                    })
-                })
-                .map(|o| with_version(&rt, &version, o))
-                .collect();
+            let (items, remaining) =
+                st.list_page(&rt, t.ns.as_deref(), after.as_ref(), limit, |o| {
+                    labels.matches(o) && fields.matches(o)
+                });
             drop(st);
             let mut meta = json!({"resourceVersion": list_rv.to_string()});
-            if limit > 0 && items.len() > limit {
-                let remaining = items.len() - limit;
-                items.truncate(limit);
-                if let Some(last) = items.last() {
-                    meta["continue"] = json!(encode_continue(
-                        list_rv,
-                        s(last, "/metadata/namespace"),
-                        s(last, "/metadata/name")
-                    ));
-                    meta["remainingItemCount"] = json!(remaining);
-                }
+            if remaining > 0
+                && let Some(last) = items.last()
+            {
+                meta["continue"] = json!(encode_continue(
+                    list_rv,
+                    s(last, "/metadata/namespace"),
+                    s(last, "/metadata/name")
+                ));
+                meta["remainingItemCount"] = json!(remaining);
             }
+            let items: Vec<Value> = items
+                .into_iter()
+                .map(|o| with_version(&rt, &version, o))
+                .collect();
             if table::wants_table(&accept) {
                 let inc = q
                     .get("includeObject")

@@ -9,12 +9,14 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use super::{BenchArgs, BenchError};
-use crate::harness::NewRequest;
 use crate::stack::replicas::metric_sum;
 use crate::stack::{Program, Stack, StackError, WORKER_ROLE};
-use autoapproval::domain::RequestType;
 use autoapproval::shutdown::Termination;
 use autoapproval_sim::SimConfig;
+
+/// The replicas' `--condition-retry-interval` at rest: no waiting request
+/// comes due while a run lasts.
+const AT_REST_RETRY_INTERVAL: Duration = Duration::from_secs(3 * 3600);
 
 /// What `--at-rest` measured.
 #[derive(Debug, Serialize)]
@@ -43,6 +45,9 @@ pub struct AtRestReport {
     pub rss_bytes_per_waiting_cr: Vec<f64>,
     /// Seconds from inserting the requests until every one waited with its CR.
     pub settle_s: f64,
+    /// Mean duration of a discovery turn per replica over the window, in
+    /// milliseconds (`autoapproval_discovery_turn_duration_seconds`).
+    pub discovery_turn_ms: Vec<f64>,
     /// One replica stopped with SIGTERM and started again.
     pub restart: Restart,
 }
@@ -50,6 +55,10 @@ pub struct AtRestReport {
 /// One replica's restart with nothing changed.
 #[derive(Debug, Serialize)]
 pub struct Restart {
+    /// Seconds from a second restart until its first approval: from its
+    /// start one approvable request is inserted every 100 ms (ids, so
+    /// shards, in turn).
+    pub first_approval_s: Option<f64>,
     /// Seconds from its start until the shards were balanced again.
     pub ready_s: f64,
     /// Seconds from its start until its reconciles stopped (3 s without one).
@@ -65,10 +74,11 @@ pub struct Restart {
 /// Runs `--at-rest` on a stack of its own, removed afterwards.
 pub async fn run(args: &BenchArgs, interrupt: &mut Termination) -> Result<(), BenchError> {
     println!(
-        "at rest: {} replicas, {} shards, {} requests waiting, measured for {} s",
+        "at rest: {} replicas, {} shards, {} requests waiting (--condition-retry-interval {} s), measured for {} s",
         args.replicas,
         args.shards,
         args.waiting,
+        AT_REST_RETRY_INTERVAL.as_secs(),
         args.window.as_secs_f64()
     );
     let mut stack = Stack::start(&args.stack, "at-rest", SimConfig::default()).await?;
@@ -124,9 +134,76 @@ async fn reconciles_of(stack: &Stack, name: &str, http: &reqwest::Client) -> f64
     0.0
 }
 
+/// `autoapproval_discovery_turn_duration_seconds` sum and count per replica.
+async fn turn_times(stack: &Stack, http: &reqwest::Client) -> Vec<(f64, f64)> {
+    let mut out = Vec::new();
+    for replica in stack.replicas() {
+        let text = replica.scrape(http).await.unwrap_or_default();
+        out.push((
+            metric_sum(
+                &text,
+                "autoapproval_discovery_turn_duration_seconds_sum",
+                &[],
+            ),
+            metric_sum(
+                &text,
+                "autoapproval_discovery_turn_duration_seconds_count",
+                &[],
+            ),
+        ));
+    }
+    out
+}
+
+/// Approvals of the replica named `name` so far.
+async fn approvals_of(stack: &Stack, name: &str, http: &reqwest::Client) -> f64 {
+    for replica in stack.replicas().iter().filter(|r| r.name() == name) {
+        if let Ok(text) = replica.scrape(http).await {
+            return metric_sum(
+                &text,
+                "autoapproval_outcomes_total",
+                &["outcome=\"approved\""],
+            );
+        }
+    }
+    0.0
+}
+
+/// Seconds from `started` until replica `name` approves, inserting one
+/// approvable request every 100 ms meanwhile; `None` after `limit`.
+async fn first_approval(
+    stack: &mut Stack,
+    name: &str,
+    started: Instant,
+    limit: Duration,
+) -> Result<Option<f64>, BenchError> {
+    let http = reqwest::Client::new();
+    let harness = stack.harness()?.clone();
+    let mut i = 0;
+    while started.elapsed() < limit {
+        stack.check_replicas()?;
+        if approvals_of(stack, name, &http).await > 0.0 {
+            return Ok(Some(started.elapsed().as_secs_f64()));
+        }
+        super::insert_owner(&harness, format!("Ready shop {i}"), true).await?;
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(None)
+}
+
 async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, BenchError> {
-    let replica_args =
-        |stack: &Stack, name: &str| super::ours_argv(stack, args, name, args.poll_period);
+    // Waiting requests must stay waiting while they are inserted, measured
+    // and restarted over: at 100,000 that takes longer than the 10-minute
+    // default, after which every one would be attempted again.
+    let replica_args = |stack: &Stack, name: &str| {
+        let mut argv = super::ours_argv(stack, args, name, args.poll_period);
+        argv.extend([
+            "--condition-retry-interval".to_owned(),
+            format!("{}s", AT_REST_RETRY_INTERVAL.as_secs()),
+        ]);
+        argv
+    };
     let names: Vec<String> = (0..args.replicas).map(|i| format!("ours-{i}")).collect();
     for name in &names {
         let argv = replica_args(stack, name);
@@ -144,16 +221,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
     let harness = stack.harness()?.clone();
     let inserted = Instant::now();
     for i in 0..args.waiting {
-        let request = NewRequest {
-            request_type: RequestType::OwnerContract,
-            business_name: format!("Waiting shop {i}"),
-            documents_released: false,
-            target_store_number: None,
-        };
-        harness
-            .insert_request(&request)
-            .await
-            .map_err(StackError::from)?;
+        super::insert_owner(&harness, format!("Waiting shop {i}"), false).await?;
     }
     let deadline = Instant::now()
         + Duration::from_secs(120)
@@ -194,6 +262,8 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
         .iter()
         .map(|r| r.cpu_seconds().unwrap_or(0.0))
         .collect();
+    let http = reqwest::Client::new();
+    let turns_before = turn_times(stack, &http).await;
     let started = Instant::now();
     tokio::time::sleep(args.window).await;
     stack.check_replicas()?;
@@ -220,9 +290,21 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
         .iter()
         .map(|r| r.rss_bytes().unwrap_or(0))
         .collect();
+    let discovery_turn_ms: Vec<f64> = turn_times(stack, &http)
+        .await
+        .iter()
+        .zip(&turns_before)
+        .map(|((sum, n), (sum0, n0))| {
+            if n > n0 {
+                (sum - sum0) / (n - n0) * 1000.0
+            } else {
+                f64::NAN
+            }
+        })
+        .collect();
 
-    // One replica restarts; the database changed nothing meanwhile.
-    let http = reqwest::Client::new();
+    // One replica restarts; the database changed nothing meanwhile but for
+    // the approvable requests inserted to see its first approval.
     let name = names[0].clone();
     let before_restart = writes(stack);
     stack.stop_replica(&name, Duration::from_secs(30)).await;
@@ -243,6 +325,14 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
     }
     let reconciled_s = (quiet_since - restarted).as_secs_f64();
     let restart_writes = since(&writes(stack), &before_restart);
+
+    // Once more, now with approvable requests coming in: its first approval.
+    stack.stop_replica(&name, Duration::from_secs(30)).await;
+    let argv = replica_args(stack, &name);
+    let restarted = Instant::now();
+    stack.spawn(Program::Controller, &name, &argv).await?;
+    let first_approval_s =
+        first_approval(stack, &name, restarted, Duration::from_secs(300)).await?;
 
     let total: u64 = by_kind.values().sum();
     Ok(AtRestReport {
@@ -265,7 +355,9 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
             .map(|(at_rest, empty)| (*at_rest as f64 - *empty as f64) / f64::from(args.waiting))
             .collect(),
         settle_s,
+        discovery_turn_ms,
         restart: Restart {
+            first_approval_s,
             ready_s,
             reconciled_s,
             reconciles: last,
@@ -309,8 +401,21 @@ fn table(r: &AtRestReport) -> String {
         r.settle_s
     );
     out += &format!(
+        "| discovery turn, mean per replica | {} ms |\n",
+        list(&r.discovery_turn_ms, 1)
+    );
+    out += &format!(
+        "| restart: first approval | {} |\n",
+        r.restart
+            .first_approval_s
+            .map_or("none within 300 s".into(), |s| format!("{s:.1} s"))
+    );
+    out += &format!(
         "| restart: balanced again | {:.1} s |\n| restart: reconciles done (quiet 3 s) | {:.1} s, {} reconciles |\n| restart: status patches | {} |\n",
-        r.restart.ready_s, r.restart.reconciled_s, r.restart.reconciles, r.restart.status_patches
+        r.restart.ready_s,
+        r.restart.reconciled_s,
+        r.restart.reconciles + 0.0, // an empty sum is -0.0
+        r.restart.status_patches
     );
     out
 }

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use report::{DesignReport, Percentiles, Report, duplicate_creations};
 use seed_designs::SeedDesign;
 
-use crate::harness::NewRequest;
+use crate::harness::{Harness, NewRequest};
 use crate::stack::{
     Database, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
 };
@@ -510,16 +510,7 @@ async fn measure(
     let interval = Duration::from_secs_f64(1.0 / args.rate);
     for i in 0..args.requests {
         tokio::time::sleep_until((started + interval * i).into()).await;
-        let request = NewRequest {
-            request_type: RequestType::OwnerContract,
-            business_name: format!("Shop {i}"),
-            documents_released: true,
-            target_store_number: None,
-        };
-        harness
-            .insert_request(&request)
-            .await
-            .map_err(StackError::from)?;
+        insert_owner(&harness, format!("Shop {i}"), true).await?;
     }
     // The slowest design needs up to 1.3 of its cycles after the last insert.
     let drain = Duration::from_secs(600).div_f64(args.time_scale) * 2
@@ -629,4 +620,19 @@ fn sim_calls(stack: &Stack) -> u64 {
     stack
         .sim()
         .map_or(0, |s| s.stats().calls.values().sum::<u64>())
+}
+
+/// Inserts one owner contract, its documents released or not.
+pub(crate) async fn insert_owner(
+    harness: &Harness,
+    business_name: String,
+    documents_released: bool,
+) -> Result<i64, StackError> {
+    let request = NewRequest {
+        request_type: RequestType::OwnerContract,
+        business_name,
+        documents_released,
+        target_store_number: None,
+    };
+    Ok(harness.insert_request(&request).await?)
 }

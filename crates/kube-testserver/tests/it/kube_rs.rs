@@ -509,3 +509,46 @@ async fn legacy_and_aggregated_discovery_agree() {
     let after = resources(&Discovery::new(c).run_aggregated().await.unwrap());
     assert!(!after.iter().any(|r| r.0 == "autoapproval.io"), "{after:?}");
 }
+
+#[tokio::test]
+async fn a_paged_list_returns_each_object_once_in_order_with_the_count_left() {
+    let server = TestServer::start(Options::default()).await.unwrap();
+    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+    for i in 0..25 {
+        let labels = if i % 2 == 0 {
+            json!({"even": "yes"})
+        } else {
+            json!({})
+        };
+        let cm: ConfigMap = serde_json::from_value(
+            json!({"metadata": {"name": format!("c{i:02}"), "labels": labels}}),
+        )
+        .unwrap();
+        api.create(&PostParams::default(), &cm).await.unwrap();
+    }
+    for (selector, expected) in [("", 25), ("even=yes", 13)] {
+        let mut names = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let mut params = ListParams::default().limit(4).labels(selector);
+            params.continue_token = token.clone();
+            let page = api.list(&params).await.unwrap();
+            let left = expected - names.len() - page.items.len();
+            assert_eq!(
+                page.metadata.remaining_item_count,
+                (left > 0).then_some(left as i64),
+                "{selector:?} after {names:?}"
+            );
+            names.extend(page.items.into_iter().filter_map(|c| c.metadata.name));
+            token = page.metadata.continue_;
+            if token.is_none() {
+                break;
+            }
+        }
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(names, sorted, "in order, each once");
+        assert_eq!(names.len(), expected, "{selector:?}: {names:?}");
+    }
+}
