@@ -253,6 +253,20 @@ impl Fleet {
 
     /// Waits until the running replicas hold every shard, each within one
     /// shard of the fair share.
+    /// Shards taken over from an expired holder by every replica but `except`.
+    async fn failovers_except(&self, except: usize) -> f64 {
+        let mut sum = 0.0;
+        for i in (0..self.replicas.len()).filter(|i| *i != except) {
+            sum += self
+                .metric(
+                    i,
+                    "autoapproval_shard_acquisitions_total{kind=\"failover\"}",
+                )
+                .await;
+        }
+        sum
+    }
+
     async fn wait_balanced(&self) -> BTreeMap<u32, (String, DateTime<Utc>)> {
         let running: Vec<String> = self
             .replicas
@@ -412,7 +426,7 @@ async fn a_replica_killed_hard_mid_run_doubles_nothing_in_a_downstream_without_i
 
 async fn killed_hard_mid_run(pool: Db, downstream: Downstream) {
     let mut fleet = Fleet::with(pool.clone(), 3, LEASE_DURATION, downstream).await;
-    let holders = fleet.wait_balanced().await;
+    fleet.wait_balanced().await;
     fleet.sim.add_store(900_001, true);
     // Slow enough that every replica has chains in flight at the kill, with
     // transient errors and lost answers that force idempotent retries.
@@ -462,6 +476,10 @@ async fn killed_hard_mid_run(pool: Db, downstream: Downstream) {
 
     let victim = rand::rng().random_range(0..3);
     let victim_name = fleet.replicas[victim].name.clone();
+    // The holders and failovers as they are at the kill: a renewal late
+    // under load may have moved a shard since the start.
+    let holders = fleet.wait_balanced().await;
+    let failovers_before = fleet.failovers_except(victim).await;
     let victim_shards: Vec<u32> = holders
         .iter()
         .filter(|(_, (h, _))| *h == victim_name)
@@ -542,18 +560,7 @@ async fn killed_hard_mid_run(pool: Db, downstream: Downstream) {
         (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
     })
     .await;
-    let failovers: f64 = {
-        let mut sum = 0.0;
-        for i in (0..3).filter(|i| *i != victim) {
-            sum += fleet
-                .metric(
-                    i,
-                    "autoapproval_shard_acquisitions_total{kind=\"failover\"}",
-                )
-                .await;
-        }
-        sum
-    };
+    let failovers = fleet.failovers_except(victim).await - failovers_before;
     assert_eq!(
         failovers,
         victim_shards.len() as f64,

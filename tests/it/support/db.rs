@@ -235,6 +235,18 @@ impl MysqlScratch {
             .connect(&server)
             .await
             .unwrap_or_else(|e| panic!("MYSQL_URL {server}: {e}"));
+        // A multi-replica test holds ~50 connections (three `run` processes
+        // with their pools, the fleet's own), and tests run in parallel:
+        // MariaDB's default of 151 was seen exhausted ("Too many
+        // connections"). Raised once for the server, when we may.
+        static RAISED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+        RAISED
+            .get_or_init(|| async {
+                let _ = admin
+                    .execute("SET GLOBAL max_connections = GREATEST(@@max_connections, 1000)")
+                    .await;
+            })
+            .await;
         let name = format!(
             "aa_it_{}_{}",
             std::process::id(),
