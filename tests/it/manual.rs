@@ -1,5 +1,6 @@
-//! The manual-approval path (migration 0013): people claiming and deciding
-//! through the SQL functions while a replica of the controller runs.
+//! The manual-approval path: people claiming and deciding through the
+//! database API (PostgreSQL's SQL functions of migration 0013, MySQL's
+//! stored procedures of 0004) while a replica of the controller runs.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -9,41 +10,66 @@ use autoapproval::controller::crd::Phase;
 use autoapproval_sim::Faults;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use sqlx::PgPool;
 
 use crate::support::{
-    Cluster, eventually, memos, owner_now, set, test_settings, waiting_owner_now,
+    Cluster, Db, eventually, memos, on_both, owner_now, set, test_settings, waiting_owner_now,
+    with_pool,
 };
 
+/// The statement calling the manual-approval routine `name` with `args`
+/// parameters, answering one row: a function in FROM on PostgreSQL, a
+/// stored procedure's CALL (its one result set) on MySQL.
+fn call(db: &Db, name: &str, args: usize) -> sqlx::AssertSqlSafe<String> {
+    let sql = match db {
+        Db::Postgres(_) => {
+            let params: Vec<String> = (1..=args).map(|n| format!("${n}")).collect();
+            format!("SELECT * FROM {name}({})", params.join(", "))
+        }
+        Db::Mysql(_) => format!("CALL {name}({})", vec!["?"; args].join(", ")),
+    };
+    sqlx::AssertSqlSafe(sql)
+}
+
+/// The other service's connections: on MySQL a pool of its own at the
+/// server's default isolation (REPEATABLE READ), not the READ COMMITTED
+/// of the controller's sessions, since the procedures must hold whatever
+/// the caller's session uses.
+fn service(db: &Db) -> Db {
+    match db {
+        Db::Postgres(_) => db.clone(),
+        Db::Mysql(pool) => Db::Mysql(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(8)
+                .connect_lazy_with((*pool.connect_options()).clone()),
+        ),
+    }
+}
+
 /// A person's claim: the token, or why it was refused.
-async fn claim(pool: &PgPool, id: i64, who: &str) -> Result<i64, String> {
-    let (token, refusal): (Option<i64>, Option<String>) =
-        sqlx::query_as("SELECT token, refusal FROM autoapproval_manual_claim($1, $2)")
+async fn claim(db: &Db, id: i64, who: &str) -> Result<i64, String> {
+    let (token, refusal): (Option<i64>, Option<String>) = with_pool!(db, pool => {
+        sqlx::query_as(call(db, "autoapproval_manual_claim", 2))
             .bind(id)
             .bind(who)
             .fetch_one(pool)
             .await
-            .expect("manual claim");
+            .expect("manual claim")
+    });
     token.ok_or_else(|| refusal.unwrap_or_default())
 }
 
-async fn decide(
-    pool: &PgPool,
-    id: i64,
-    who: &str,
-    token: i64,
-    decision: &str,
-) -> Result<(), String> {
-    let (decided, refusal): (bool, Option<String>) = sqlx::query_as(
-        "SELECT decided, refusal FROM autoapproval_manual_decide($1, $2, $3, $4, 'by hand')",
-    )
-    .bind(id)
-    .bind(who)
-    .bind(token)
-    .bind(decision)
-    .fetch_one(pool)
-    .await
-    .expect("manual decide");
+async fn decide(db: &Db, id: i64, who: &str, token: i64, decision: &str) -> Result<(), String> {
+    let (decided, refusal): (bool, Option<String>) = with_pool!(db, pool => {
+        sqlx::query_as(call(db, "autoapproval_manual_decide", 5))
+            .bind(id)
+            .bind(who)
+            .bind(token)
+            .bind(decision)
+            .bind("by hand")
+            .fetch_one(pool)
+            .await
+            .expect("manual decide")
+    });
     if decided {
         Ok(())
     } else {
@@ -51,53 +77,80 @@ async fn decide(
     }
 }
 
-async fn release(pool: &PgPool, id: i64, who: &str, token: i64) -> bool {
-    sqlx::query_scalar("SELECT autoapproval_manual_release($1, $2, $3)")
-        .bind(id)
-        .bind(who)
-        .bind(token)
-        .fetch_one(pool)
-        .await
-        .expect("manual release")
+/// Calls `routine` (release or heartbeat) on the claim `token`: whether
+/// the claim was still this one.
+async fn on_claim(db: &Db, routine: &str, id: i64, who: &str, token: i64) -> bool {
+    with_pool!(db, pool => {
+        sqlx::query_scalar(call(db, routine, 3))
+            .bind(id)
+            .bind(who)
+            .bind(token)
+            .fetch_one(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{routine}: {e}"))
+    })
+}
+
+async fn release(db: &Db, id: i64, who: &str, token: i64) -> bool {
+    on_claim(db, "autoapproval_manual_release", id, who, token).await
+}
+
+async fn heartbeat(db: &Db, id: i64, who: &str, token: i64) -> bool {
+    on_claim(db, "autoapproval_manual_heartbeat", id, who, token).await
 }
 
 /// Logs every move of a request to a decided status, so a second decision
 /// cannot hide behind the first.
-async fn log_decisions(pool: &PgPool) {
-    for statement in [
-        "CREATE TABLE test_decision (request_id BIGINT, status TEXT, decided_by TEXT)",
-        "CREATE FUNCTION test_log_decision() RETURNS trigger LANGUAGE plpgsql AS $$
-         BEGIN
-             IF NEW.status IN ('APPROVED', 'REJECTED', 'CANCELED') AND NEW.status IS DISTINCT FROM OLD.status THEN
-                 INSERT INTO test_decision VALUES (NEW.id, NEW.status, NEW.decided_by);
-             END IF;
-             RETURN NULL;
-         END $$",
-        "CREATE TRIGGER test_log_decision AFTER UPDATE ON approval_request
-             FOR EACH ROW EXECUTE FUNCTION test_log_decision()",
-    ] {
-        sqlx::query(statement).execute(pool).await.expect("decision log");
+async fn log_decisions(db: &Db) {
+    // The same trigger in each dialect: PL/pgSQL needs a function,
+    // MySQL's trigger has its body inline and compares with <=>.
+    let statements: &[&str] = match db {
+        Db::Postgres(_) => &[
+            "CREATE TABLE test_decision (request_id BIGINT, status TEXT, decided_by TEXT)",
+            "CREATE FUNCTION test_log_decision() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF NEW.status IN ('APPROVED', 'REJECTED', 'CANCELED') AND NEW.status IS DISTINCT FROM OLD.status THEN
+                     INSERT INTO test_decision VALUES (NEW.id, NEW.status, NEW.decided_by);
+                 END IF;
+                 RETURN NULL;
+             END $$",
+            "CREATE TRIGGER test_log_decision AFTER UPDATE ON approval_request
+                 FOR EACH ROW EXECUTE FUNCTION test_log_decision()",
+        ],
+        Db::Mysql(_) => &[
+            "CREATE TABLE test_decision (request_id BIGINT, status VARCHAR(32), decided_by VARCHAR(255))",
+            "CREATE TRIGGER test_log_decision AFTER UPDATE ON approval_request FOR EACH ROW
+             BEGIN
+                 IF NEW.status IN ('APPROVED', 'REJECTED', 'CANCELED') AND NOT (NEW.status <=> OLD.status) THEN
+                     INSERT INTO test_decision VALUES (NEW.id, NEW.status, NEW.decided_by);
+                 END IF;
+             END",
+        ],
+    };
+    for statement in statements {
+        db.exec(statement).await;
     }
 }
 
+on_both!(people_and_the_controller_decide_each_request_exactly_once);
 /// The controller and 8 people on 200 requests for 20 s: the requests wait
 /// for their documents, released a few at a time, while the people claim
 /// at random and decide or release what they get. Every request ends
 /// decided exactly once, by whoever held the claim; nothing is created for
 /// a request a person decided; no two chains overlap.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool) {
-    log_decisions(&pool).await;
+async fn people_and_the_controller_decide_each_request_exactly_once(db: Db) {
+    log_decisions(&db).await;
     let mut settings = test_settings();
     settings.discovery.poll_period = Duration::from_secs(1);
     let faults = Faults {
         latency: Duration::from_millis(15),
         ..Faults::default()
     };
-    let mut cluster = Cluster::with_faults(pool.clone(), settings, faults).await;
+    let mut cluster = Cluster::with_faults(db.clone(), settings, faults).await;
+    let service = service(&db);
     const N: i64 = 200;
     for id in 1..=N {
-        waiting_owner_now(id).insert(&pool).await;
+        waiting_owner_now(id).insert(&db).await;
     }
 
     // Who decided what, as the people saw it.
@@ -106,13 +159,13 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
     let until = Instant::now() + Duration::from_secs(20);
     let mut people = Vec::new();
     for p in 0..8 {
-        let (pool, decided, refusals) = (pool.clone(), decided.clone(), refusals.clone());
+        let (db, decided, refusals) = (service.clone(), decided.clone(), refusals.clone());
         people.push(tokio::spawn(async move {
             let who = format!("person-{p}");
             let mut rng = StdRng::seed_from_u64(p);
             while Instant::now() < until {
                 let id = rng.random_range(1..=N);
-                match claim(&pool, id, &who).await {
+                match claim(&db, id, &who).await {
                     Err(why) => {
                         let kind = if why.starts_with("auto-approval is running") {
                             "auto-approval running"
@@ -137,14 +190,14 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
                         };
                         tokio::time::sleep(pause).await;
                         if decides {
-                            decide(&pool, id, &who, token, decision)
+                            decide(&db, id, &who, token, decision)
                                 .await
                                 .unwrap_or_else(|why| panic!("{who} held {id} but: {why}"));
                             let before =
                                 decided.lock().unwrap().insert(id, format!("manual:{who}"));
                             assert_eq!(before, None, "request {id} decided twice by people");
                         } else {
-                            assert!(release(&pool, id, &who, token).await, "{who} held {id}");
+                            assert!(release(&db, id, &who, token).await, "{who} held {id}");
                         }
                     }
                 }
@@ -154,37 +207,35 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
     // Documents released a few at a time while the people work.
     for wave in 0..10 {
         let from = wave * 20 + 1;
-        sqlx::query(
+        let sql = db.sql(
             "UPDATE approval_request SET documents_released = true WHERE id BETWEEN $1 AND $2",
-        )
-        .bind(from)
-        .bind(from + 19)
-        .execute(&pool)
-        .await
-        .expect("release documents");
+        );
+        with_pool!(&db, pool => sqlx::query(sqlx::AssertSqlSafe(sql))
+            .bind(from)
+            .bind(from + 19)
+            .execute(pool)
+            .await
+            .map(|_| ())
+            .expect("release documents"));
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     for person in people {
         person.await.expect("a person's loop");
     }
+    let open = format!(
+        "SELECT count(*) FROM approval_request WHERE id <= {N} AND status IN ('PENDING', 'RETRY', 'ING')"
+    );
     eventually("every request to be decided", || async {
-        let (open,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM approval_request WHERE id <= $1 AND status IN ('PENDING', 'RETRY', 'ING')",
-        )
-        .bind(N)
-        .fetch_one(&pool)
-        .await
-        .ok()?;
-        (open == 0).then_some(())
+        (db.fetch_i64(&open).await == 0).then_some(())
     })
     .await;
 
-    let log: Vec<(i64, String, String)> = sqlx::query_as(
+    let log: Vec<(i64, String, String)> = with_pool!(&db, pool => sqlx::query_as(
         "SELECT request_id, status, decided_by FROM test_decision ORDER BY request_id",
     )
-    .fetch_all(&pool)
+    .fetch_all(pool)
     .await
-    .expect("decision log");
+    .expect("decision log"));
     let ids: BTreeSet<i64> = log.iter().map(|d| d.0).collect();
     assert_eq!(
         (log.len(), ids.len()),
@@ -231,29 +282,42 @@ async fn people_and_the_controller_decide_each_request_exactly_once(pool: PgPool
     cluster.stop().await;
 }
 
+on_both!(a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_threshold);
 /// A claim of a crashed service, never heartbeaten nor released, is
 /// returned by the cleanser after the stuck threshold with a memo naming
 /// its holder, and the controller then approves the request.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_threshold(
-    pool: PgPool,
-) {
+async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_threshold(db: Db) {
     let mut settings = test_settings();
     settings.cleanse_interval = Duration::from_millis(200);
     settings.stuck_threshold = Duration::from_secs(3);
     settings.approver.heartbeat_interval = Duration::from_secs(1);
     settings.approver.processing_timeout = Duration::from_millis(1500);
     settings.discovery.poll_period = Duration::from_secs(1);
-    waiting_owner_now(301).insert(&pool).await;
-    let token = claim(&pool, 301, "crashed").await.expect("claimed");
-    let mut cluster = Cluster::with(pool.clone(), settings).await;
-    set(&pool, 301, "documents_released = true").await;
+    waiting_owner_now(301).insert(&db).await;
+    let service = service(&db);
+    let token = claim(&service, 301, "crashed").await.expect("claimed");
+    assert!(
+        heartbeat(&service, 301, "crashed", token).await,
+        "a live claim"
+    );
+    // Only the holder, under its token, decides.
+    for (who, wrong) in [("intruder", token), ("crashed", token - 1)] {
+        let refused = decide(&service, 301, who, wrong, "APPROVED").await;
+        assert!(
+            refused
+                .as_ref()
+                .is_err_and(|why| why.contains(&format!("is not claimed by manual:{who}"))),
+            "{refused:?}"
+        );
+    }
+    let mut cluster = Cluster::with(db.clone(), settings).await;
+    set(&db, 301, "documents_released = true").await;
     // A person's claim keeps the controller out while it is alive.
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(cluster.sim.stats().for_request(301).owner, 0);
 
     cluster.wait_phase(301, Phase::Approved).await;
-    let history = memos(&pool, 301).await;
+    let history = memos(&db, 301).await;
     assert!(
         history
             .iter()
@@ -261,7 +325,11 @@ async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_th
         "{history:?}"
     );
     // The service comes back and decides late: refused, nothing written.
-    let late = decide(&pool, 301, "crashed", token, "REJECTED").await;
+    assert!(
+        !heartbeat(&service, 301, "crashed", token).await,
+        "the returned claim is no longer alive"
+    );
+    let late = decide(&service, 301, "crashed", token, "REJECTED").await;
     assert!(
         late.as_ref()
             .is_err_and(|why| why.contains("is not claimed by manual:crashed")),
@@ -270,75 +338,154 @@ async fn a_manual_claim_left_by_a_crashed_service_is_returned_after_the_stuck_th
     cluster.stop().await;
 }
 
+/// The manual-approval procedures of MySQL's migration 0004: a GRANT
+/// EXECUTE ON PROCEDURE names one routine at a time.
+const MANUAL_PROCEDURES: [&str; 4] = [
+    "autoapproval_manual_claim",
+    "autoapproval_manual_heartbeat",
+    "autoapproval_manual_release",
+    "autoapproval_manual_decide",
+];
+
+on_both!(a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more);
 /// The functions are the only door a separate role needs: granted EXECUTE
 /// on them (the README's statement), it claims and decides; it cannot
 /// write our tables itself, and a role without the grant cannot call them.
-#[sqlx::test(migrations = "migrations/postgres")]
-async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more(pool: PgPool) {
+async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more(db: Db) {
     let role = format!("aa_manual_{}", rand::rng().random::<u32>());
     let outsider = format!("{role}_outsider");
-    for statement in [
-        format!("CREATE ROLE {role} LOGIN"),
-        format!("CREATE ROLE {outsider} LOGIN"),
-        format!(
-            "GRANT EXECUTE ON FUNCTION {} TO {role}",
-            autoapproval::store::MANUAL_FUNCTIONS
+    // PostgreSQL's roles and MySQL's users are both server-wide, so both
+    // are dropped at the end; MySQL grants one procedure at a time.
+    let (setup, teardown) = match &db {
+        Db::Postgres(_) => (
+            vec![
+                format!("CREATE ROLE {role} LOGIN"),
+                format!("CREATE ROLE {outsider} LOGIN"),
+                format!(
+                    "GRANT EXECUTE ON FUNCTION {} TO {role}",
+                    autoapproval::store::MANUAL_FUNCTIONS
+                ),
+            ],
+            vec![
+                format!("DROP OWNED BY {role}, {outsider}"),
+                format!("DROP ROLE {role}, {outsider}"),
+            ],
         ),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&pool)
-            .await
-            .expect(&statement);
+        Db::Mysql(_) => {
+            let mut setup = vec![
+                format!("CREATE USER '{role}'@'%'"),
+                format!("CREATE USER '{outsider}'@'%'"),
+            ];
+            setup.extend(
+                MANUAL_PROCEDURES
+                    .iter()
+                    .map(|p| format!("GRANT EXECUTE ON PROCEDURE {p} TO '{role}'@'%'")),
+            );
+            (
+                setup,
+                vec![format!("DROP USER '{role}'@'%', '{outsider}'@'%'")],
+            )
+        }
+    };
+    for statement in &setup {
+        db.exec(statement).await;
     }
-    let as_role = |name: &str| {
-        sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect_lazy_with((*pool.connect_options()).clone().username(name))
+    let as_role = |name: &str| match &db {
+        Db::Postgres(pool) => Db::Postgres(
+            sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with((*pool.connect_options()).clone().username(name)),
+        ),
+        Db::Mysql(pool) => Db::Mysql(
+            sqlx::mysql::MySqlPoolOptions::new()
+                .max_connections(1)
+                .connect_lazy_with((*pool.connect_options()).clone().username(name)),
+        ),
+    };
+    // What each server answers a statement the user has no right to.
+    let denied = match &db {
+        Db::Postgres(_) => "permission denied",
+        Db::Mysql(_) => "command denied to user",
     };
     let person = as_role(&role);
-    owner_now(401).insert(&pool).await;
+    owner_now(401).insert(&db).await;
 
     let token = claim(&person, 401, "ann")
         .await
         .expect("claimed through the function");
-    let direct = sqlx::query("UPDATE auto_approve_state SET holder = 'someone else'")
-        .execute(&person)
-        .await;
+    let direct = with_pool!(&person, pool => sqlx::query(
+        "UPDATE auto_approve_state SET holder = 'someone else'"
+    )
+    .execute(pool)
+    .await
+    .map(|_| ()));
     assert!(
         direct
             .as_ref()
-            .is_err_and(|e| e.to_string().contains("permission denied")),
+            .is_err_and(|e| e.to_string().contains(denied)),
         "{direct:?}"
     );
     decide(&person, 401, "ann", token, "REJECTED")
         .await
         .expect("decided");
-    let (status, by): (String, String) =
-        sqlx::query_as("SELECT status, decided_by FROM approval_request WHERE id = 401")
-            .fetch_one(&pool)
-            .await
-            .expect("request");
+    let (status, by): (String, String) = with_pool!(&db, pool => sqlx::query_as(
+        "SELECT status, decided_by FROM approval_request WHERE id = 401"
+    )
+    .fetch_one(pool)
+    .await
+    .expect("request"));
     assert_eq!((status.as_str(), by.as_str()), ("REJECTED", "manual:ann"));
 
-    let stranger = as_role(&outsider);
-    let refused = sqlx::query("SELECT * FROM autoapproval_manual_claim(401, 'bob')")
-        .execute(&stranger)
-        .await;
+    // MySQL refuses a user with no privilege in the database at connect
+    // time already; the outsider connects to no database and calls the
+    // procedure by its qualified name, to meet the EXECUTE check itself.
+    let (stranger, claim_call) = match &db {
+        Db::Postgres(_) => (
+            as_role(&outsider),
+            call(&db, "autoapproval_manual_claim", 2),
+        ),
+        Db::Mysql(pool) => {
+            let options = pool.connect_options();
+            let database = options.get_database().expect("a scratch database");
+            let mut server = url::Url::parse(&db.url()).expect("a database URL");
+            server.set_path("");
+            let options = server
+                .as_str()
+                .parse::<sqlx::mysql::MySqlConnectOptions>()
+                .expect("the server's options")
+                .username(&outsider);
+            (
+                Db::Mysql(
+                    sqlx::mysql::MySqlPoolOptions::new()
+                        .max_connections(1)
+                        .connect_lazy_with(options),
+                ),
+                sqlx::AssertSqlSafe(format!("CALL {database}.autoapproval_manual_claim(?, ?)")),
+            )
+        }
+    };
+    let refused = with_pool!(&stranger, pool => sqlx::query(claim_call)
+        .bind(401_i64)
+        .bind("bob")
+        .execute(pool)
+        .await
+        .map(|_| ()));
+    // PostgreSQL names the function; MySQL says "execute command denied
+    // ... for routine".
+    let no_execute = match &db {
+        Db::Postgres(_) => "permission denied for function",
+        Db::Mysql(_) => "execute command denied",
+    };
     assert!(
         refused
             .as_ref()
-            .is_err_and(|e| e.to_string().contains("permission denied for function")),
+            .is_err_and(|e| e.to_string().contains(no_execute)),
         "{refused:?}"
     );
-    person.close().await;
-    stranger.close().await;
-    for statement in [
-        format!("DROP OWNED BY {role}, {outsider}"),
-        format!("DROP ROLE {role}, {outsider}"),
-    ] {
-        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
-            .execute(&pool)
-            .await
-            .expect(&statement);
+    for pool in [person, stranger] {
+        with_pool!(pool, pool => pool.close().await);
+    }
+    for statement in &teardown {
+        db.exec(statement).await;
     }
 }

@@ -257,11 +257,11 @@ impl MysqlScratch {
             .await
             .expect("create the scratch database");
         let url = database_url(&server, &name);
-        let pool = MySqlPoolOptions::new()
-            .max_connections(16)
-            .connect(&url)
-            .await
-            .expect("connect to the scratch database");
+        // Sessions as the product sets them (READ COMMITTED): the server's
+        // default, REPEATABLE READ, would gap-lock where production does not.
+        let options: sqlx::mysql::MySqlConnectOptions =
+            url.parse().expect("the scratch database's URL");
+        let pool = MysqlStore::pool(options, 16, None);
         let db = Db::Mysql(pool);
         db.store().migrate().await.expect("MySQL migrations apply");
         MysqlScratch { admin, name, db }
