@@ -27,5 +27,6 @@ cargo fmt --all --check
 # Both builds: without features (what `cargo build` gives) and with the span export.
 cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --workspace --all-targets --locked --features autoapproval/otlp -- -D warnings
-# With the span export, so that tests/it/traces.rs also checks the OTLP path.
-cargo test --workspace --locked --features autoapproval/otlp "$@"
+# With the span export, so that tests/it/traces.rs also checks the OTLP path;
+# every package runs even after one fails, so a run names every failure.
+cargo test --workspace --locked --no-fail-fast --features autoapproval/otlp "$@"

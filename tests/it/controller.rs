@@ -73,7 +73,12 @@ async fn an_owner_contract_is_approved_end_to_end(db: Db) {
     assert_eq!(approved.status, "True");
     assert_eq!(status.observed_generation, cr.metadata.generation);
 
-    let reasons: Vec<String> = cluster.events(101).await.into_iter().map(|e| e.0).collect();
+    let reasons: Vec<String> = cluster
+        .events_with(101, "Approved")
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
     assert_eq!(reasons, ["Approved"]);
     let created = cluster.sim.stats().for_request(101);
     assert_eq!((created.owner, created.store, created.campaign), (1, 1, 0));
@@ -122,7 +127,7 @@ async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(db: Db) {
     assert!(status.retry_count == 0, "{}", status.retry_count);
     assert_eq!(status.step.as_deref(), Some("owner"));
     assert!(status.last_reason.expect("reason").contains("documents"));
-    let events = cluster.events(103).await;
+    let events = cluster.events_with(103, "RetryScheduled").await;
     assert!(
         events
             .iter()
@@ -165,7 +170,12 @@ async fn a_request_a_person_decided_ends_superseded_without_external_calls(db: D
     );
     assert!(!state_exists(&db, 104).await, "the waiting row is gone");
     assert_eq!(total_calls(&cluster.sim), calls, "no external call");
-    let reasons: Vec<String> = cluster.events(104).await.into_iter().map(|e| e.0).collect();
+    let reasons: Vec<String> = cluster
+        .events_with(104, "Superseded")
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
     assert!(reasons.contains(&"Superseded".to_owned()), "{reasons:?}");
     cluster.stop().await;
 }
@@ -258,7 +268,7 @@ async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(db: Db) {
             .unwrap_or_default()
             .contains("does not exist")
     );
-    let events = cluster.events(999).await;
+    let events = cluster.events_with(999, "Invalid").await;
     assert!(events.iter().any(|(r, _)| r == "Invalid"), "{events:?}");
     assert!(!state_exists(&db, 999).await);
     assert_eq!(total_calls(&cluster.sim), 0);
@@ -278,7 +288,12 @@ async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(db: Db) {
     let mut cluster = Cluster::with(db.clone(), settings).await;
 
     cluster.wait_phase(130, Phase::Approved).await;
-    let reasons: Vec<String> = cluster.events(130).await.into_iter().map(|e| e.0).collect();
+    let reasons: Vec<String> = cluster
+        .events_with(130, "Approved")
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .collect();
     assert_eq!(reasons, ["Recovered", "Approved"]);
     let memos = memos(&db, 130).await;
     assert!(
@@ -314,7 +329,7 @@ async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_perso
         .find(|c| c.type_ == "Stalled")
         .expect("Stalled condition");
     assert_eq!(stalled.status, "True");
-    let events = cluster.events(131).await;
+    let events = cluster.events_with(131, "Exhausted").await;
     assert!(
         events
             .iter()
@@ -1062,7 +1077,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(asked_for(122).await, 1);
     assert_eq!(asked_for(120).await, 1);
-    let events = cluster.events(120).await;
+    let events = cluster.events_with(120, "RetryRequested").await;
     assert!(
         events.iter().any(|(r, _)| r == "RetryRequested"),
         "{events:?}"

@@ -289,8 +289,23 @@ impl Cluster {
         output
     }
 
-    /// Events about the CR of `request_id`, as (reason, note).
-    pub async fn events(&self, request_id: i64) -> Vec<(String, String)> {
+    /// The request's Events (reason, note) once one with `reason` is
+    /// there: an Event is published after the status it goes with, so a
+    /// test that saw the status waits for its Event.
+    pub async fn events_with(&self, request_id: i64, reason: &str) -> Vec<(String, String)> {
+        eventually(
+            &format!("a {reason} Event for request {request_id}"),
+            || async {
+                let events = self.events_now(request_id).await;
+                events.iter().any(|(r, _)| r == reason).then_some(events)
+            },
+        )
+        .await
+        .unwrap_or_default()
+    }
+
+    /// Events about the CR of `request_id`, as (reason, note), as listed now.
+    async fn events_now(&self, request_id: i64) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
         let name = crd::cr_name(request_id);
         events
