@@ -67,7 +67,12 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
     let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
         .expect("simulator");
-    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
+    let dir = std::env::temp_dir().join(format!(
+        "aa-run-{}-{}-{}",
+        db.name(),
+        std::process::id(),
+        line!()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
@@ -342,7 +347,12 @@ async fn run_without_the_crd_says_how_to_install_it(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
-    let dir = std::env::temp_dir().join(format!("aa-nocrd-{}-{}", std::process::id(), line!()));
+    let dir = std::env::temp_dir().join(format!(
+        "aa-nocrd-{}-{}-{}",
+        db.name(),
+        std::process::id(),
+        line!()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
@@ -380,7 +390,12 @@ on_both!(an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once);
 /// silence passes `--api-liveness-timeout`, so the kubelet restarts it; and
 /// SIGTERM ends it at once when nothing runs, not after the grace period.
 async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: Db) {
-    let dir = std::env::temp_dir().join(format!("aa-noapi-{}-{}", std::process::id(), line!()));
+    let dir = std::env::temp_dir().join(format!(
+        "aa-noapi-{}-{}-{}",
+        db.name(),
+        std::process::id(),
+        line!()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     // Port 1 on loopback: nothing listens, every connection is refused.
@@ -454,7 +469,12 @@ async fn a_replica_with_another_shard_count_refuses_to_start(db: Db) {
         .await
         .expect("test API server");
     install_crd(&client_for(&server)).await;
-    let dir = std::env::temp_dir().join(format!("aa-k-{}-{}", std::process::id(), line!()));
+    let dir = std::env::temp_dir().join(format!(
+        "aa-k-{}-{}-{}",
+        db.name(),
+        std::process::id(),
+        line!()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
@@ -694,7 +714,12 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
         .await
         .expect("test API server");
     install_crd(&client_for(&server)).await;
-    let dir = std::env::temp_dir().join(format!("aa-run-{}-{}", std::process::id(), line!()));
+    let dir = std::env::temp_dir().join(format!(
+        "aa-run-{}-{}-{}",
+        db.name(),
+        std::process::id(),
+        line!()
+    ));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");

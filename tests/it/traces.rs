@@ -95,7 +95,7 @@ fn field<'a>(line: &'a Value, key: &str) -> Option<&'a Value> {
 
 on_both!(every_log_line_of_an_attempt_carries_its_request_shard_token_and_step);
 async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(db: Db) {
-    let stage = Stage::start("logs").await;
+    let stage = Stage::start(&format!("logs-{}", db.name())).await;
     let (child, _) = stage.run(
         &db,
         &["--log-json"],

@@ -114,8 +114,7 @@ impl Db {
             .expect("an address")
     }
 
-    /// Which backend, for messages.
-    #[allow(dead_code)]
+    /// Which backend, for messages and per-backend names.
     pub fn name(&self) -> &'static str {
         match self {
             Db::Postgres(_) => "postgres",
