@@ -3,6 +3,17 @@
 //! first delay so replicas start spread out, and a NOTIFY wake-up so a new or
 //! changed request is seen in milliseconds; the poll stays as the
 //! level-triggered safety net.
+//!
+//! A turn does not step over the requests that wait. It reads the new
+//! requests above a cursor (the newest request id when the last turn
+//! began) and the due retries ([`Store::fresh_candidates`]); the whole
+//! candidate query, which reads every open request of the held shards,
+//! runs for a few shards per poll in rotation, so that each held shard is
+//! swept once every [`SWEEP_TURNS`] polls: that sweep finds what the cursor
+//! cannot (a request committed after a newer one was seen, a pause lifted,
+//! a request put back in the window) when no notification did. A change of
+//! the held shards, a reconnected listener or lost notifications make the
+//! next turn whole.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -77,6 +88,41 @@ pub type Trigger = tokio::sync::mpsc::Sender<ObjectRef<CachedAutoApproval>>;
 
 /// Capacity of [`Trigger`] and of the channels into discovery.
 pub const TRIGGER_CAPACITY: usize = 1024;
+
+/// Polls over which every held shard is swept once by the whole candidate
+/// query (one minute at the default 10 s poll period).
+pub const SWEEP_TURNS: usize = 6;
+
+/// What the cheap turns rely on: every new request of `shards` up to
+/// `since` was seen by a turn (none yet: the next turn is whole).
+#[derive(Debug, Default)]
+struct Cursor {
+    shards: BTreeSet<u32>,
+    since: Option<i64>,
+    /// Where the sweep's rotation over the held shards is.
+    rotation: usize,
+}
+
+/// Why a turn runs, which decides how much it reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum TurnKind {
+    /// The poll: fresh candidates and a few shards swept.
+    Poll,
+    /// A change or a shard handed over: fresh candidates.
+    Woken,
+    /// Notifications may be lost: every held shard swept.
+    Whole,
+}
+
+/// What became of a CR that discovery created.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Creation {
+    Created,
+    /// It was there already; its reconcile was asked for.
+    Existed,
+    /// The API server refused or failed; a later turn tries again.
+    Failed,
+}
 
 /// Changes heard from the database, into discovery: bounded by
 /// [`TRIGGER_CAPACITY`]. A full channel drops the change and raises `lost`,
@@ -162,11 +208,16 @@ impl Discovery {
             () = wait_ready(&self.cache) => debug!("CR cache ready; discovery starts"),
             () = stopped(&mut stopping) => return,
         }
+        let mut cursor = Cursor::default();
         loop {
             // A closed channel (NOTIFY off, or the listener gone at
             // shutdown) disables its branch; the poll and the stop remain.
+            let mut kind = TurnKind::Woken;
             let woken = tokio::select! {
-                () = tokio::time::sleep_until(next_turn) => Woken::default(),
+                () = tokio::time::sleep_until(next_turn) => {
+                    kind = TurnKind::Poll;
+                    Woken::default()
+                }
                 Some(first) = changes.rx.recv() => drain(first, &mut changes),
                 Some(first) = deleted.recv() => {
                     self.restore(&drain_ids(first, &mut deleted)).await;
@@ -204,15 +255,23 @@ impl Discovery {
                     }
                 }
             }
-            let delay = match self.turn().await {
-                Ok(summary) if summary.full => self.settings.backlog_delay,
-                Ok(_) => period,
-                Err(error) => {
-                    warn!(%error, "discovery turn failed");
-                    period
-                }
+            if woken.reconnected {
+                kind = TurnKind::Whole;
+            }
+            // A turn for a change leaves the poll its time, so that the
+            // sweep goes round however often requests change.
+            let turn = self.turn(&mut cursor, kind).await;
+            if let Err(error) = &turn {
+                warn!(%error, "discovery turn failed");
+            }
+            let delay = match turn {
+                Ok(summary) if summary.full => Some(self.settings.backlog_delay),
+                _ if kind == TurnKind::Woken => None,
+                _ => Some(period),
             };
-            next_turn = Instant::now() + delay;
+            if let Some(delay) = delay {
+                next_turn = Instant::now() + delay;
+            }
         }
     }
 
@@ -354,53 +413,137 @@ impl Discovery {
         Ok(summary)
     }
 
-    /// One turn: the candidate query of each type; a CR for each new
-    /// candidate, a reconcile for each one whose CR exists.
-    pub async fn turn(&self) -> Result<TurnSummary, DiscoveryError> {
+    /// One turn: a CR for each new candidate, a reconcile for each one
+    /// whose CR exists. Whole (the candidate query of each type over every
+    /// held shard) when `kind` says so or the cursor does not hold for the
+    /// shards held now; otherwise the fresh candidates, and on a poll the
+    /// whole query over the next shards of the sweep's rotation.
+    async fn turn(
+        &self,
+        cursor: &mut Cursor,
+        kind: TurnKind,
+    ) -> Result<TurnSummary, DiscoveryError> {
         let started = Instant::now();
         let now = self.clock.now();
         let mut summary = TurnSummary::default();
-        let held = self.shards.workable();
+        let held: BTreeSet<u32> = self.shards.workable().into_iter().collect();
         if held.is_empty() {
             debug!("no shard held: no discovery turn");
             return Ok(summary);
         }
-        let filter = ShardFilter {
+        let filter = |shards: &BTreeSet<u32>| ShardFilter {
             shard_count: i64::from(self.shards.shard_count()),
-            shards: held.into_iter().map(i64::from).collect(),
+            shards: shards.iter().copied().map(i64::from).collect(),
         };
         // The wakes the business system recorded become due retries before
         // the candidate queries look for them.
         let woken = self
             .store
-            .apply_wakes(Some(&filter), now, self.settings.retry_limit)
+            .apply_wakes(Some(&filter(&held)), now, self.settings.retry_limit)
             .await?;
         if !woken.is_empty() {
             debug!(woken = woken.len(), "woken requests due again");
         }
+        // Read before the queries: a request inserted after this is above it.
+        let newest = self.store.newest_request_id().await?;
+        let whole = kind == TurnKind::Whole || cursor.since.is_none() || cursor.shards != held;
+        if whole {
+            *cursor = Cursor {
+                shards: held.clone(),
+                since: None,
+                rotation: 0,
+            };
+            let complete = self.sweep(&filter(&held), now, &mut summary).await?;
+            cursor.since = complete.then_some(newest);
+        } else {
+            let mut since = newest;
+            for request_type in RequestType::AUTO_APPROVABLE {
+                let query = self.settings.turn.query(
+                    request_type,
+                    now,
+                    self.settings.retry_limit,
+                    Some(filter(&held)),
+                );
+                let previous = cursor.since.unwrap_or_default();
+                let found = self.store.fresh_candidates(&query, previous).await?;
+                self.metrics
+                    .candidates(request_type.as_str(), found.len() as u64);
+                summary.candidates += found.len();
+                let new: Vec<i64> = found
+                    .iter()
+                    .filter(|c| c.state_id.is_none())
+                    .map(|c| c.request_id)
+                    .collect();
+                // A full page of new requests: the rest is above its last.
+                if new.len() as i64 >= query.limit {
+                    summary.full = true;
+                    since = since.min(new.iter().copied().max().unwrap_or(previous));
+                }
+                summary.full |= (found.len() - new.len()) as i64 >= query.limit;
+                for candidate in &found {
+                    let done = self.ensure(candidate, &mut summary).await;
+                    if !done && candidate.state_id.is_none() {
+                        since = since.min(candidate.request_id - 1);
+                    }
+                }
+            }
+            cursor.since = Some(since.max(cursor.since.unwrap_or_default()));
+            if kind == TurnKind::Poll {
+                let shards: Vec<u32> = held.iter().copied().collect();
+                let per_turn = shards.len().div_ceil(SWEEP_TURNS);
+                let start = cursor.rotation % shards.len();
+                let swept: BTreeSet<u32> = shards
+                    .iter()
+                    .cycle()
+                    .skip(start)
+                    .take(per_turn)
+                    .copied()
+                    .collect();
+                // A sweep that filled its page goes on with the same shards.
+                if self.sweep(&filter(&swept), now, &mut summary).await? {
+                    cursor.rotation = start + per_turn;
+                }
+            }
+        }
+        self.metrics
+            .turn(summary.candidates, started.elapsed().as_secs_f64());
+        debug!(?summary, whole, "discovery turn");
+        Ok(summary)
+    }
+
+    /// The whole candidate query of each type over `shards`; true when it
+    /// saw everything: no page was full and every CR it needed is there.
+    async fn sweep(
+        &self,
+        shards: &ShardFilter,
+        now: chrono::DateTime<chrono::Utc>,
+        summary: &mut TurnSummary,
+    ) -> Result<bool, DiscoveryError> {
+        let mut complete = true;
         for request_type in RequestType::AUTO_APPROVABLE {
             let query = self.settings.turn.query(
                 request_type,
                 now,
                 self.settings.retry_limit,
-                Some(filter.clone()),
+                Some(shards.clone()),
             );
             let found = self.store.candidates(&query).await?;
             self.metrics
                 .candidates(request_type.as_str(), found.len() as u64);
-            summary.full |= found.len() as i64 >= query.limit;
+            let full = found.len() as i64 >= query.limit;
+            summary.full |= full;
+            complete &= !full;
             summary.candidates += found.len();
             for candidate in &found {
-                self.ensure(candidate, &mut summary).await;
+                complete &= self.ensure(candidate, summary).await;
             }
         }
-        self.metrics
-            .turn(summary.candidates, started.elapsed().as_secs_f64());
-        debug!(?summary, "discovery turn");
-        Ok(summary)
+        Ok(complete)
     }
 
-    async fn ensure(&self, candidate: &Candidate, summary: &mut TurnSummary) {
+    /// The candidate's CR created or its reconcile asked for; false when
+    /// its CR could not be created (a later turn must see it again).
+    async fn ensure(&self, candidate: &Candidate, summary: &mut TurnSummary) -> bool {
         let key = self.key(candidate.request_id);
         if let Some(cr) = self.cache.get(&key) {
             // A CR without status has a reconcile pending from its watch
@@ -409,23 +552,27 @@ impl Discovery {
                 self.reconcile(key).await;
                 summary.triggered += 1;
             }
-            return;
+            return true;
         }
         let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
-            return;
+            return true;
         };
-        if self
+        match self
             .create(candidate.request_id, approval_type, false)
             .await
         {
-            summary.created += 1;
+            Creation::Created => {
+                summary.created += 1;
+                true
+            }
+            Creation::Existed => true,
+            Creation::Failed => false,
         }
     }
 
-    /// Creates the CR of a request; true when this call created it. An
-    /// AlreadyExists means the cache lags the API: the CR is there, so the
-    /// reconcile is triggered instead.
-    async fn create(&self, request_id: i64, approval_type: ApprovalType, paused: bool) -> bool {
+    /// Creates the CR of a request. An AlreadyExists means the cache lags
+    /// the API: the CR is there, so the reconcile is triggered instead.
+    async fn create(&self, request_id: i64, approval_type: ApprovalType, paused: bool) -> Creation {
         let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
         cr.spec.paused = paused;
         let params = PostParams {
@@ -436,15 +583,15 @@ impl Discovery {
             Ok(_) => {
                 self.metrics.cr_created();
                 debug!(request_id, "AutoApproval created");
-                true
+                Creation::Created
             }
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 self.reconcile(self.key(request_id)).await;
-                false
+                Creation::Existed
             }
             Err(error) => {
                 warn!(request_id, %error, "could not create AutoApproval");
-                false
+                Creation::Failed
             }
         }
     }

@@ -46,5 +46,17 @@ interface! {
         ) -> Result<Vec<Candidate>, StoreError>;
         /// Runs the thin candidate query on the read pool.
         fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError>;
+        /// The candidates that cost no step over waiting requests: the new
+        /// ones (no state row) with an id above `since`, read in id order,
+        /// and the due retries, read from the state table in due order; at
+        /// most `query.limit` of each, on the read pool. A new request at or
+        /// below `since` is the whole query's to find ([`Store::candidates`]).
+        fn fresh_candidates(
+            &self,
+            query: &CandidateQuery,
+            since: i64,
+        ) -> Result<Vec<Candidate>, StoreError>;
+        /// The highest request id there is (0 for none), on the read pool.
+        fn newest_request_id(&self) -> Result<i64, StoreError>;
     }
 }

@@ -233,3 +233,108 @@ fn the_mysql_benchmark_script_prepares_the_store_queries_verbatim() {
         );
     }
 }
+
+on_both!(fresh_candidates_are_the_new_above_the_cursor_and_the_due_and_agree_with_the_whole_query);
+/// The fresh candidates: new requests above the cursor in id order and due
+/// retries in due order, each under the limit and the shard filter; never a
+/// waiting request, a paused one, an ad contract without its store, one
+/// outside the window, in progress, or at the retry limit. Above the cursor
+/// they are exactly what the whole query selects.
+async fn fresh_candidates_are_the_new_above_the_cursor_and_the_due_and_agree_with_the_whole_query(
+    db: Db,
+) {
+    let now = t0();
+    // 1–10: new; 11–20: waiting, not due; 21–30: due (21 the latest due);
+    // 31: in progress; 32: due but at the retry limit; 33: paused; 34:
+    // outside the window; 35: an ad contract without its store; 36: an
+    // ad contract with its store; 37: another type.
+    for id in 1..=37 {
+        let mut request = match id {
+            35 | 36 => NewRequest::ready_ad(id, 7),
+            _ => NewRequest::ready_owner(id),
+        };
+        if id == 35 {
+            request.target_store_number = None;
+        }
+        if id == 37 {
+            request.request_type = "MENU_CHANGE";
+        }
+        if id == 34 {
+            request = request.sorted_at(now - Duration::days(31));
+        }
+        request.insert(&db).await;
+        let (status, due, count) = match id {
+            11..=20 => ("RETRY_WAITING", now + Duration::minutes(5), 1),
+            21..=30 => ("RETRY_WAITING", now - Duration::minutes(id - 20), 1),
+            31 => ("IN_PROGRESS", now, 0),
+            32 => (
+                "RETRY_WAITING",
+                now - Duration::minutes(1),
+                DEFAULT_RETRY_LIMIT,
+            ),
+            _ => continue,
+        };
+        insert_state(
+            &db,
+            id,
+            status,
+            Some(due),
+            count,
+            now - Duration::minutes(20),
+        )
+        .await;
+    }
+    db.exec("INSERT INTO auto_approve_pause (request_id, paused_by) VALUES (33, 'alice')")
+        .await;
+    let store = db.store();
+    let ids = |found: &[Candidate]| found.iter().map(|c| c.request_id).collect::<Vec<_>>();
+
+    let owner = query(RequestType::OwnerContract, None);
+    let found = store.fresh_candidates(&owner, 0).await.unwrap();
+    let new: Vec<i64> = (1..=10).collect();
+    let due: Vec<i64> = (21..=30).rev().collect();
+    assert_eq!(ids(&found), [new.clone(), due.clone()].concat());
+    assert!(
+        found
+            .iter()
+            .all(|c| c.state_id.is_some() == (c.request_id > 20))
+    );
+    // Above the cursor: only the new requests above it, the due ones all.
+    let found = store.fresh_candidates(&owner, 6).await.unwrap();
+    assert_eq!(ids(&found), [vec![7, 8, 9, 10], due.clone()].concat());
+    // The whole query selects the same set (in its own order).
+    let mut whole = ids(&store.candidates(&owner).await.unwrap());
+    let mut fresh = ids(&store.fresh_candidates(&owner, 0).await.unwrap());
+    whole.sort();
+    fresh.sort();
+    assert_eq!(fresh, whole);
+    // The limit bounds each branch: twenty at most of each, in their order.
+    let limited = autoapproval::store::CandidateQuery {
+        limit: 3,
+        ..owner.clone()
+    };
+    let found = store.fresh_candidates(&limited, 0).await.unwrap();
+    assert_eq!(ids(&found), [1, 2, 3, 30, 29, 28]);
+    // The shard filter applies to both.
+    let shards = ShardFilter {
+        shard_count: 4,
+        shards: vec![1],
+    };
+    let found = store
+        .fresh_candidates(&query(RequestType::OwnerContract, Some(shards)), 0)
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), [1, 5, 9, 29, 25, 21]);
+    // Ad contracts: only the one with its store.
+    let found = store
+        .fresh_candidates(&query(RequestType::AdContract, None), 0)
+        .await
+        .unwrap();
+    assert_eq!(ids(&found), [36]);
+    assert_eq!(store.newest_request_id().await.unwrap(), 37);
+}
+
+on_both!(the_newest_request_id_of_an_empty_table_is_zero);
+async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
+    assert_eq!(db.store().newest_request_id().await.unwrap(), 0);
+}

@@ -304,6 +304,25 @@ async fn a_claim_stuck_on_a_dead_replica_is_recovered_and_finishes(db: Db) {
     cluster.stop().await;
 }
 
+on_both!(a_request_committed_below_the_cursor_without_a_notification_is_found_by_the_sweep);
+/// The turns read new requests above the newest id they saw; a request
+/// whose id is below it (committed after a newer one, its notification
+/// lost) is found by the poll's sweep of the held shards in rotation.
+async fn a_request_committed_below_the_cursor_without_a_notification_is_found_by_the_sweep(db: Db) {
+    let mut settings = test_settings();
+    settings.discovery.notify = false;
+    settings.discovery.poll_period = Duration::from_millis(200);
+    let mut cluster = Cluster::with(db.clone(), settings).await;
+    owner_now(500).insert(&db).await;
+    // The turn that found it read the newest id first: the cursor is at
+    // 500 or above from then on.
+    cluster.wait_phase(500, Phase::Approved).await;
+    owner_now(400).insert(&db).await;
+    cluster.wait_phase(400, Phase::Approved).await;
+    assert_eq!(cluster.sim.stats().for_request(400).owner, 1);
+    cluster.stop().await;
+}
+
 on_both!(a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person);
 async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_person(db: Db) {
     // 299 failures so far; the 300th is the owner service failing once

@@ -9,7 +9,7 @@
 
 use super::{MysqlStore, db, placeholders};
 use crate::domain::{Candidate, RequestType};
-use crate::store::{CandidateQuery, Candidates, StoreError};
+use crate::store::{CandidateQuery, Candidates, ShardFilter, StoreError};
 
 /// The open statuses in pickup order (ING < PENDING < RETRY).
 const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
@@ -62,6 +62,52 @@ pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String>
     ))
 }
 
+/// The fresh-candidate SQL of a type for `shards` shards (0: no shard
+/// filter), as PostgreSQL's `FRESH_CANDIDATES`: new requests above a cursor
+/// by primary key in id order, and due retries from the index
+/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql
+/// 0005) in due order. Binds: cursor, window start, [K, each shard,] limit;
+/// then now, retry limit, window start, [K, each shard,] limit. The new
+/// branch's state id is a typed NULL so that the union's column is BIGINT.
+pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    let ad = match request_type {
+        RequestType::OwnerContract => "",
+        RequestType::AdContract => "\n      AND r.target_store_number IS NOT NULL",
+        _ => return None,
+    };
+    let shard = if shards == 0 {
+        String::new()
+    } else {
+        format!("\n      AND r.id % ? IN ({})", placeholders(shards))
+    };
+    let request_type = request_type.as_str();
+    Some(format!(
+        "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
+     FROM approval_request r
+    WHERE r.id > ?
+      AND r.request_type = '{request_type}'
+      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.sort_time >= ?{ad}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id){shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.id
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id
+     FROM auto_approve_state s
+     JOIN approval_request r ON r.id = s.request_id
+    WHERE s.status = 'RETRY_WAITING'
+      AND s.next_retry_time <= ?
+      AND s.retry_count < ?
+      AND r.request_type = '{request_type}'
+      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.sort_time >= ?{ad}{shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY s.next_retry_time
+    LIMIT ?)"
+    ))
+}
+
 /// The same conditions for given requests of both types, by primary key.
 /// The look at notified requests, for `n` of them.
 pub fn candidates_among_sql(n: usize) -> String {
@@ -79,6 +125,25 @@ pub fn candidates_among_sql(n: usize) -> String {
    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)",
         placeholders(n)
     )
+}
+
+/// Binds a shard filter's K and shards, as `candidate_sql` and
+/// `fresh_candidates_sql` place them; nothing without a filter.
+fn bind_shards<'q, O>(
+    mut q: sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments>,
+    filter: Option<&ShardFilter>,
+) -> sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments> {
+    if let Some(f) = filter {
+        q = q.bind(f.shard_count.max(1));
+        if f.shards.is_empty() {
+            // No shard: a value no id % K equals.
+            q = q.bind(-1_i64);
+        }
+        for shard in &f.shards {
+            q = q.bind(*shard);
+        }
+    }
+    q
 }
 
 // === impl MysqlStore ===
@@ -119,6 +184,47 @@ impl Candidates for MysqlStore {
             .collect()
     }
 
+    /// New requests above `since` and due retries, on the read pool.
+    async fn fresh_candidates(
+        &self,
+        query: &CandidateQuery,
+        since: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
+        let Some(sql) = fresh_candidates_sql(query.request_type, shards) else {
+            return Ok(Vec::new());
+        };
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(since)
+            .bind(query.window_start);
+        let q = bind_shards(q, query.shards.as_ref())
+            .bind(query.limit)
+            .bind(query.now)
+            .bind(query.retry_limit)
+            .bind(query.window_start);
+        let rows: Vec<(i64, Option<i64>)> = bind_shards(q, query.shards.as_ref())
+            .bind(query.limit)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("fresh candidate query"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(request_id, state_id)| Candidate {
+                request_id,
+                request_type: query.request_type,
+                state_id,
+            })
+            .collect())
+    }
+
+    /// The highest request id, on the read pool.
+    async fn newest_request_id(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM approval_request")
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("newest request id"))
+    }
+
     /// Runs the thin candidate query on the read pool.
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
         let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
@@ -131,17 +237,7 @@ impl Candidates for MysqlStore {
                 .bind(query.window_start)
                 .bind(query.now)
                 .bind(query.retry_limit);
-            if let Some(f) = &query.shards {
-                q = q.bind(f.shard_count.max(1));
-                if f.shards.is_empty() {
-                    // No shard: a value no id % K equals.
-                    q = q.bind(-1_i64);
-                }
-                for shard in &f.shards {
-                    q = q.bind(shard);
-                }
-            }
-            q = q.bind(query.limit);
+            q = bind_shards(q, query.shards.as_ref()).bind(query.limit);
         }
         let rows: Vec<(i64, Option<i64>)> = q
             .bind(query.limit)

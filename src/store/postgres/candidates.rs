@@ -57,6 +57,43 @@ SELECT r.id AS request_id, r.request_type, s.id AS state_id
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
 
+// The fresh candidates of a type: two branches that each read only rows
+// that can be candidates. New requests: a primary-key range above the
+// cursor ($7), in id order, probing the state and pause tables per row;
+// every request inserted since the cursor is read once, whatever became of
+// it. Due retries: the partial index `auto_approve_state_due`
+// (next_retry_time) WHERE status = 'RETRY_WAITING' (migration 0016), in due
+// order, to the limit; each probes its request by primary key. Waiting
+// requests are in neither, however many there are.
+const FRESH_CANDIDATES: &str = "\
+(SELECT r.id AS request_id, NULL::bigint AS state_id
+   FROM approval_request r
+  WHERE r.id > $7
+    AND r.status IN ('ING', 'PENDING', 'RETRY')
+    AND r.request_type = $8
+    AND r.sort_time >= $1
+    AND ($8 <> 'AD_CONTRACT' OR r.target_store_number IS NOT NULL)
+    AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
+    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+  ORDER BY r.id
+  LIMIT $4)
+UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id
+   FROM auto_approve_state s
+   JOIN approval_request r ON r.id = s.request_id
+  WHERE s.status = 'RETRY_WAITING'
+    AND s.next_retry_time <= $2
+    AND s.retry_count < $3
+    AND r.status IN ('ING', 'PENDING', 'RETRY')
+    AND r.request_type = $8
+    AND r.sort_time >= $1
+    AND ($8 <> 'AD_CONTRACT' OR r.target_store_number IS NOT NULL)
+    AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
+    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+  ORDER BY s.next_retry_time
+  LIMIT $4)";
+
 /// The candidate SQL for a type; `None` for types that are not auto-approvable.
 pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
     match request_type {
@@ -91,6 +128,47 @@ impl Candidates for PgStore {
                 })
             })
             .collect()
+    }
+
+    async fn fresh_candidates(
+        &self,
+        query: &CandidateQuery,
+        since: i64,
+    ) -> Result<Vec<Candidate>, StoreError> {
+        if candidate_sql(query.request_type).is_none() {
+            return Ok(Vec::new());
+        }
+        let (shards, shard_count) = match &query.shards {
+            Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
+            None => (None, 1),
+        };
+        let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(FRESH_CANDIDATES)
+            .bind(query.window_start)
+            .bind(query.now)
+            .bind(query.retry_limit)
+            .bind(query.limit)
+            .bind(shards)
+            .bind(shard_count)
+            .bind(since)
+            .bind(query.request_type.as_str())
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("fresh candidate query"))?;
+        Ok(rows
+            .into_iter()
+            .map(|(request_id, state_id)| Candidate {
+                request_id,
+                request_type: query.request_type,
+                state_id,
+            })
+            .collect())
+    }
+
+    async fn newest_request_id(&self) -> Result<i64, StoreError> {
+        sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM approval_request")
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("newest request id"))
     }
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
