@@ -77,7 +77,9 @@ pub use layout::ShardLayout;
 pub use ledger::Memo;
 pub use notify::{RequestChange, RequestChanges};
 pub use pause::Pause;
-pub use postgres::{BACKLOG_SQL, MANUAL_FUNCTIONS, REQUEST_CHANGED_CHANNEL, candidate_sql};
+pub use postgres::{
+    BACKLOG_SQL, FRESH_CANDIDATES, MANUAL_FUNCTIONS, REQUEST_CHANGED_CHANNEL, candidate_sql,
+};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 

@@ -338,3 +338,25 @@ on_both!(the_newest_request_id_of_an_empty_table_is_zero);
 async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
     assert_eq!(db.store().newest_request_id().await.unwrap(), 0);
 }
+
+/// The turn benchmarks must measure the statements the stores send: the
+/// whole owner query and the fresh one, verbatim, on both databases.
+#[test]
+fn the_turn_benchmark_scripts_prepare_the_store_queries_verbatim() {
+    let pg = include_str!("../../benches/turn_plans.sql");
+    let owner = autoapproval::store::candidate_sql(RequestType::OwnerContract).unwrap();
+    for sql in [owner, autoapproval::store::FRESH_CANDIDATES] {
+        assert!(pg.contains(sql), "benches/turn_plans.sql lacks:\n{sql}");
+    }
+    use autoapproval::store::mysql::{candidate_sql, fresh_candidates_sql};
+    let mysql = include_str!("../../benches/mysql_turn_plans.sql");
+    for sql in [
+        candidate_sql(RequestType::OwnerContract, 6).unwrap(),
+        fresh_candidates_sql(RequestType::OwnerContract, 6).unwrap(),
+    ] {
+        assert!(
+            mysql.contains(&format!("\"{sql}\"")),
+            "benches/mysql_turn_plans.sql lacks, as a double-quoted string:\n{sql}"
+        );
+    }
+}

@@ -34,7 +34,7 @@ mod pause;
 mod recovery;
 mod rows;
 
-pub use candidates::{candidate_sql, candidates_among_sql};
+pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
 pub use notify::MysqlRequestChanges;
 use notify::WakeCursor;
 

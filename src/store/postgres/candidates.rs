@@ -57,15 +57,15 @@ SELECT r.id AS request_id, r.request_type, s.id AS state_id
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
 
-// The fresh candidates of a type: two branches that each read only rows
-// that can be candidates. New requests: a primary-key range above the
-// cursor ($7), in id order, probing the state and pause tables per row;
-// every request inserted since the cursor is read once, whatever became of
-// it. Due retries: the partial index `auto_approve_state_due`
-// (next_retry_time) WHERE status = 'RETRY_WAITING' (migration 0016), in due
-// order, to the limit; each probes its request by primary key. Waiting
-// requests are in neither, however many there are.
-const FRESH_CANDIDATES: &str = "\
+/// The fresh candidates of a type ($8): two branches that each read only
+/// rows that can be candidates. New requests: a primary-key range above the
+/// cursor ($7), in id order, probing the state and pause tables per row;
+/// every request inserted since the cursor is read once, whatever became of
+/// it. Due retries: the partial index `auto_approve_state_due`
+/// (next_retry_time) WHERE status = 'RETRY_WAITING' (migration 0016), in due
+/// order, to the limit; each probes its request by primary key. Waiting
+/// requests are in neither, however many there are.
+pub const FRESH_CANDIDATES: &str = "\
 (SELECT r.id AS request_id, NULL::bigint AS state_id
    FROM approval_request r
   WHERE r.id > $7

@@ -22,7 +22,7 @@ mod pause;
 mod recovery;
 mod rows;
 
-pub use candidates::candidate_sql;
+pub use candidates::{FRESH_CANDIDATES, candidate_sql};
 pub use census::BACKLOG_SQL;
 pub(crate) use notify::Listener;
 pub use notify::REQUEST_CHANGED_CHANNEL;
