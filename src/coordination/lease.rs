@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{ObjectMeta, PostParams};
-use tracing::debug;
+use tracing::{debug, info};
 
 use super::{Coordinator, FIELD_MANAGER, MEMBER_LEASE_PREFIX, ROLE_LABEL, SHARD_LEASE_PREFIX};
 
@@ -114,11 +114,47 @@ impl Coordinator {
             spec.holder_identity = None;
             spec.renew_time = Some(micro_time(now));
         }
-        self.api
-            .replace(name, &post_params(), &lease)
-            .await
-            .map(drop)
+        let written = self.api.replace(name, &post_params(), &lease).await;
+        if let Err(error) = &written
+            && !written_by_another(error)
+        {
+            self.unreleased.insert(name.to_owned(), lease);
+        }
+        written.map(drop)
     }
+
+    /// Writes again the releases that failed. The write is conditional on
+    /// the version we last wrote, so a Lease taken since (by another
+    /// replica, or by us again) answers 409 and is left as it is.
+    pub(super) async fn retry_releases(&mut self, now: DateTime<Utc>) {
+        let pending: Vec<String> = self.unreleased.keys().cloned().collect();
+        for name in pending {
+            let Some(mut lease) = self.unreleased.remove(&name) else {
+                continue;
+            };
+            if self.mine.contains_key(&name) {
+                continue;
+            }
+            if let Some(spec) = lease.spec.as_mut() {
+                spec.renew_time = Some(micro_time(now));
+            }
+            match self.api.replace(&name, &post_params(), &lease).await {
+                Ok(_) => info!(lease = %name, "Lease released on a later try"),
+                Err(error) if written_by_another(&error) => {
+                    debug!(lease = %name, %error, "a Lease whose release failed was written since");
+                }
+                Err(error) => {
+                    debug!(lease = %name, %error, "releasing the Lease failed again; next turn");
+                    self.unreleased.insert(name, lease);
+                }
+            }
+        }
+    }
+}
+
+/// Whether a write failed because the Lease changed or went meanwhile.
+fn written_by_another(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409 || status.code == 404)
 }
 
 /// The Lease name of a shard.

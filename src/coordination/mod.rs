@@ -138,6 +138,12 @@ pub struct Coordinator {
     last_list: Option<Instant>,
     /// The last version we wrote of each Lease we hold.
     mine: HashMap<String, Lease>,
+    /// Shard Leases whose release failed, as they were to be written: the
+    /// release is tried again every turn until it lands or another replica
+    /// wrote the Lease. Left alone, such a Lease names us while our member
+    /// Lease is live, so nobody would take the shard and we would not
+    /// either (we gave it back).
+    unreleased: HashMap<String, Lease>,
     leader_renewed: Option<Instant>,
     /// Turns run so far: renewals are due every few of them.
     turns: u64,
@@ -211,6 +217,7 @@ impl Coordinator {
             seen: HashMap::new(),
             last_list: None,
             mine: HashMap::new(),
+            unreleased: HashMap::new(),
             leader_renewed: None,
             turns: 0,
             member_turn: None,
@@ -340,6 +347,7 @@ impl Coordinator {
             self.renew_shard_leases(now).await;
         }
         self.release_drained(now).await;
+        self.retry_releases(now).await;
         if let Some(leases) = leases {
             self.balance(&leases, sent, now).await;
             self.lead(&leases, sent, now).await;

@@ -904,3 +904,30 @@ async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_req
     fleet.stop(1).await;
     fleet.stop(0).await;
 }
+
+on_both!(a_shard_whose_hand_back_failed_is_released_later_and_taken);
+/// A replica hands shards back to a newcomer; the first release answers
+/// 500. Its Lease still names the giver, whose member Lease is live, so
+/// nobody would take the shard, and the giver, which gave it away, would
+/// not either: the release is written again at the next turn, and the
+/// newcomer takes the shard.
+async fn a_shard_whose_hand_back_failed_is_released_later_and_taken(db: Db) {
+    let mut fleet = Fleet::start(db.clone(), 2, LEASE_DURATION).await;
+    fleet.wait_balanced().await;
+    fleet.stop(1).await;
+    fleet.wait_balanced().await;
+    fleet.server.faults().fail_next(
+        1,
+        500,
+        Match::any()
+            .verb("update")
+            .resource("leases")
+            .path_contains(SHARD_LEASE_PREFIX),
+    );
+    fleet.spawn(1);
+    let holders = fleet.wait_balanced().await;
+    assert!(
+        fleet.log(0).contains("Lease released on a later try"),
+        "the failed release was written again: {holders:?}"
+    );
+}
