@@ -32,6 +32,17 @@ pub struct ShardFilter {
     pub shards: Vec<i64>,
 }
 
+/// Candidate rows (request id, state id) of one type, as candidates.
+pub(crate) fn of_type(rows: Vec<(i64, Option<i64>)>, request_type: RequestType) -> Vec<Candidate> {
+    rows.into_iter()
+        .map(|(request_id, state_id)| Candidate {
+            request_id,
+            request_type,
+            state_id,
+        })
+        .collect()
+}
+
 interface! {
     /// Candidates: see the methods on [`Store`].
     trait Candidates {

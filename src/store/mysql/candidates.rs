@@ -9,6 +9,7 @@
 
 use super::{MysqlStore, db, placeholders};
 use crate::domain::{Candidate, RequestType};
+use crate::store::candidates::of_type;
 use crate::store::{CandidateQuery, Candidates, ShardFilter, StoreError};
 
 /// The open statuses in pickup order (ING < PENDING < RETRY).
@@ -207,14 +208,7 @@ impl Candidates for MysqlStore {
             .fetch_all(&self.read)
             .await
             .map_err(db("fresh candidate query"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, state_id)| Candidate {
-                request_id,
-                request_type: query.request_type,
-                state_id,
-            })
-            .collect())
+        Ok(of_type(rows, query.request_type))
     }
 
     /// The highest request id, on the read pool.
@@ -244,13 +238,6 @@ impl Candidates for MysqlStore {
             .fetch_all(&self.read)
             .await
             .map_err(db("candidate query"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, state_id)| Candidate {
-                request_id,
-                request_type: query.request_type,
-                state_id,
-            })
-            .collect())
+        Ok(of_type(rows, query.request_type))
     }
 }

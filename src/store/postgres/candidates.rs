@@ -3,6 +3,7 @@
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, RequestType};
+use crate::store::candidates::of_type;
 use crate::store::{CandidateQuery, Candidates, StoreError};
 
 // The two candidate queries. Conditions and ORDER BY follow the partial
@@ -138,30 +139,13 @@ impl Candidates for PgStore {
         if candidate_sql(query.request_type).is_none() {
             return Ok(Vec::new());
         }
-        let (shards, shard_count) = match &query.shards {
-            Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
-            None => (None, 1),
-        };
-        let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(FRESH_CANDIDATES)
-            .bind(query.window_start)
-            .bind(query.now)
-            .bind(query.retry_limit)
-            .bind(query.limit)
-            .bind(shards)
-            .bind(shard_count)
-            .bind(since)
-            .bind(query.request_type.as_str())
-            .fetch_all(&self.read)
-            .await
-            .map_err(db("fresh candidate query"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, state_id)| Candidate {
-                request_id,
-                request_type: query.request_type,
-                state_id,
-            })
-            .collect())
+        self.typed_rows(
+            FRESH_CANDIDATES,
+            query,
+            Some(since),
+            "fresh candidate query",
+        )
+        .await
     }
 
     async fn newest_request_id(&self) -> Result<i64, StoreError> {
@@ -175,27 +159,39 @@ impl Candidates for PgStore {
         let Some(sql) = candidate_sql(query.request_type) else {
             return Ok(Vec::new());
         };
+        self.typed_rows(sql, query, None, "candidate query").await
+    }
+}
+
+impl PgStore {
+    /// Runs a candidate statement of one type: window start, now, retry
+    /// limit, limit, shards and K bound as $1–$6, then the cursor and the
+    /// type as $7 and $8 for the fresh query.
+    async fn typed_rows(
+        &self,
+        sql: &'static str,
+        query: &CandidateQuery,
+        since: Option<i64>,
+        operation: &'static str,
+    ) -> Result<Vec<Candidate>, StoreError> {
         let (shards, shard_count) = match &query.shards {
             Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
             None => (None, 1),
         };
-        let rows: Vec<(i64, Option<i64>)> = sqlx::query_as(sql)
+        let mut statement = sqlx::query_as(sql)
             .bind(query.window_start)
             .bind(query.now)
             .bind(query.retry_limit)
             .bind(query.limit)
             .bind(shards)
-            .bind(shard_count)
+            .bind(shard_count);
+        if let Some(since) = since {
+            statement = statement.bind(since).bind(query.request_type.as_str());
+        }
+        let rows: Vec<(i64, Option<i64>)> = statement
             .fetch_all(&self.read)
             .await
-            .map_err(db("candidate query"))?;
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, state_id)| Candidate {
-                request_id,
-                request_type: query.request_type,
-                state_id,
-            })
-            .collect())
+            .map_err(db(operation))?;
+        Ok(of_type(rows, query.request_type))
     }
 }
