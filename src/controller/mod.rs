@@ -245,6 +245,7 @@ pub async fn run_until(
         settings: settings.reconcile.clone(),
         stopping: stop_rx.clone(),
         failures: Mutex::new(HashMap::new()),
+        written: Mutex::new(HashMap::new()),
     });
     let mut stopping = stop_rx.clone();
     let controller = Controller::for_stream(crs, cache.clone())

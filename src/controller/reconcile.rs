@@ -107,6 +107,11 @@ pub struct Context {
     /// Consecutive errors per CR, for the backoff: at most
     /// [`FAILURES_TRACKED`] CRs.
     pub failures: Mutex<HashMap<String, u32>>,
+    /// The last status write per CR (name and uid), as (the digest the cache showed, the
+    /// digest written): a reconcile that runs before the watch delivered
+    /// that write finds the cache still at the former and would write the
+    /// latter again. At most [`FAILURES_TRACKED`] CRs.
+    pub written: Mutex<HashMap<String, (Option<u64>, u64)>>,
 }
 
 /// CRs whose consecutive errors are counted. When that many fail at once,
@@ -601,7 +606,25 @@ impl Reconcile<'_> {
         {
             status.last_retry_request = Some(ack);
         }
-        if previous.map(|p| p.digest) == Some(digest(&status)) {
+        let (before, after) = (previous.map(|p| p.digest), digest(&status));
+        if before == Some(after) {
+            return Ok(false);
+        }
+        let name = self.cr.name_any();
+        // By uid too: a CR deleted and created again starts without status.
+        let key = format!("{name}/{}", self.cr.uid().unwrap_or_default());
+        let lagging = self
+            .ctx
+            .written
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            == Some(&(before, after));
+        if lagging {
+            debug!(
+                request_id = self.request_id(),
+                "the cache has not shown our last status write yet; not written again"
+            );
             return Ok(false);
         }
         let patch = serde_json::json!({
@@ -613,10 +636,20 @@ impl Reconcile<'_> {
         match self
             .ctx
             .api
-            .patch_status(&self.cr.name_any(), &params, &Patch::Apply(&patch))
+            .patch_status(&name, &params, &Patch::Apply(&patch))
             .await
         {
-            Ok(_) => Ok(true),
+            Ok(_) => {
+                let mut written = self.ctx.written.lock().unwrap_or_else(|e| e.into_inner());
+                if written.len() >= FAILURES_TRACKED && !written.contains_key(&key) {
+                    // Any one: it only costs that CR one more identical write.
+                    if let Some(evicted) = written.keys().next().cloned() {
+                        written.remove(&evicted);
+                    }
+                }
+                written.insert(key, (before, after));
+                Ok(true)
+            }
             Err(kube::Error::Api(s)) if s.code == 404 => {
                 debug!(
                     request_id = self.request_id(),
