@@ -501,7 +501,7 @@ impl Discovery {
                     .collect();
                 // A sweep that filled its page goes on with the same shards.
                 if self.sweep(&filter(&swept), now, &mut summary).await? {
-                    cursor.rotation = start + per_turn;
+                    cursor.rotation = (start + per_turn) % shards.len();
                 }
             }
         }

@@ -119,6 +119,17 @@ pub struct Context {
 /// base again, and the map stays bounded whatever the API server does.
 pub const FAILURES_TRACKED: usize = 1024;
 
+/// Keeps a per-CR map within [`FAILURES_TRACKED`] entries: when it is full
+/// and `key` is not in it, any one entry goes (the map has no order).
+fn make_room<V>(map: &mut HashMap<String, V>, key: &str) {
+    if map.len() >= FAILURES_TRACKED
+        && !map.contains_key(key)
+        && let Some(evicted) = map.keys().next().cloned()
+    {
+        map.remove(&evicted);
+    }
+}
+
 /// The reconcile function given to kube-runtime's Controller.
 pub async fn reconcile(
     cr: Arc<CachedAutoApproval>,
@@ -168,12 +179,8 @@ pub fn error_policy(
     let failures = {
         let mut map = ctx.failures.lock().unwrap_or_else(|e| e.into_inner());
         let name = cr.name_any();
-        if map.len() >= FAILURES_TRACKED && !map.contains_key(&name) {
-            // Any one: the map has no order, and any one loses only its count.
-            if let Some(evicted) = map.keys().next().cloned() {
-                map.remove(&evicted);
-            }
-        }
+        // Any one evicted loses only its count.
+        make_room(&mut map, &name);
         let n = map.entry(name).or_insert(0);
         *n = n.saturating_add(1);
         *n
@@ -641,12 +648,8 @@ impl Reconcile<'_> {
         {
             Ok(_) => {
                 let mut written = self.ctx.written.lock().unwrap_or_else(|e| e.into_inner());
-                if written.len() >= FAILURES_TRACKED && !written.contains_key(&key) {
-                    // Any one: it only costs that CR one more identical write.
-                    if let Some(evicted) = written.keys().next().cloned() {
-                        written.remove(&evicted);
-                    }
-                }
+                // Any one evicted costs only one more identical write.
+                make_room(&mut written, &key);
                 written.insert(key, (before, after));
                 Ok(true)
             }

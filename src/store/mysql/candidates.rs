@@ -28,16 +28,7 @@ const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
 /// instead of the three open ranges. Each branch is one range read in
 /// order that LIMIT stops; the outer sort is of at most 3 × limit rows.
 pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String> {
-    let ad = match request_type {
-        RequestType::OwnerContract => "",
-        RequestType::AdContract => "\n      AND r.target_store_number IS NOT NULL",
-        _ => return None,
-    };
-    let shard = if shards == 0 {
-        String::new()
-    } else {
-        format!("\n      AND r.id % ? IN ({})", placeholders(shards))
-    };
+    let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
     let branches: Vec<String> = OPEN
         .iter()
         .map(|status| {
@@ -63,14 +54,13 @@ pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String>
     ))
 }
 
-/// The fresh-candidate SQL of a type for `shards` shards (0: no shard
-/// filter), as PostgreSQL's `FRESH_CANDIDATES`: new requests above a cursor
-/// by primary key in id order, and due retries from the index
-/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql
-/// 0005) in due order. Binds: cursor, window start, [K, each shard,] limit;
-/// then now, retry limit, window start, [K, each shard,] limit. The new
-/// branch's state id is a typed NULL so that the union's column is BIGINT.
-pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
+/// The conditions both candidate statements add for a type (an ad contract
+/// needs its store) and for `shards` shards (0: none); `None` for types that
+/// are not auto-approvable.
+fn type_and_shard_conditions(
+    request_type: RequestType,
+    shards: usize,
+) -> Option<(&'static str, String)> {
     let ad = match request_type {
         RequestType::OwnerContract => "",
         RequestType::AdContract => "\n      AND r.target_store_number IS NOT NULL",
@@ -81,6 +71,18 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
     } else {
         format!("\n      AND r.id % ? IN ({})", placeholders(shards))
     };
+    Some((ad, shard))
+}
+
+/// The fresh-candidate SQL of a type for `shards` shards (0: no shard
+/// filter), as PostgreSQL's `FRESH_CANDIDATES`: new requests above a cursor
+/// by primary key in id order, and due retries from the index
+/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql
+/// 0005) in due order. Binds: cursor, window start, [K, each shard,] limit;
+/// then now, retry limit, window start, [K, each shard,] limit. The new
+/// branch's state id is a typed NULL so that the union's column is BIGINT.
+pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
     let request_type = request_type.as_str();
     Some(format!(
         "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
