@@ -2,6 +2,7 @@
 //! primary, then clean up, wait, or claim and run the chain; project the
 //! outcome onto the CR status and publish an Event.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -14,8 +15,10 @@ use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::cached::{CachedAutoApproval, digest};
-use super::crd::{ApprovalType, AutoApproval, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name};
+use super::cached::{CachedAutoApproval, CachedStatus, digest};
+use super::crd::{
+    ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
+};
 use super::events::Publisher;
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
@@ -107,11 +110,53 @@ pub struct Context {
     /// Consecutive errors per CR, for the backoff: at most
     /// [`FAILURES_TRACKED`] CRs.
     pub failures: Mutex<HashMap<String, u32>>,
-    /// The last status write per CR (name and uid), as (the digest the cache showed, the
-    /// digest written): a reconcile that runs before the watch delivered
-    /// that write finds the cache still at the former and would write the
-    /// latter again. At most [`FAILURES_TRACKED`] CRs.
-    pub written: Mutex<HashMap<String, (Option<u64>, u64)>>,
+    /// This replica's last status write per CR (name and uid) until the
+    /// cache shows it: at most [`FAILURES_TRACKED`] CRs.
+    pub written: Mutex<HashMap<String, Written>>,
+}
+
+/// A status this replica wrote that the cache may not show yet: a
+/// reconcile queued during the one that wrote it can start before the
+/// watch delivers the write, and, judging by the cache, would act on the
+/// status before it (write an approved request's status again, act on a
+/// retry request already acted on).
+#[derive(Clone, Debug)]
+pub struct Written {
+    /// The digests the cache may still show instead: the statuses this
+    /// write replaced, newest last (a few).
+    stale: Vec<Option<u64>>,
+    /// The status written.
+    status: Arc<CachedStatus>,
+}
+
+/// Stale digests kept per CR: successive writes before the watch shows
+/// the first are rare, more than this many is beyond any real lag.
+const STALE_KEPT: usize = 4;
+
+/// The key of a CR in the per-CR maps: name and uid, as a CR deleted and
+/// created again starts without status.
+fn written_key(cr: &CachedAutoApproval) -> String {
+    format!("{}/{}", cr.name_any(), cr.uid().unwrap_or_default())
+}
+
+/// `cr` as this replica knows it: with the status it wrote last when the
+/// cache still shows a status that write replaced. A cache that caught up,
+/// or shows a status written by someone else, is taken as it is and the
+/// entry goes.
+fn freshest<'a>(ctx: &Context, cr: &'a CachedAutoApproval) -> Cow<'a, CachedAutoApproval> {
+    let key = written_key(cr);
+    let mut written = ctx.written.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(ours) = written.get(&key) else {
+        return Cow::Borrowed(cr);
+    };
+    let cached = cr.status.as_ref().map(|s| s.digest);
+    if !ours.stale.contains(&cached) {
+        written.remove(&key);
+        return Cow::Borrowed(cr);
+    }
+    let mut fresh = cr.clone();
+    fresh.status = Some(Box::new((*ours.status).clone()));
+    Cow::Owned(fresh)
 }
 
 /// CRs whose consecutive errors are counted. When that many fail at once,
@@ -146,8 +191,9 @@ pub async fn reconcile(
     // the runtime's stream runs in. Every line logged under it carries the
     // request and its shard.
     let span = info_span!(parent: None, "reconcile", request_id = cr.spec.request_id, shard);
+    let seen = freshest(&ctx, &cr);
     let result = Reconcile {
-        cr: &cr,
+        cr: &seen,
         ctx: &ctx,
         guard: &guard,
         retry_ack: Mutex::new(None),
@@ -618,22 +664,6 @@ impl Reconcile<'_> {
             return Ok(false);
         }
         let name = self.cr.name_any();
-        // By uid too: a CR deleted and created again starts without status.
-        let key = format!("{name}/{}", self.cr.uid().unwrap_or_default());
-        let lagging = self
-            .ctx
-            .written
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            == Some(&(before, after));
-        if lagging {
-            debug!(
-                request_id = self.request_id(),
-                "the cache has not shown our last status write yet; not written again"
-            );
-            return Ok(false);
-        }
         let patch = serde_json::json!({
             "apiVersion": AutoApproval::api_version(&()),
             "kind": AutoApproval::kind(&()),
@@ -647,10 +677,7 @@ impl Reconcile<'_> {
             .await
         {
             Ok(_) => {
-                let mut written = self.ctx.written.lock().unwrap_or_else(|e| e.into_inner());
-                // Any one evicted costs only one more identical write.
-                make_room(&mut written, &key);
-                written.insert(key, (before, after));
+                self.remember(before, &status);
                 Ok(true)
             }
             Err(kube::Error::Api(s)) if s.code == 404 => {
@@ -665,6 +692,24 @@ impl Reconcile<'_> {
                 source,
             }),
         }
+    }
+
+    /// Keeps the status just written, which replaced `before`, for the
+    /// reconciles that run before the cache shows it.
+    fn remember(&self, before: Option<u64>, status: &AutoApprovalStatus) {
+        let key = written_key(self.cr);
+        let mut written = self.ctx.written.lock().unwrap_or_else(|e| e.into_inner());
+        // Replacing our own earlier write the cache does not show yet: the
+        // cache may show either.
+        let mut stale = written.remove(&key).map(|w| w.stale).unwrap_or_default();
+        stale.push(before);
+        if stale.len() > STALE_KEPT {
+            stale.remove(0);
+        }
+        // Any one evicted costs at most one more identical write.
+        make_room(&mut written, &key);
+        let status = Arc::new(CachedStatus::of(status));
+        written.insert(key, Written { stale, status });
     }
 
     /// Publishes an Event; a failure is logged, never fatal.
