@@ -232,7 +232,7 @@ impl Approver {
             .await?
         {
             ClaimOutcome::Won(claim) => {
-                if let Some(since) = eligible_at {
+                if let Some(since) = eligible_at.or(claim.requested_at) {
                     let waited = (now - since).to_std().unwrap_or_default();
                     self.metrics.pickup(waited.as_secs_f64());
                 }

@@ -339,6 +339,9 @@ pub struct Claim {
     pub transient_streak: i32,
     /// The fence every later write carries.
     pub fence: Fence,
+    /// When the request was created, read by a new request's claim (what
+    /// its pickup is measured from); `None` for a due retry's.
+    pub requested_at: Option<DateTime<Utc>>,
 }
 
 /// The retry limit after which a request is no longer selected (the seed's 300).

@@ -296,6 +296,30 @@ impl Reconcile<'_> {
                 .await
                 .map_err(self.store_err())?;
         }
+        let wanted = self.cr.spec.request_type.request_type();
+        if self.cr.status.is_none()
+            && !was_paused
+            && self.cr.retry_pending().is_none()
+            && !*self.ctx.stopping.borrow()
+        {
+            // A CR no status was written to: discovery has just created it
+            // for a new request of this type. Claimed at once, without
+            // reading the request and its state row first (one statement
+            // per approval): the claim refuses a decided, paused or held
+            // request, and the chain re-reads the request after it. A
+            // refused claim falls back to the reads below, which say why.
+            let candidate = Candidate {
+                request_id: id,
+                request_type: wanted,
+                state_id: None,
+            };
+            match self.attempt(&candidate, None).await? {
+                AttemptOutcome::NotClaimed
+                | AttemptOutcome::Superseded(_)
+                | AttemptOutcome::Vanished => {}
+                outcome => return self.project_outcome(outcome, None).await,
+            }
+        }
         // One statement for both: the state row is read again below only
         // when a retry asked for on the CR has just changed it.
         let (request, state) = match store.request_with_state(id).await {
@@ -313,7 +337,6 @@ impl Reconcile<'_> {
             }
             Err(e) => return Err(self.store_err()(e)),
         };
-        let wanted = self.cr.spec.request_type.request_type();
         if request.request_type != wanted {
             let reason = format!(
                 "spec.requestType is {wanted} but request {id} is {}",
@@ -375,7 +398,7 @@ impl Reconcile<'_> {
                 }
             },
         };
-        let outcome = self.attempt(&candidate, eligible_at).await?;
+        let outcome = self.attempt(&candidate, Some(eligible_at)).await?;
         self.project_outcome(outcome, state.as_ref()).await
     }
 
@@ -384,15 +407,13 @@ impl Reconcile<'_> {
     async fn attempt(
         &self,
         candidate: &Candidate,
-        eligible_at: DateTime<Utc>,
+        eligible_at: Option<DateTime<Utc>>,
     ) -> Result<AttemptOutcome, ReconcileError> {
         let held = || self.guard.holds();
-        let attempt = self.ctx.approver.attempt_since(
-            candidate,
-            self.guard.fence(),
-            Some(eligible_at),
-            &held,
-        );
+        let attempt =
+            self.ctx
+                .approver
+                .attempt_since(candidate, self.guard.fence(), eligible_at, &held);
         tokio::pin!(attempt);
         let outcome = tokio::select! {
             outcome = &mut attempt => outcome,

@@ -665,3 +665,30 @@ async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_the
         Err(autoapproval::store::StoreError::Malformed { request_id: 73, .. })
     ));
 }
+
+on_both!(a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim);
+/// A person decides while our chain runs: the completion approves nothing,
+/// keeps the person's decision and still removes our state row; a new
+/// request's claim carries the request's creation time (its pickup).
+async fn a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim(db: Db) {
+    NewRequest::ready_owner(7).insert(&db).await;
+    let store = db.store();
+    let ClaimOutcome::Won(claim) = store
+        .claim(&new_candidate(7), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .await
+        .unwrap()
+    else {
+        panic!("a new request is claimed");
+    };
+    assert!(claim.requested_at.is_some(), "{claim:?}");
+    db.exec(
+        "UPDATE approval_request SET status = 'REJECTED', decided_by = 'manual:ann' WHERE id = 7",
+    )
+    .await;
+    assert_eq!(
+        store.complete(&claim).await.unwrap(),
+        Completion::RequestClosed
+    );
+    assert_eq!(request_view(&db, 7).await.status, "REJECTED");
+    assert!(store.state(7).await.unwrap().is_none(), "the claim is gone");
+}

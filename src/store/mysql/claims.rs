@@ -46,7 +46,8 @@ impl Claims for MysqlStore {
         if !fence_is_current(&mut tx, candidate.request_id, fence).await? {
             return give_up(tx, "claim", ClaimOutcome::Lost).await;
         }
-        let won: Option<(i64, i32, i32)> = match candidate.state_id {
+        // (state row, retries, transient streak, a new request's)
+        let won: Option<(i64, i32, i32, bool)> = match candidate.state_id {
             None => {
                 // created_at in the database clock, as the wake rows' woken_at:
                 // apply_wakes drops the wake rows older than the state row.
@@ -82,7 +83,7 @@ impl Claims for MysqlStore {
                     let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()));
                     return give_up(tx, "claim", outcome).await;
                 }
-                Some((inserted.last_insert_id() as i64, 0, 0))
+                Some((inserted.last_insert_id() as i64, 0, 0, true))
             }
             Some(state_id) => {
                 let updated = sqlx::query(
@@ -111,13 +112,13 @@ impl Claims for MysqlStore {
                     .fetch_one(&mut *tx)
                     .await
                     .map_err(db("claim due retry: re-read"))?;
-                    Some((state_id, retry_count, transient_streak))
+                    Some((state_id, retry_count, transient_streak, false))
                 } else {
                     None
                 }
             }
         };
-        let Some((state_id, retry_count, transient_streak)) = won else {
+        let Some((state_id, retry_count, transient_streak, new_request)) = won else {
             return give_up(tx, "claim", ClaimOutcome::Lost).await;
         };
         // The chain reads the facts after this claim: the wakes recorded
@@ -128,12 +129,33 @@ impl Claims for MysqlStore {
             .await
             .map_err(db("claim: consume wakes"))?;
         tx.commit().await.map_err(db("claim: commit"))?;
+        // No RETURNING: what a new request's pickup is measured from, read
+        // after the commit so that the claim's locks are held no longer. The
+        // claim is ours by now: a failed read costs the pickup sample only,
+        // never the claim (an error here would strand it until the cleanser).
+        let requested_at = if new_request {
+            sqlx::query_as::<_, (DateTime<Utc>,)>(
+                "SELECT created_at FROM approval_request WHERE id = ?",
+            )
+            .bind(candidate.request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .inspect_err(|error| {
+                tracing::warn!(request_id = candidate.request_id, %error, "could not read the creation time of a claimed request");
+            })
+            .ok()
+            .flatten()
+            .map(|(at,)| at)
+        } else {
+            None
+        };
         Ok(ClaimOutcome::Won(Claim {
             state_id,
             request_id: candidate.request_id,
             retry_count,
             transient_streak,
             fence: fence.clone(),
+            requested_at,
         }))
     }
 

@@ -18,7 +18,7 @@ impl Claims for PgStore {
         retry_limit: i32,
     ) -> Result<ClaimOutcome, StoreError> {
         let shard_count = fence.shard_count.map(|k| k as i32);
-        let row: Option<(i64, i32, i32)> = match candidate.state_id {
+        let row: Option<(i64, i32, i32, Option<DateTime<Utc>>)> = match candidate.state_id {
             None => sqlx::query_as(
                 "INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
@@ -33,7 +33,8 @@ impl Claims for PgStore {
                     AND EXISTS (SELECT 1 FROM approval_request r
                                  WHERE r.id = $1 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))
                  ON CONFLICT (request_id) DO NOTHING
-                 RETURNING id, retry_count, transient_streak",
+                 RETURNING id, retry_count, transient_streak,
+                           (SELECT created_at FROM approval_request WHERE id = $1)",
             )
             .bind(candidate.request_id)
             .bind(candidate.request_type.as_str())
@@ -63,7 +64,7 @@ impl Claims for PgStore {
                  ), consumed AS (
                      DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
                  )
-                 SELECT id, retry_count, transient_streak FROM claimed",
+                 SELECT id, retry_count, transient_streak, NULL::timestamptz FROM claimed",
             )
             .bind(state_id)
             .bind(candidate.request_id)
@@ -77,13 +78,16 @@ impl Claims for PgStore {
             .map_err(db("claim due retry"))?,
         };
         Ok(match row {
-            Some((state_id, retry_count, transient_streak)) => ClaimOutcome::Won(Claim {
-                state_id,
-                request_id: candidate.request_id,
-                retry_count,
-                transient_streak,
-                fence: fence.clone(),
-            }),
+            Some((state_id, retry_count, transient_streak, requested_at)) => {
+                ClaimOutcome::Won(Claim {
+                    state_id,
+                    request_id: candidate.request_id,
+                    retry_count,
+                    transient_streak,
+                    fence: fence.clone(),
+                    requested_at,
+                })
+            }
             // Approved meanwhile (a lagging replica's candidate), decided by
             // a person, or held by another worker: the status tells.
             None if candidate.state_id.is_none() => {
@@ -195,42 +199,45 @@ impl Claims for PgStore {
     }
 
     async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
-        // The request row first, then its state row: the order every
-        // transaction takes them in (migration 0010), so none deadlocks
-        // with the business system's, which takes the request row. NOWAIT:
-        // a row the business holds fails at once (see SAVE_OWNER_NUMBER).
-        let mut tx = self.begin("complete").await?;
-        let approved = sqlx::query(
-            "UPDATE approval_request r
-                SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
-               FROM (SELECT id FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT) AS free
-              WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
-                AND EXISTS (SELECT 1 FROM auto_approve_state
-                             WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4)",
+        // One statement, no transaction (BEGIN, two writes and COMMIT were
+        // four round trips per approval). Row locks in the order every
+        // transaction takes them (migration 0010), so none deadlocks with
+        // the business system's: the request row first, NOWAIT (a row the
+        // business holds fails at once, see SAVE_OWNER_NUMBER; the scalar
+        // subquery makes the delete wait for that lock), then the state row
+        // by the fenced delete. The approval depends on the delete's
+        // returned row, so a fence moved meanwhile (the delete re-checks
+        // the row's newest version) approves nothing, as the rolled-back
+        // transaction did.
+        let (fenced, approved): (bool, bool) = sqlx::query_as(
+            "WITH free AS (
+                 SELECT id FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+             ), fenced AS (
+                 DELETE FROM auto_approve_state
+                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
+                    AND (SELECT count(*) FROM free) >= 0
+                 RETURNING id
+             ), approved AS (
+                 UPDATE approval_request r
+                    SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
+                   FROM free
+                  WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
+                    AND EXISTS (SELECT 1 FROM fenced)
+                 RETURNING r.id
+             )
+             SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM approved)",
         )
         .bind(claim.request_id)
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
-        .execute(&mut *tx)
+        .fetch_one(&self.primary)
         .await
-        .map_err(db("complete: approve request"))?;
-        let deleted = sqlx::query(DELETE_FENCED)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("complete: delete state"))?;
-        if deleted.rows_affected() == 0 {
-            // Fenced out meanwhile: the approval is rolled back with the transaction.
-            return Ok(Completion::Stale);
-        }
-        tx.commit().await.map_err(db("complete: commit"))?;
-        Ok(if approved.rows_affected() == 1 {
-            Completion::Approved
-        } else {
-            Completion::RequestClosed
+        .map_err(db("complete"))?;
+        Ok(match (fenced, approved) {
+            (false, _) => Completion::Stale,
+            (true, true) => Completion::Approved,
+            (true, false) => Completion::RequestClosed,
         })
     }
 

@@ -342,6 +342,7 @@ impl SeedWorker {
             retry_count: row.retry_count.unwrap_or(0),
             transient_streak: row.transient_streak.unwrap_or(0),
             fence,
+            requested_at: None,
         }))
     }
 
