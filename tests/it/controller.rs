@@ -1171,6 +1171,24 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(db: Db) {
     cluster.stop().await;
 }
 
+/// Status patches the API server has received (the CRs' only patches).
+fn status_patches(c: &Cluster) -> u64 {
+    c.server
+        .request_counts()
+        .get("patch autoapprovals")
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Reconciles the replica has finished.
+fn reconciles_done(c: &Cluster) -> f64 {
+    metric_sum(
+        &c.metrics.encode(),
+        "autoapproval_reconcile_duration_seconds_count",
+        &[],
+    )
+}
+
 on_both!(a_replica_restarted_with_nothing_changed_writes_no_status);
 /// A restarted replica finds every CR already showing what the database
 /// says: it writes no status (DESIGN: the API server is shared; a restart
@@ -1189,30 +1207,16 @@ async fn a_replica_restarted_with_nothing_changed_writes_no_status(db: Db) {
     cluster.wait_phase(31, Phase::Approved).await;
     cluster.stop().await;
 
-    let patches = |c: &Cluster| {
-        c.server
-            .request_counts()
-            .get("patch autoapprovals")
-            .copied()
-            .unwrap_or(0)
-    };
-    let reconciles = |c: &Cluster| {
-        metric_sum(
-            &c.metrics.encode(),
-            "autoapproval_reconcile_duration_seconds_count",
-            &[],
-        )
-    };
-    let (patched, reconciled) = (patches(&cluster), reconciles(&cluster));
+    let (patched, reconciled) = (status_patches(&cluster), reconciles_done(&cluster));
     cluster.restart(test_settings());
     // Every CR is reconciled once its shard is taken; the status write, if
     // any, comes before the reconcile is counted.
     eventually("the restarted replica to reconcile every CR", || async {
-        (reconciles(&cluster) >= reconciled + 31.0).then_some(())
+        (reconciles_done(&cluster) >= reconciled + 31.0).then_some(())
     })
     .await;
     assert_eq!(
-        patches(&cluster) - patched,
+        status_patches(&cluster) - patched,
         0,
         "status patches after a restart that changed nothing"
     );
@@ -1231,13 +1235,6 @@ async fn an_approval_writes_its_status_once(db: Db) {
     let mut settings = test_settings();
     settings.reconcile.in_progress_after = Duration::from_secs(3600);
     let mut cluster = Cluster::with(db.clone(), settings).await;
-    let patches = |c: &Cluster| {
-        c.server
-            .request_counts()
-            .get("patch autoapprovals")
-            .copied()
-            .unwrap_or(0)
-    };
     owner_now(61).insert(&db).await;
     let approved = cluster.wait_phase(61, Phase::Approved).await;
     let shown = approved.status.clone().expect("status");
@@ -1245,20 +1242,13 @@ async fn an_approval_writes_its_status_once(db: Db) {
         shown.retry_count, 0,
         "approved at the first attempt: {shown:?}"
     );
-    let reconciles = |c: &Cluster| {
-        metric_sum(
-            &c.metrics.encode(),
-            "autoapproval_reconcile_duration_seconds_count",
-            &[],
-        )
-    };
     // The approving reconcile is counted once it returned: from then on
     // every status write would be a later reconcile's.
     eventually("the approving reconcile to be counted", || async {
-        (reconciles(&cluster) >= 1.0).then_some(())
+        (reconciles_done(&cluster) >= 1.0).then_some(())
     })
     .await;
-    let at_approval = patches(&cluster);
+    let at_approval = status_patches(&cluster);
     assert_eq!(
         at_approval,
         1,
@@ -1266,7 +1256,7 @@ async fn an_approval_writes_its_status_once(db: Db) {
         cluster.server.request_counts(),
         cluster.events_with(61, "Approved").await
     );
-    let reconciled = reconciles(&cluster);
+    let reconciled = reconciles_done(&cluster);
     // A change of one of our annotations is a reconcile trigger: an operator
     // asks for a retry of a request that is already approved.
     cluster
@@ -1281,11 +1271,11 @@ async fn an_approval_writes_its_status_once(db: Db) {
         .await
         .expect("annotate");
     eventually("a reconcile after the approval", || async {
-        (reconciles(&cluster) > reconciled).then_some(())
+        (reconciles_done(&cluster) > reconciled).then_some(())
     })
     .await;
     assert_eq!(
-        patches(&cluster) - at_approval,
+        status_patches(&cluster) - at_approval,
         1,
         "only the test's annotation after the approval: {:?}",
         cluster.server.request_counts()
