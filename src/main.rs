@@ -1,6 +1,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
+use mimalloc::MiMalloc;
+
+/// mimalloc: glibc's malloc and free were a fifth of a replica's CPU at
+/// saturation, spread over every allocation (docs/BENCHMARKS.md).
+#[global_allocator]
+static ALLOCATOR: MiMalloc = MiMalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
