@@ -14,6 +14,12 @@
 //! a request put back in the window) when no notification did. A change of
 //! the held shards, a reconnected listener or lost notifications make the
 //! next turn whole.
+//!
+//! Until the CR cache's first sync (a restarted replica lists every CR
+//! first: seconds at 100,000), the Controller reconciles nothing, so
+//! discovery attempts the notified new requests of its shards itself, each
+//! from its CR's create response; everything else waits for the first turn
+//! after the sync, which is whole.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -23,11 +29,13 @@ use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store as Cache};
 use rand::Rng;
 use tokio::sync::watch;
+use tokio::task::JoinSet;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::cached::CachedAutoApproval;
 use super::crd::{self, ApprovalType, AutoApproval, FIELD_MANAGER};
+use super::reconcile::{self, Context};
 use crate::approval::TurnConfig;
 use crate::clock::SharedClock;
 use crate::coordination::{Acquired, Shards};
@@ -78,6 +86,11 @@ pub struct Discovery {
     pub settings: DiscoveryConfig,
     /// The shards this replica holds: discovery touches no other.
     pub shards: Arc<Shards>,
+    /// The reconciles' context, for the attempts made before the cache's
+    /// first sync.
+    pub context: Arc<Context>,
+    /// At most this many of those at once (the Controller's concurrency).
+    pub concurrency: usize,
 }
 
 /// Feeds `Controller::reconcile_on`: bounded by [`TRIGGER_CAPACITY`]; a
@@ -204,10 +217,30 @@ impl Discovery {
         let first = period.mul_f64(rand::rng().random::<f64>());
         debug!(delay = ?first, "first discovery turn after a random delay");
         let mut next_turn = Instant::now() + first;
-        tokio::select! {
-            () = wait_ready(&self.cache) => debug!("CR cache ready; discovery starts"),
-            () = stopped(&mut stopping) => return,
+        let mut early = JoinSet::new();
+        loop {
+            tokio::select! {
+                () = wait_ready(&self.cache) => break,
+                Some(first) = changes.rx.recv() => {
+                    // A lost notification needs no note: the first turn
+                    // after the sync is whole.
+                    let woken = drain(first, &mut changes);
+                    self.metrics.notify_wakeup();
+                    self.attempt_before_sync(&woken.ids, &mut early).await;
+                }
+                () = stopped(&mut stopping) => {
+                    // Their chains end first: none is cut off mid-way.
+                    while early.join_next().await.is_some() {}
+                    return;
+                }
+            }
         }
+        debug!(
+            attempts = early.len(),
+            "CR cache ready; discovery starts (attempts begun before the sync go on)"
+        );
+        // Dropping the set would abort them: they finish on their own.
+        tokio::spawn(async move { while early.join_next().await.is_some() {} });
         let mut cursor = Cursor::default();
         loop {
             // A closed channel (NOTIFY off, or the listener gone at
@@ -370,6 +403,64 @@ impl Discovery {
                 paused, "AutoApproval deleted while its request is open; recreating it"
             );
             self.create(request_id, approval_type, paused).await;
+        }
+    }
+
+    /// Before the cache's first sync: the new requests among `changed` in
+    /// our shards get their CR and are attempted here, from the create
+    /// response, since the Controller reconciles nothing before the sync.
+    /// A request whose CR exists, or that has a state row, waits for the
+    /// first turn after the sync: whole, it finds whatever is due.
+    async fn attempt_before_sync(&self, changed: &[i64], early: &mut JoinSet<()>) {
+        let ours = self.ours();
+        let mine: Vec<i64> = changed.iter().copied().filter(|id| ours(*id)).collect();
+        if mine.is_empty() {
+            return;
+        }
+        let query = self.settings.turn.query(
+            RequestType::OwnerContract,
+            self.clock.now(),
+            self.settings.retry_limit,
+            None,
+        );
+        let found = match self.store.candidates_among(&mine, &query).await {
+            Ok(found) => found,
+            Err(error) => {
+                warn!(%error, "looking at new requests before the CR cache's sync failed; the first turn after it finds them");
+                return;
+            }
+        };
+        for candidate in found.iter().filter(|c| c.state_id.is_none()) {
+            let request_id = candidate.request_id;
+            let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type)
+            else {
+                continue;
+            };
+            self.metrics.candidates(candidate.request_type.as_str(), 1);
+            let created = match self.post(request_id, approval_type, false).await {
+                Ok(created) => created,
+                // There already: its reconcile comes with the sync.
+                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(error) => {
+                    warn!(request_id, %error, "could not create AutoApproval");
+                    continue;
+                }
+            };
+            self.metrics.cr_created();
+            while early.len() >= self.concurrency.max(1) {
+                early.join_next().await;
+            }
+            debug!(
+                request_id,
+                "AutoApproval created; attempted before the CR cache's sync"
+            );
+            let cr = Arc::new(CachedAutoApproval::of(&created));
+            let context = self.context.clone();
+            early.spawn(async move {
+                // Errors are logged and counted by the reconcile; its
+                // requeue is the first turn's after the sync.
+                let _ = reconcile::reconcile(cr, context).await;
+            });
         }
     }
 
@@ -573,13 +664,7 @@ impl Discovery {
     /// Creates the CR of a request. An AlreadyExists means the cache lags
     /// the API: the CR is there, so the reconcile is triggered instead.
     async fn create(&self, request_id: i64, approval_type: ApprovalType, paused: bool) -> Creation {
-        let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
-        cr.spec.paused = paused;
-        let params = PostParams {
-            field_manager: Some(FIELD_MANAGER.to_owned()),
-            ..PostParams::default()
-        };
-        match self.api.create(&params, &cr).await {
+        match self.post(request_id, approval_type, paused).await {
             Ok(_) => {
                 self.metrics.cr_created();
                 debug!(request_id, "AutoApproval created");
@@ -594,6 +679,22 @@ impl Discovery {
                 Creation::Failed
             }
         }
+    }
+
+    /// The create call of a request's CR.
+    async fn post(
+        &self,
+        request_id: i64,
+        approval_type: ApprovalType,
+        paused: bool,
+    ) -> Result<AutoApproval, kube::Error> {
+        let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
+        cr.spec.paused = paused;
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.to_owned()),
+            ..PostParams::default()
+        };
+        self.api.create(&params, &cr).await
     }
 
     fn key(&self, request_id: i64) -> ObjectRef<CachedAutoApproval> {

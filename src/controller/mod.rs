@@ -252,7 +252,7 @@ pub async fn run_until(
         .with_config(controller::Config::default().concurrency(settings.concurrency))
         .reconcile_on(trigger_rx)
         .graceful_shutdown_on(async move { discovery::stopped(&mut stopping).await })
-        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .run(reconcile::reconcile, reconcile::error_policy, context.clone())
         .for_each({
             // The watcher retries a failing list or watch every few seconds;
             // one line when it starts failing and one per period after.
@@ -320,6 +320,8 @@ pub async fn run_until(
         metrics: metrics.clone(),
         settings: settings.discovery.clone(),
         shards: shards.clone(),
+        context,
+        concurrency: usize::from(settings.concurrency),
     };
     let discovery = supervise.spawn(
         "discovery",

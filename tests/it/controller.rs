@@ -12,7 +12,7 @@ use autoapproval_sim::{FaultKind, Faults, SimHandle};
 use chrono::Utc;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube_testserver::{Options, TestServer};
+use kube_testserver::{Match, Options, TestServer};
 
 use crate::support::{
     AsDb, Cluster, Db, NS, NewRequest, client_for, eventually, foreign_lease, insert_state,
@@ -1219,6 +1219,76 @@ async fn a_replica_restarted_with_nothing_changed_writes_no_status(db: Db) {
         status_patches(&cluster) - patched,
         0,
         "status patches after a restart that changed nothing"
+    );
+    cluster.stop().await;
+}
+
+on_both!(a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs);
+/// A restarted replica lists every CR before kube-runtime's Controller
+/// reconciles anything (seconds at 100,000 CRs); meanwhile discovery
+/// attempts the notified new requests of its shards itself, from their
+/// CR's create response. Here every list of AutoApprovals fails until the
+/// test lifts the fault, so the cache cannot sync: the request is still
+/// approved and shown, and the reconcile after the sync writes its status
+/// no second time.
+async fn a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs(db: Db) {
+    let mut settings = quick_leases();
+    // One status write per approval, as in an_approval_writes_its_status_once.
+    settings.reconcile.in_progress_after = Duration::from_secs(3600);
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
+    cluster.stop().await;
+    let lists = |c: &Cluster| {
+        c.server
+            .request_counts()
+            .get("list autoapprovals")
+            .copied()
+            .unwrap_or(0)
+    };
+    cluster
+        .server
+        .faults()
+        .fail_always(500, Match::any().verb("list").resource("autoapprovals"));
+    let lists_before = lists(&cluster);
+    cluster.restart(settings);
+    eventually("the restarted replica to hold all 16 shards", || async {
+        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            .then_some(())
+    })
+    .await;
+    cluster.wait_listening().await;
+    let reconciled = reconciles_done(&cluster);
+    owner_now(72).insert(&db).await;
+
+    let approved = cluster.wait_phase(72, Phase::Approved).await;
+    assert_eq!(request_status(&db, 72).await, "APPROVED");
+    assert!(
+        lists(&cluster) > lists_before,
+        "the replica tried to list its CRs"
+    );
+    assert_eq!(
+        approved.status.as_ref().map(|s| s.retry_count),
+        Some(0),
+        "{approved:?}"
+    );
+    eventually("the early attempt to be counted", || async {
+        (reconciles_done(&cluster) > reconciled).then_some(())
+    })
+    .await;
+    let patched = status_patches(&cluster);
+    let reconciled = reconciles_done(&cluster);
+
+    // The list works again: the cache syncs and the Controller reconciles
+    // what it lists, the approved CR among them.
+    cluster.server.faults().clear();
+    eventually("a reconcile after the cache's sync", || async {
+        (reconciles_done(&cluster) > reconciled).then_some(())
+    })
+    .await;
+    assert_eq!(
+        status_patches(&cluster) - patched,
+        0,
+        "status writes after the sync: {:?}",
+        cluster.server.request_counts()
     );
     cluster.stop().await;
 }
