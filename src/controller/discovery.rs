@@ -267,8 +267,7 @@ impl Discovery {
                 self.wake(&woken.ids).await;
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
-                let ours = self.ours();
-                let mine: Vec<i64> = woken.ids.iter().copied().filter(|id| ours(*id)).collect();
+                let mine = self.mine(&woken.ids);
                 if mine.is_empty() && !woken.reconnected {
                     continue;
                 }
@@ -371,6 +370,25 @@ impl Discovery {
         move |request_id| held.contains(&self.shards.shard_of(request_id))
     }
 
+    /// The requests among `request_ids` in a shard this replica can work now.
+    fn mine(&self, request_ids: &[i64]) -> Vec<i64> {
+        let ours = self.ours();
+        request_ids.iter().copied().filter(|id| ours(*id)).collect()
+    }
+
+    /// Which of `request_ids` are candidates, by the candidate queries'
+    /// conditions (both types) in one statement.
+    async fn candidates_among(&self, request_ids: &[i64]) -> Result<Vec<Candidate>, StoreError> {
+        // Of the query only its window, time and limits are used.
+        let query = self.settings.turn.query(
+            RequestType::OwnerContract,
+            self.clock.now(),
+            self.settings.retry_limit,
+            None,
+        );
+        self.store.candidates_among(request_ids, &query).await
+    }
+
     /// Puts back the CRs of deleted AutoApprovals whose request is still
     /// open; a finished or unknown request's CR stays deleted.
     async fn restore(&self, request_ids: &[i64]) {
@@ -412,18 +430,11 @@ impl Discovery {
     /// A request whose CR exists, or that has a state row, waits for the
     /// first turn after the sync: whole, it finds whatever is due.
     async fn attempt_before_sync(&self, changed: &[i64], early: &mut JoinSet<()>) {
-        let ours = self.ours();
-        let mine: Vec<i64> = changed.iter().copied().filter(|id| ours(*id)).collect();
+        let mine = self.mine(changed);
         if mine.is_empty() {
             return;
         }
-        let query = self.settings.turn.query(
-            RequestType::OwnerContract,
-            self.clock.now(),
-            self.settings.retry_limit,
-            None,
-        );
-        let found = match self.store.candidates_among(&mine, &query).await {
+        let found = match self.candidates_among(&mine).await {
             Ok(found) => found,
             Err(error) => {
                 warn!(%error, "looking at new requests before the CR cache's sync failed; the first turn after it finds them");
@@ -482,14 +493,7 @@ impl Discovery {
     /// The notified requests alone, by the candidate queries' conditions in
     /// one statement: a CR for each that is a candidate.
     async fn look_at(&self, request_ids: &[i64]) -> Result<TurnSummary, DiscoveryError> {
-        let now = self.clock.now();
-        let query = self.settings.turn.query(
-            RequestType::OwnerContract,
-            now,
-            self.settings.retry_limit,
-            None,
-        );
-        let found = self.store.candidates_among(request_ids, &query).await?;
+        let found = self.candidates_among(request_ids).await?;
         let mut summary = TurnSummary::default();
         for candidate in &found {
             self.metrics.candidates(candidate.request_type.as_str(), 1);

@@ -1173,11 +1173,7 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(db: Db) {
 
 /// Status patches the API server has received (the CRs' only patches).
 fn status_patches(c: &Cluster) -> u64 {
-    c.server
-        .request_counts()
-        .get("patch autoapprovals")
-        .copied()
-        .unwrap_or(0)
+    c.api_requests("patch autoapprovals")
 }
 
 /// Reconciles the replica has finished.
@@ -1237,24 +1233,13 @@ async fn a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs(db:
     settings.reconcile.in_progress_after = Duration::from_secs(3600);
     let mut cluster = Cluster::holding_every_shard(db.clone()).await;
     cluster.stop().await;
-    let lists = |c: &Cluster| {
-        c.server
-            .request_counts()
-            .get("list autoapprovals")
-            .copied()
-            .unwrap_or(0)
-    };
     cluster
         .server
         .faults()
         .fail_always(500, Match::any().verb("list").resource("autoapprovals"));
-    let lists_before = lists(&cluster);
+    let lists_before = cluster.api_requests("list autoapprovals");
     cluster.restart(settings);
-    eventually("the restarted replica to hold all 16 shards", || async {
-        (metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
-            .then_some(())
-    })
-    .await;
+    cluster.wait_every_shard().await;
     cluster.wait_listening().await;
     let reconciled = reconciles_done(&cluster);
     owner_now(72).insert(&db).await;
@@ -1262,7 +1247,7 @@ async fn a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs(db:
     let approved = cluster.wait_phase(72, Phase::Approved).await;
     assert_eq!(request_status(&db, 72).await, "APPROVED");
     assert!(
-        lists(&cluster) > lists_before,
+        cluster.api_requests("list autoapprovals") > lists_before,
         "the replica tried to list its CRs"
     );
     assert_eq!(

@@ -192,12 +192,23 @@ impl Cluster {
     /// One replica with `quick_leases`, once it holds all 16 shards.
     pub async fn holding_every_shard(pool: impl AsDb) -> Cluster {
         let cluster = Self::with(pool, quick_leases()).await;
+        cluster.wait_every_shard().await;
+        cluster
+    }
+
+    /// Waits until the replica holds all 16 shards.
+    pub async fn wait_every_shard(&self) {
         eventually("the replica to hold all 16 shards", || async {
-            (super::metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
+            (super::metric_sum(&self.metrics.encode(), "autoapproval_shards_held", &[]) == 16.0)
                 .then_some(())
         })
         .await;
-        cluster
+    }
+
+    /// Requests of one kind the test API server has received, e.g.
+    /// `"patch autoapprovals"`.
+    pub fn api_requests(&self, kind: &str) -> u64 {
+        self.server.request_counts().get(kind).copied().unwrap_or(0)
     }
 
     /// Starts the replica again after [`Cluster::stop`], with the same
