@@ -200,12 +200,15 @@ impl Discovery {
     /// of CRs deleted from the API server: a CR whose request is still open
     /// is put back at once, since the DB, not the CR, says what is left.
     /// `acquired` carries shards just acquired: their CRs are reconciled and
-    /// a turn looks for their new candidates.
+    /// a turn looks for their new candidates. `cut_off` turns true when the
+    /// shutdown's grace is over: the attempts discovery runs itself are cut
+    /// off then, as the Controller's are.
     pub async fn run(
         self,
         mut stopping: watch::Receiver<bool>,
         mut deleted: tokio::sync::mpsc::Receiver<i64>,
         acquired: Arc<Acquired>,
+        mut cut_off: watch::Receiver<bool>,
     ) {
         let (changes_tx, mut changes) = changes_channel();
         if self.settings.notify {
@@ -228,19 +231,13 @@ impl Discovery {
                     self.metrics.notify_wakeup();
                     self.attempt_before_sync(&woken.ids, &mut early).await;
                 }
-                () = stopped(&mut stopping) => {
-                    // Their chains end first: none is cut off mid-way.
-                    while early.join_next().await.is_some() {}
-                    return;
-                }
+                () = stopped(&mut stopping) => return finish(early, &mut cut_off).await,
             }
         }
         debug!(
             attempts = early.len(),
             "CR cache ready; discovery starts (attempts begun before the sync go on)"
         );
-        // Dropping the set would abort them: they finish on their own.
-        tokio::spawn(async move { while early.join_next().await.is_some() {} });
         let mut cursor = Cursor::default();
         loop {
             // A closed channel (NOTIFY off, or the listener gone at
@@ -260,7 +257,8 @@ impl Discovery {
                     self.reconcile_shards(&shards).await;
                     Woken::default()
                 }
-                () = stopped(&mut stopping) => return,
+                Some(_) = early.join_next(), if !early.is_empty() => continue,
+                () = stopped(&mut stopping) => return finish(early, &mut cut_off).await,
             };
             if !woken.ids.is_empty() {
                 self.metrics.notify_wakeup();
@@ -801,6 +799,22 @@ async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bo
                     break;
                 }
             }
+        }
+    }
+}
+
+/// At shutdown: the attempts discovery began itself run on through the
+/// grace period (each holds its shard's guard, so the shutdown waits for
+/// it like any chain in flight) and are aborted once `cut_off` says the
+/// grace is over, before the claims are released: no chain outlives its
+/// claim.
+async fn finish(mut early: JoinSet<()>, cut_off: &mut watch::Receiver<bool>) {
+    tokio::select! {
+        () = async { while early.join_next().await.is_some() {} } => {}
+        () = stopped(cut_off) => {
+            early.abort_all();
+            // Each ends at its next await; none is left running.
+            while early.join_next().await.is_some() {}
         }
     }
 }

@@ -184,6 +184,8 @@ pub async fn run_until(
     );
     let shards = coordination.shards.clone();
     let (release_tx, release_rx) = watch::channel(false);
+    // True once the shutdown's grace is over: what still runs is cut off.
+    let (cut_tx, cut_rx) = watch::channel(false);
     // A task that ends before shutdown, by panic or otherwise, stops the
     // replica. Each of the six tasks sends at most once: never full.
     let (failed_tx, mut failed_rx) = mpsc::channel(SUPERVISED_TASKS);
@@ -325,7 +327,12 @@ pub async fn run_until(
     };
     let discovery = supervise.spawn(
         "discovery",
-        discovery.run(stop_rx.clone(), deleted_rx, coordination.acquired.clone()),
+        discovery.run(
+            stop_rx.clone(),
+            deleted_rx,
+            coordination.acquired.clone(),
+            cut_rx,
+        ),
     );
     let census = Census {
         store: store.clone(),
@@ -386,6 +393,7 @@ pub async fn run_until(
     // Dropping the controller aborts whatever still runs; then its claims go
     // back, and only then the Leases, so the next holder finds them due.
     drop(controller);
+    let _ = cut_tx.send(true);
     let _ = discovery.await;
     let _ = leading.await;
     let _ = census.await;

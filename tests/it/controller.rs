@@ -1278,6 +1278,88 @@ async fn a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs(db:
     cluster.stop().await;
 }
 
+/// A replica restarted with every list of AutoApprovals failing (its cache
+/// cannot sync), external calls taking `latency` and `grace` to shut down;
+/// it holds every shard and hears NOTIFY, and request `id` has been
+/// claimed by discovery's own attempt when this returns.
+async fn claimed_before_the_cache_syncs(
+    db: &Db,
+    id: i64,
+    latency: Duration,
+    grace: Duration,
+) -> Cluster {
+    let mut settings = quick_leases();
+    settings.shutdown_grace = grace;
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
+    cluster.stop().await;
+    cluster
+        .server
+        .faults()
+        .fail_always(500, Match::any().verb("list").resource("autoapprovals"));
+    cluster
+        .sim
+        .set_faults(Faults {
+            latency,
+            ..Faults::default()
+        })
+        .expect("faults");
+    cluster.restart(settings);
+    cluster.wait_every_shard().await;
+    cluster.wait_listening().await;
+    owner_now(id).insert(db).await;
+    eventually("the claim", || async {
+        state_exists(db, id).await.then_some(())
+    })
+    .await;
+    cluster
+}
+
+on_both!(an_attempt_begun_before_the_cr_cache_syncs_finishes_within_the_grace_period);
+/// Discovery's own attempts obey the shutdown as the Controller's do: one
+/// in flight when the shutdown begins runs on through the grace period.
+async fn an_attempt_begun_before_the_cr_cache_syncs_finishes_within_the_grace_period(db: Db) {
+    let mut cluster = claimed_before_the_cache_syncs(
+        &db,
+        74,
+        Duration::from_millis(400),
+        Duration::from_secs(10),
+    )
+    .await;
+    cluster.stop().await;
+    assert_eq!(
+        request_status(&db, 74).await,
+        "APPROVED",
+        "the chain finished"
+    );
+    assert!(!state_exists(&db, 74).await);
+}
+
+on_both!(an_attempt_begun_before_the_cr_cache_syncs_is_cut_off_when_the_grace_period_ends);
+/// ... and one still running when the grace period ends is cut off before
+/// the claims are released: its claim goes back due at once, and no chain
+/// runs on past it.
+async fn an_attempt_begun_before_the_cr_cache_syncs_is_cut_off_when_the_grace_period_ends(db: Db) {
+    let mut cluster = claimed_before_the_cache_syncs(
+        &db,
+        75,
+        Duration::from_secs(20),
+        Duration::from_millis(200),
+    )
+    .await;
+    cluster.stop().await;
+    let state = db.store().state(75).await.unwrap().expect("state row");
+    assert_eq!(
+        state.status.as_str(),
+        "RETRY_WAITING",
+        "released, not left IN_PROGRESS"
+    );
+    assert!(
+        state.next_retry_time.is_some_and(|due| due <= Utc::now()),
+        "due again at once for the next holder: {state:?}"
+    );
+    assert_eq!(request_status(&db, 75).await, "PENDING");
+}
+
 on_both!(an_approval_writes_its_status_once);
 /// The attempt that approves a request writes its status once; later
 /// reconciles of the approved CR (the request's own NOTIFY, a watch event)
