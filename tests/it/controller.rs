@@ -360,6 +360,32 @@ async fn a_request_reaching_the_retry_limit_ends_exhausted_and_stays_for_a_perso
     cluster.stop().await;
 }
 
+/// After a shutdown: the chain of `id` finished, its request approved.
+async fn assert_finished(db: &Db, id: i64) {
+    assert_eq!(
+        request_status(db, id).await,
+        "APPROVED",
+        "the chain finished"
+    );
+    assert!(!state_exists(db, id).await);
+}
+
+/// After a shutdown: the claim of `id` was released, due at once for the
+/// next holder, and nothing was decided.
+async fn assert_released(db: &Db, id: i64) {
+    let state = db.store().state(id).await.unwrap().expect("state row");
+    assert_eq!(
+        state.status.as_str(),
+        "RETRY_WAITING",
+        "released, not left IN_PROGRESS"
+    );
+    assert!(
+        state.next_retry_time.is_some_and(|due| due <= Utc::now()),
+        "due again at once for the next holder: {state:?}"
+    );
+    assert_eq!(request_status(db, id).await, "PENDING");
+}
+
 on_both!(shutdown_finishes_chains_in_flight_within_the_grace_period);
 async fn shutdown_finishes_chains_in_flight_within_the_grace_period(db: Db) {
     let mut settings = test_settings();
@@ -379,12 +405,7 @@ async fn shutdown_finishes_chains_in_flight_within_the_grace_period(db: Db) {
     .await;
 
     cluster.stop().await;
-    assert_eq!(
-        request_status(&db, 107).await,
-        "APPROVED",
-        "the chain finished"
-    );
-    assert!(!state_exists(&db, 107).await);
+    assert_finished(&db, 107).await;
 }
 
 on_both!(shutdown_releases_claims_still_running_after_the_grace_period);
@@ -406,17 +427,7 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(db: Db) {
     .await;
 
     cluster.stop().await;
-    let state = db.store().state(108).await.unwrap().expect("state row");
-    assert_eq!(
-        state.status.as_str(),
-        "RETRY_WAITING",
-        "released, not left IN_PROGRESS"
-    );
-    assert!(
-        state.next_retry_time.is_some_and(|due| due <= Utc::now()),
-        "due again at once for the next holder: {state:?}"
-    );
-    assert_eq!(request_status(&db, 108).await, "PENDING");
+    assert_released(&db, 108).await;
 }
 
 on_both!(kubectl_get_autoapprovals_shows_the_printer_columns);
@@ -1326,12 +1337,7 @@ async fn an_attempt_begun_before_the_cr_cache_syncs_finishes_within_the_grace_pe
     )
     .await;
     cluster.stop().await;
-    assert_eq!(
-        request_status(&db, 74).await,
-        "APPROVED",
-        "the chain finished"
-    );
-    assert!(!state_exists(&db, 74).await);
+    assert_finished(&db, 74).await;
 }
 
 on_both!(an_attempt_begun_before_the_cr_cache_syncs_is_cut_off_when_the_grace_period_ends);
@@ -1347,17 +1353,7 @@ async fn an_attempt_begun_before_the_cr_cache_syncs_is_cut_off_when_the_grace_pe
     )
     .await;
     cluster.stop().await;
-    let state = db.store().state(75).await.unwrap().expect("state row");
-    assert_eq!(
-        state.status.as_str(),
-        "RETRY_WAITING",
-        "released, not left IN_PROGRESS"
-    );
-    assert!(
-        state.next_retry_time.is_some_and(|due| due <= Utc::now()),
-        "due again at once for the next holder: {state:?}"
-    );
-    assert_eq!(request_status(&db, 75).await, "PENDING");
+    assert_released(&db, 75).await;
 }
 
 on_both!(an_approval_writes_its_status_once);
