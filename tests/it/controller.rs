@@ -108,7 +108,10 @@ async fn an_ad_contract_for_an_existing_store_is_approved(db: Db) {
 
 on_both!(a_waiting_request_is_approved_on_notify_before_its_retry_time);
 async fn a_waiting_request_is_approved_on_notify_before_its_retry_time(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+    // Start-up first: acquiring each shard runs a whole turn, which applies
+    // wakes too, and the last of those could otherwise run after the flip
+    // below and approve before its notification is heard.
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
     waiting_owner_now(103).insert(&db).await;
 
     // Settled on the long interval (a wake-up that races the first claim
