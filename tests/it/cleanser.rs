@@ -220,3 +220,73 @@ async fn the_garbage_collector_ages_a_decision_in_the_database_clock(db: Db) {
     let age = rows[0].unchanged_for.as_secs_f64();
     assert!((120.0..180.0).contains(&age), "decided {age} s ago");
 }
+
+/// More ids than one MySQL statement can bind: its protocol numbers a
+/// statement's placeholders in 16 bits (65,535 at most).
+const MANY: i64 = 70_000;
+
+on_both!(lists_of_70_000_ids_are_read_released_woken_and_collected);
+/// The garbage collector asks for the status of every cached CR, discovery
+/// for the candidates among every notified request, and the sweep releases
+/// every claim of a replica: on MySQL each bound one placeholder per id,
+/// so from 65,536 on every such call failed whole (no finished CR was ever
+/// collected again). Now a long list is sent in chunks; PostgreSQL binds
+/// one array and never had the limit.
+async fn lists_of_70_000_ids_are_read_released_woken_and_collected(db: Db) {
+    let store = db.store();
+    for id in 1..=3 {
+        NewRequest::ready_owner(id).insert(&db).await;
+    }
+    // 70,000 claims of a replica that is gone, for requests that are not
+    // (or no longer) there: ids 0..=99,999 from five digits, the first
+    // 70,000 of them above 10.
+    let digit = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                 UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                 UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let inserted = db
+        .exec(&format!(
+            "INSERT INTO auto_approve_state (request_id, request_type, status, holder, fencing_token)
+             SELECT 10 + a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d,
+                    'OWNER_CONTRACT', 'IN_PROGRESS', 'gone', 1
+               FROM {digit} a, {digit} b, {digit} c, {digit} e, {digit} f
+              WHERE a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d < {MANY}"
+        ))
+        .await;
+    assert_eq!(inserted, MANY as u64);
+    let ids: Vec<i64> = (1..=MANY).collect();
+
+    let statuses = store.request_statuses(&ids).await.expect("statuses");
+    assert_eq!(statuses.len(), 3);
+    let query = crate::support::defaults().discovery.turn.query(
+        autoapproval::domain::RequestType::OwnerContract,
+        t0(),
+        autoapproval::domain::DEFAULT_RETRY_LIMIT,
+        None,
+    );
+    let among = store
+        .candidates_among(&ids, &query)
+        .await
+        .expect("candidates among");
+    assert_eq!(among.len(), 3);
+    let woken = store.wake(&ids, Utc::now()).await.expect("wake");
+    assert_eq!(
+        woken.len() as i64,
+        MANY - 9,
+        "every running claim among them"
+    );
+
+    let released = store
+        .release_all("gone", &[1], &[], Utc::now())
+        .await
+        .expect("release");
+    assert_eq!(released.len() as i64, MANY);
+    let report = store
+        .cleanse(std::time::Duration::from_secs(3600), Utc::now())
+        .await
+        .expect("cleanse");
+    assert_eq!(
+        report.deleted as i64, MANY,
+        "the rows of vanished requests go"
+    );
+    assert_eq!(state_count(&db).await, 0);
+}

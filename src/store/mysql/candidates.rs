@@ -7,7 +7,7 @@
 //! query keeps to the open ranges. The shard filter is `id % K IN (…)` with
 //! one placeholder per shard (no arrays).
 
-use super::{MysqlStore, db, placeholders};
+use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::domain::{Candidate, RequestType};
 use crate::store::candidates::of_type;
 use crate::store::{CandidateQuery, Candidates, ShardFilter, StoreError};
@@ -153,7 +153,7 @@ fn bind_shards<'q, O>(
 
 impl Candidates for MysqlStore {
     /// Which of `request_ids` are candidates, by the candidate queries'
-    /// conditions, in one statement on the read pool.
+    /// conditions, in one statement per [`CHUNK`] of them on the read pool.
     async fn candidates_among(
         &self,
         request_ids: &[i64],
@@ -162,18 +162,22 @@ impl Candidates for MysqlStore {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let sql = candidates_among_sql(request_ids.len());
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-        for id in request_ids {
-            q = q.bind(id);
+        let mut rows: Vec<(i64, String, Option<i64>)> = Vec::new();
+        for chunk in request_ids.chunks(CHUNK) {
+            let sql = candidates_among_sql(chunk.len());
+            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                q = q.bind(id);
+            }
+            rows.extend(
+                q.bind(query.window_start)
+                    .bind(query.now)
+                    .bind(query.retry_limit)
+                    .fetch_all(&self.read)
+                    .await
+                    .map_err(db("candidates among requests"))?,
+            );
         }
-        let rows: Vec<(i64, String, Option<i64>)> = q
-            .bind(query.window_start)
-            .bind(query.now)
-            .bind(query.retry_limit)
-            .fetch_all(&self.read)
-            .await
-            .map_err(db("candidates among requests"))?;
         rows.into_iter()
             .map(|(request_id, request_type, state_id)| {
                 Ok(Candidate {

@@ -305,8 +305,16 @@ async fn give_up<T>(
     Ok(value)
 }
 
+/// Most values one statement binds from a caller's list. The protocol
+/// numbers a prepared statement's placeholders in 16 bits, so one with more
+/// than 65,535 fails whole (at 65,536 cached CRs the garbage collector's
+/// every pass did): a longer list is sent in statements of this many,
+/// leaving room for the statement's other parameters.
+const CHUNK: usize = 10_000;
+
 /// `n` comma-separated placeholders: MySQL has no array parameters, so a
-/// list is bound value by value (`= ANY($1)` on PostgreSQL).
+/// list is bound value by value (`= ANY($1)` on PostgreSQL), at most
+/// [`CHUNK`] of them per statement.
 fn placeholders(n: usize) -> String {
     vec!["?"; n].join(", ")
 }

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use sqlx::MySqlPool;
 use tokio::time::Instant;
 
-use super::{MysqlStore, db, give_up, placeholders};
+use super::{CHUNK, MysqlStore, db, give_up, placeholders};
 use crate::store::notify::ChangeSource;
 use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
@@ -234,42 +234,49 @@ impl Wakes for MysqlStore {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let list = placeholders(request_ids.len());
         let mut tx = self.begin("wake waiting requests").await?;
-        let select = format!(
-            "SELECT request_id FROM auto_approve_state
-              WHERE request_id IN ({list})
-                AND ((status = 'RETRY_WAITING' AND next_retry_time > ?) OR status = 'IN_PROGRESS')
-              FOR UPDATE"
-        );
-        let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
-        for id in request_ids {
-            query = query.bind(id);
+        let mut woken = Vec::new();
+        for chunk in request_ids.chunks(CHUNK) {
+            let select = format!(
+                "SELECT request_id FROM auto_approve_state
+                  WHERE request_id IN ({})
+                    AND ((status = 'RETRY_WAITING' AND next_retry_time > ?) OR status = 'IN_PROGRESS')
+                  FOR UPDATE",
+                placeholders(chunk.len())
+            );
+            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
+            for id in chunk {
+                query = query.bind(id);
+            }
+            let rows: Vec<(i64,)> = query
+                .bind(now)
+                .fetch_all(&mut *tx)
+                .await
+                .map_err(db("wake waiting requests"))?;
+            let found: Vec<i64> = rows.into_iter().map(|(id,)| id).collect();
+            if found.is_empty() {
+                continue;
+            }
+            let update = format!(
+                "UPDATE auto_approve_state
+                    SET next_retry_time = IF(status = 'RETRY_WAITING', ?, next_retry_time),
+                        woken_at = IF(status = 'IN_PROGRESS', ?, woken_at)
+                  WHERE request_id IN ({})",
+                placeholders(found.len())
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now);
+            for id in &found {
+                query = query.bind(id);
+            }
+            query
+                .execute(&mut *tx)
+                .await
+                .map_err(db("wake waiting requests"))?;
+            woken.extend(found);
         }
-        let woken: Vec<(i64,)> = query
-            .bind(now)
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(db("wake waiting requests"))?;
-        let woken: Vec<i64> = woken.into_iter().map(|(id,)| id).collect();
         if woken.is_empty() {
             return give_up(tx, "wake waiting requests", woken).await;
         }
-        let update = format!(
-            "UPDATE auto_approve_state
-                SET next_retry_time = IF(status = 'RETRY_WAITING', ?, next_retry_time),
-                    woken_at = IF(status = 'IN_PROGRESS', ?, woken_at)
-              WHERE request_id IN ({})",
-            placeholders(woken.len())
-        );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now);
-        for id in &woken {
-            query = query.bind(id);
-        }
-        query
-            .execute(&mut *tx)
-            .await
-            .map_err(db("wake waiting requests"))?;
         tx.commit().await.map_err(db("wake waiting requests"))?;
         Ok(woken)
     }
@@ -524,18 +531,19 @@ pub(super) async fn delete_wakes(
     tx: &mut sqlx::Transaction<'_, sqlx::MySql>,
     ids: &[i64],
 ) -> Result<u64, sqlx::Error> {
-    if ids.is_empty() {
-        return Ok(0);
+    let mut deleted = 0;
+    for chunk in ids.chunks(CHUNK) {
+        let sql = format!(
+            "DELETE FROM auto_approve_wake WHERE id IN ({})",
+            placeholders(chunk.len())
+        );
+        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            query = query.bind(id);
+        }
+        deleted += query.execute(&mut **tx).await?.rows_affected();
     }
-    let sql = format!(
-        "DELETE FROM auto_approve_wake WHERE id IN ({})",
-        placeholders(ids.len())
-    );
-    let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-    for id in ids {
-        query = query.bind(id);
-    }
-    Ok(query.execute(&mut **tx).await?.rows_affected())
+    Ok(deleted)
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use sqlx::MySql;
 
 use super::claims::insert_memo;
-use super::{MysqlStore, db, give_up, placeholders};
+use super::{CHUNK, MysqlStore, db, give_up, placeholders};
 use crate::store::{CleanseReport, Recovery, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
@@ -64,18 +64,18 @@ impl Recovery for MysqlStore {
             .map_err(db("cleanse: find finished rows"))?,
         );
         let mut deleted = 0;
-        if !finished.is_empty() {
+        for chunk in finished.chunks(CHUNK) {
             let sql = format!(
                 "DELETE FROM auto_approve_state
                   WHERE id IN ({}) AND NOT EXISTS (SELECT 1 FROM approval_request r
                         WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
-                placeholders(finished.len())
+                placeholders(chunk.len())
             );
             let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in &finished {
+            for id in chunk {
                 q = q.bind(id);
             }
-            deleted = q
+            deleted += q
                 .execute(&self.primary)
                 .await
                 .map_err(db("cleanse finished rows"))?
@@ -136,24 +136,27 @@ impl Recovery for MysqlStore {
             "status = 'IN_PROGRESS' AND holder = ? AND fencing_token IN ({})",
             placeholders(tokens.len())
         );
-        let locked: Vec<(i64, i64, String)> = {
+        let mut locked: Vec<(i64, i64, String)> = Vec::with_capacity(found.len());
+        for chunk in found.chunks(CHUNK) {
             let sql = format!(
                 "SELECT id, request_id, holder FROM auto_approve_state
                   WHERE id IN ({}) AND {condition} FOR UPDATE",
-                placeholders(found.len())
+                placeholders(chunk.len())
             );
             let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in &found {
+            for id in chunk {
                 q = q.bind(id);
             }
             q = q.bind(holder);
             for token in tokens {
                 q = q.bind(token);
             }
-            q.fetch_all(&mut *tx)
-                .await
-                .map_err(db("release held claims: lock"))?
-        };
+            locked.extend(
+                q.fetch_all(&mut *tx)
+                    .await
+                    .map_err(db("release held claims: lock"))?,
+            );
+        }
         let mine: Vec<(i64, i64)> = locked
             .into_iter()
             .filter(|(_, request_id, _)| !running.contains(request_id))
@@ -162,19 +165,21 @@ impl Recovery for MysqlStore {
         if mine.is_empty() {
             return give_up(tx, "release held claims", Vec::new()).await;
         }
-        let sql = format!(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
-              WHERE id IN ({})",
-            placeholders(mine.len())
-        );
-        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now);
-        for (id, _) in &mine {
-            q = q.bind(id);
+        for chunk in mine.chunks(CHUNK) {
+            let sql = format!(
+                "UPDATE auto_approve_state
+                    SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
+                  WHERE id IN ({})",
+                placeholders(chunk.len())
+            );
+            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now);
+            for (id, _) in chunk {
+                q = q.bind(id);
+            }
+            q.execute(&mut *tx)
+                .await
+                .map_err(db("release held claims"))?;
         }
-        q.execute(&mut *tx)
-            .await
-            .map_err(db("release held claims"))?;
         tx.commit()
             .await
             .map_err(db("release held claims: commit"))?;
@@ -303,19 +308,23 @@ async fn lock_by_id(
     condition: &str,
     values: &[i64],
 ) -> Result<Vec<(i64, i64, String)>, sqlx::Error> {
-    let sql = format!(
-        "SELECT id, request_id, holder FROM auto_approve_state
-          WHERE id IN ({}) AND {condition} FOR UPDATE",
-        placeholders(ids.len())
-    );
-    let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-    for id in ids {
-        q = q.bind(id);
+    let mut locked = Vec::with_capacity(ids.len());
+    for chunk in ids.chunks(CHUNK) {
+        let sql = format!(
+            "SELECT id, request_id, holder FROM auto_approve_state
+              WHERE id IN ({}) AND {condition} FOR UPDATE",
+            placeholders(chunk.len())
+        );
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for id in chunk {
+            q = q.bind(id);
+        }
+        for value in values {
+            q = q.bind(value);
+        }
+        locked.extend(q.fetch_all(&mut **tx).await?);
     }
-    for value in values {
-        q = q.bind(value);
-    }
-    q.fetch_all(&mut **tx).await
+    Ok(locked)
 }
 
 /// Puts the locked claims back to RETRY_WAITING, due at `now`, retry_count
@@ -330,18 +339,20 @@ async fn recover(
     if locked.is_empty() {
         return Ok(());
     }
-    let sql = format!(
-        "UPDATE auto_approve_state
-            SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6),
-                retry_count = retry_count + 1, last_reason = ?
-          WHERE id IN ({})",
-        placeholders(locked.len())
-    );
-    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(reason);
-    for (id, _, _) in locked {
-        q = q.bind(id);
+    for chunk in locked.chunks(CHUNK) {
+        let sql = format!(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6),
+                    retry_count = retry_count + 1, last_reason = ?
+              WHERE id IN ({})",
+            placeholders(chunk.len())
+        );
+        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).bind(now).bind(reason);
+        for (id, _, _) in chunk {
+            q = q.bind(id);
+        }
+        q.execute(&mut **tx).await?;
     }
-    q.execute(&mut **tx).await?;
     for (_, request_id, holder) in locked {
         let memo = format!("auto-approval was interrupted on {holder}; retrying");
         insert_memo(tx, *request_id, now, "autoapproval-cleanser", &memo).await?;

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::FromRow;
 
-use super::{MysqlStore, db, placeholders};
+use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::domain::{Request, State, StateStatus};
 use crate::store::{RequestStatusRow, Rows, StoreError};
 
@@ -162,21 +162,25 @@ impl Rows for MysqlStore {
         }
         // TIMESTAMPDIFF in microseconds; divided by a DOUBLE literal it is
         // a DOUBLE (an f64), with no CAST AS DOUBLE (MySQL 8.0.17+ only).
-        let sql = format!(
-            "SELECT id, status,
-                    GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(decided_at, updated_at),
-                                           UTC_TIMESTAMP(6)), 0) / 1e6
-               FROM approval_request WHERE id IN ({})",
-            placeholders(request_ids.len())
-        );
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-        for id in request_ids {
-            q = q.bind(id);
+        let mut rows: Vec<(i64, String, f64)> = Vec::with_capacity(request_ids.len());
+        for chunk in request_ids.chunks(CHUNK) {
+            let sql = format!(
+                "SELECT id, status,
+                        GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(decided_at, updated_at),
+                                               UTC_TIMESTAMP(6)), 0) / 1e6
+                   FROM approval_request WHERE id IN ({})",
+                placeholders(chunk.len())
+            );
+            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+            for id in chunk {
+                q = q.bind(id);
+            }
+            rows.extend(
+                q.fetch_all(&self.primary)
+                    .await
+                    .map_err(db("read request statuses"))?,
+            );
         }
-        let rows: Vec<(i64, String, f64)> = q
-            .fetch_all(&self.primary)
-            .await
-            .map_err(db("read request statuses"))?;
         Ok(rows
             .into_iter()
             .map(|(request_id, status, seconds)| RequestStatusRow {
