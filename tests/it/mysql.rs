@@ -9,9 +9,10 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration as StdDuration, Instant};
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
-use autoapproval::store::mysql::MysqlStore;
+use autoapproval::store::mysql::{Flavour, MysqlStore, flavour_of};
 use autoapproval::store::{
-    ClaimOutcome, Completion, RequestChange, RequestChanges, RetryWrite, ShardFilter, Store,
+    ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
+    SessionArgs, ShardFilter, Store, StoreError,
 };
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
@@ -586,6 +587,71 @@ async fn mysql_a_business_update_never_waits_for_a_state_row_we_hold() {
         assert!(
             woken.contains(&Some(1)) && woken.contains(&Some(3)),
             "{woken:?}"
+        );
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_the_coordination_pool_gives_up_on_a_held_fence_row_after_the_lock_wait() {
+    with_db(|db| async move {
+        let args = DatabaseArgs {
+            database_url: db.url().parse().expect("the scratch database's URL"),
+            read_database_url: None,
+            db_max_connections: 4,
+            wake_poll_interval: POLL,
+        };
+        let session = SessionArgs {
+            db_lock_timeout: StdDuration::from_secs(1),
+            db_statement_timeout: StdDuration::from_secs(30),
+        };
+        let store = Store::connect(&args, Some(&session)).await.unwrap();
+        // As `run` makes the Lease loop's store.
+        let coordination = store.dedicated(2);
+        let Pool::Mysql(pool) = coordination.primary_pool() else {
+            panic!("a MySQL pool");
+        };
+        let mut conn = pool.acquire().await.unwrap();
+        let lock_wait: u64 = sqlx::query_scalar("SELECT @@innodb_lock_wait_timeout")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(lock_wait, 1, "the session's lock wait, not InnoDB's 50 s");
+        if flavour_of(&mut conn).await.unwrap() == Flavour::MariaDb {
+            let statement: f64 = sqlx::query_scalar("SELECT @@max_statement_time")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+            assert_eq!(statement, 30.0);
+        }
+        drop(conn);
+
+        assert_eq!(
+            coordination.fence_shard(16, 3, 1, "a", t0()).await.unwrap(),
+            Some(vec![])
+        );
+        let mut other = db.business.acquire().await.unwrap();
+        other.execute("BEGIN").await.unwrap();
+        sqlx::query(
+            "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
+        )
+        .fetch_all(&mut *other)
+        .await
+        .unwrap();
+        let raised = tokio::time::timeout(
+            StdDuration::from_secs(20),
+            coordination.fence_shard(16, 3, 2, "b", t0()),
+        )
+        .await
+        .expect("the fence gave up on the held row before InnoDB's 50 s");
+        assert!(
+            matches!(raised, Err(StoreError::RowLocked { .. })),
+            "{raised:?}"
+        );
+        other.execute("ROLLBACK").await.unwrap();
+        assert_eq!(
+            coordination.fence_shard(16, 3, 2, "b", t0()).await.unwrap(),
+            Some(vec![])
         );
     })
     .await;

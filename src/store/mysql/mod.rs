@@ -65,7 +65,13 @@ pub struct MysqlStore {
     wakes: Arc<WakeCursor>,
     /// The wake poller's interval.
     poll_interval: Duration,
+    /// The lock wait and statement limits of `run`'s sessions (`None`:
+    /// the server's), which `dedicated` pools set as well.
+    limits: Option<Limits>,
 }
+
+/// A session's lock wait and statement limits (`SessionArgs`).
+type Limits = (Duration, Duration);
 
 /// Whether the server is MariaDB or MySQL: the few statements that differ
 /// (README: MySQL 8 and MariaDB) ask this.
@@ -89,6 +95,7 @@ impl MysqlStore {
             separate_read: false,
             wakes: Arc::new(WakeCursor::default()),
             poll_interval: DEFAULT_WAKE_POLL_INTERVAL,
+            limits: None,
         }
     }
 
@@ -113,6 +120,7 @@ impl MysqlStore {
         };
         let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
         store.separate_read = config.read_database_url.is_some();
+        store.limits = session.map(limits_of);
         Ok(store)
     }
 
@@ -124,7 +132,14 @@ impl MysqlStore {
         max_connections: u32,
         session: Option<&SessionArgs>,
     ) -> MySqlPool {
-        let limits = session.map(|s| (s.db_lock_timeout, s.db_statement_timeout));
+        Self::limited_pool(options, max_connections, session.map(limits_of))
+    }
+
+    fn limited_pool(
+        options: MySqlConnectOptions,
+        max_connections: u32,
+        limits: Option<Limits>,
+    ) -> MySqlPool {
         MySqlPoolOptions::new()
             .max_connections(max_connections.max(1))
             .acquire_timeout(Duration::from_secs(10))
@@ -148,25 +163,19 @@ impl MysqlStore {
     }
 
     /// A store over a pool of its own of `connections` to the same primary,
-    /// sharing this one's wake cursor.
+    /// sharing this one's wake cursor, its sessions set as this one's: the
+    /// Lease loop's fence must give up on a held row after the lock wait,
+    /// as the chains' statements do, not after InnoDB's 50 s.
     pub fn dedicated(&self, connections: u32) -> MysqlStore {
-        let pool = MySqlPoolOptions::new()
-            .max_connections(connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(|conn, _| {
-                Box::pin(async move {
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(self.primary.connect_options().as_ref().clone());
+        let options = self.primary.connect_options().as_ref().clone();
+        let pool = Self::limited_pool(options, connections, self.limits);
         MysqlStore {
             primary: pool.clone(),
             read: pool,
             separate_read: false,
             wakes: Arc::clone(&self.wakes),
             poll_interval: self.poll_interval,
+            limits: self.limits,
         }
     }
 
@@ -226,6 +235,10 @@ pub async fn flavour_of(conn: &mut sqlx::MySqlConnection) -> Result<Flavour, sql
     } else {
         Flavour::MySql
     })
+}
+
+fn limits_of(session: &SessionArgs) -> Limits {
+    (session.db_lock_timeout, session.db_statement_timeout)
 }
 
 /// The statements setting a session's lock wait and statement limits; 0
