@@ -593,6 +593,81 @@ async fn mysql_a_business_update_never_waits_for_a_state_row_we_hold() {
 }
 
 #[tokio::test]
+async fn mysql_a_business_insert_never_waits_for_an_e_contract_wake_expansion() {
+    with_db(|db| async move {
+        for id in 1..=3 {
+            insert_owner(&db.business, id).await;
+        }
+        insert_waiting(&db.pool, 2, t0() + Duration::minutes(10)).await;
+        sqlx::query("INSERT INTO econtract (contract_ref, status) VALUES ('EC-2', 'SIGNED')")
+            .execute(&db.business)
+            .await
+            .unwrap();
+        // Another session (REPEATABLE READ, as the business's are) holds
+        // the gap of request 2 in the wake table's (request_id, id) index,
+        // where the expansion of EC-2 inserts: the expansion's insert waits
+        // there, mid-statement. Request 10's row goes elsewhere.
+        let mut holder = db.business.acquire().await.unwrap();
+        holder.execute("BEGIN").await.unwrap();
+        sqlx::query(
+            "SELECT id FROM auto_approve_wake FORCE INDEX (auto_approve_wake_request)
+              WHERE request_id = 2 FOR UPDATE",
+        )
+        .fetch_all(&mut *holder)
+        .await
+        .unwrap();
+        let expansion = tokio::spawn({
+            let store = db.store.clone();
+            async move { store.apply_wakes(None, t0(), DEFAULT_RETRY_LIMIT).await }
+        });
+        // Waiting, as InnoDB reports it (information_schema.innodb_trx
+        // was seen to leave the waiting transaction out on MariaDB 10.11).
+        let waiting = format!(
+            "index auto_approve_wake_request of table `{}`.`auto_approve_wake`",
+            db.name
+        );
+        let deadline = Instant::now() + StdDuration::from_secs(30);
+        loop {
+            let (_, _, status): (String, String, String) =
+                sqlx::query_as("SHOW ENGINE INNODB STATUS")
+                    .fetch_one(&db.business)
+                    .await
+                    .unwrap();
+            if status
+                .lines()
+                .any(|line| line.contains(&waiting) && line.contains("insert intention waiting"))
+            {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the expansion never waited");
+            tokio::time::sleep(StdDuration::from_millis(20)).await;
+        }
+
+        // A business insert meanwhile: its trigger appends a wake row. An
+        // INSERT ... SELECT in progress held the table's AUTO-INC lock
+        // (innodb_autoinc_lock_mode 1) and this waited out its lock wait.
+        let mut business = db.business_connection().await;
+        let inserted = sqlx::query(
+            "INSERT INTO approval_request (id, request_type) VALUES (10, 'OWNER_CONTRACT')",
+        )
+        .execute(&mut business)
+        .await;
+        assert!(
+            inserted.is_ok(),
+            "the business insert waited for our expansion: {inserted:?}"
+        );
+
+        holder.execute("ROLLBACK").await.unwrap();
+        let due = expansion
+            .await
+            .expect("joins")
+            .expect("the expansion ends once the gap is free");
+        assert_eq!(due, [2], "request 2, waiting on EC-2, is woken");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn mysql_the_coordination_pool_gives_up_on_a_held_fence_row_after_the_lock_wait() {
     with_db(|db| async move {
         let args = DatabaseArgs {

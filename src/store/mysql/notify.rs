@@ -494,8 +494,13 @@ impl MysqlStore {
 
     /// Replaces the e-contract wake row `id` by one row per request on the
     /// contract (but `skip`, whose own chain synced it), in one
-    /// transaction; false when another replica did first. Read committed:
-    /// the INSERT ... SELECT reads approval_request without locks.
+    /// transaction; false when another replica did first. The requests are
+    /// read first (READ COMMITTED: without locks), then inserted as values:
+    /// an `INSERT ... SELECT` is a bulk insert, for which InnoDB (under
+    /// MariaDB's default innodb_autoinc_lock_mode 1) holds the table's
+    /// AUTO-INC lock to the statement's end, and every business trigger's
+    /// insert into this table would wait for it; an insert of values
+    /// takes the counter for the allocation only.
     async fn expand_contract(
         &self,
         id: i64,
@@ -509,17 +514,30 @@ impl MysqlStore {
         if taken == 0 {
             return give_up(tx, "expand e-contract wake", false).await;
         }
-        sqlx::query(
-            "INSERT INTO auto_approve_wake (request_id)
-             SELECT r.id FROM approval_request r
+        let requests: Vec<(i64,)> = sqlx::query_as(
+            "SELECT r.id FROM approval_request r
               WHERE r.econtract_ref = ? AND (? IS NULL OR r.id <> ?)",
         )
         .bind(contract_ref)
         .bind(skip)
         .bind(skip)
-        .execute(&mut *tx)
+        .fetch_all(&mut *tx)
         .await
-        .map_err(db("expand e-contract wake"))?;
+        .map_err(db("expand e-contract wake: requests"))?;
+        for chunk in requests.chunks(CHUNK) {
+            let sql = format!(
+                "INSERT INTO auto_approve_wake (request_id) VALUES {}",
+                vec!["(?)"; chunk.len()].join(", ")
+            );
+            let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
+            for (request_id,) in chunk {
+                query = query.bind(request_id);
+            }
+            query
+                .execute(&mut *tx)
+                .await
+                .map_err(db("expand e-contract wake"))?;
+        }
         tx.commit().await.map_err(db("expand e-contract wake"))?;
         Ok(true)
     }
