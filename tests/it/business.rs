@@ -3,11 +3,13 @@
 
 use autoapproval::approval::{AttemptOutcome, attempt_all};
 use autoapproval::clock::Clock;
-use autoapproval::domain::RequestType;
+use autoapproval::domain::{DEFAULT_RETRY_LIMIT, RequestType};
 use sqlx::mysql::MySqlPoolOptions;
 use sqlx::postgres::PgPoolOptions;
 
-use crate::support::{Db, Env, NewRequest, defaults, fence, on_both, request_view, with_pool};
+use crate::support::{
+    Db, Env, NewRequest, candidate, defaults, fence, on_both, request_view, with_pool,
+};
 
 /// A login role with exactly the documented grants of the business system:
 /// its own tables, nothing of ours (our triggers run with their definer's
@@ -153,6 +155,77 @@ async fn business_writes_racing_the_chains_never_fail_and_every_request_is_appro
     for id in 1..=REQUESTS {
         assert_eq!(request_view(&db, id).await.status, "APPROVED", "{id}");
     }
+    with_pool!(&business, pool => pool.close().await);
+    match db {
+        Db::Postgres(_) => {
+            db.exec(&format!("DROP OWNED BY {role}")).await;
+            db.exec(&format!("DROP ROLE {role}")).await;
+        }
+        Db::Mysql(_) => {
+            db.exec(&format!("DROP USER '{role}'@'%'")).await;
+        }
+    }
+}
+
+on_both!(a_fact_changed_before_the_first_claim_committed_is_acted_on_at_once);
+/// The business releases the documents in a transaction that commits only
+/// after the first attempt has claimed the request and read it: that
+/// attempt saw the old fact and waits the long interval. The change's wake
+/// is recorded however the claim stood, so the next discovery turn makes
+/// the request due and the retry approves it, the clock not moved. Before
+/// (issue 33), PostgreSQL's trigger wrote no wake (its test for a state row
+/// ran before the claim committed) and MySQL's turn dropped the wake row
+/// as older than the claim: the request waited its 10 minutes.
+async fn a_fact_changed_before_the_first_claim_committed_is_acted_on_at_once(db: Db) {
+    let (role, business) = business_role(&db).await;
+    let env = Env::start(db.clone()).await;
+    NewRequest {
+        documents_released: false,
+        ..NewRequest::ready_owner(1)
+    }
+    .insert(&db)
+    .await;
+    let held = business
+        .business_transaction("UPDATE approval_request SET documents_released = true WHERE id = 1")
+        .await;
+
+    let outcome = env
+        .approver
+        .attempt(&candidate(1, None), &fence("a", 1))
+        .await
+        .expect("an outcome");
+    let AttemptOutcome::RetryScheduled {
+        next_retry_time, ..
+    } = outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert!(
+        next_retry_time > env.clock.now() + chrono::Duration::minutes(5),
+        "the attempt read the old fact and waits the long interval: {next_retry_time}"
+    );
+    held.commit().await;
+
+    // A discovery turn (a notification only brings it forward).
+    let due = env
+        .store
+        .apply_wakes(None, env.clock.now(), DEFAULT_RETRY_LIMIT)
+        .await
+        .expect("apply wakes");
+    assert_eq!(due, [1], "the change made the waiting request due");
+    let state = env
+        .store
+        .state(1)
+        .await
+        .unwrap()
+        .expect("a waiting state row");
+    let outcome = env
+        .approver
+        .attempt(&candidate(1, Some(state.id)), &fence("a", 1))
+        .await
+        .expect("an outcome");
+    assert_eq!(outcome, AttemptOutcome::Approved);
+
     with_pool!(&business, pool => pool.close().await);
     match db {
         Db::Postgres(_) => {

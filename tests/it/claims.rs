@@ -383,8 +383,8 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
     ] {
         db.exec(sql).await;
     }
-    // MySQL records every change, PostgreSQL only those of requests with a
-    // state row; a new request's row is for discovery only (0003).
+    // Both record every change of an open request (PostgreSQL 0020); on
+    // MySQL a new request's row is for discovery only (0003).
     let recorded = db
         .fetch_ids(match db {
             Db::Postgres(_) => "SELECT request_id FROM auto_approve_wake ORDER BY request_id",

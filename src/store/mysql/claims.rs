@@ -49,8 +49,6 @@ impl Claims for MysqlStore {
         // (state row, retries, transient streak, a new request's)
         let won: Option<(i64, i32, i32, bool)> = match candidate.state_id {
             None => {
-                // created_at in the database clock, as the wake rows' woken_at:
-                // apply_wakes drops the wake rows older than the state row.
                 // Only a known decision refuses the claim: an unknown status
                 // is claimed, and the chain's re-read reports it by name.
                 let inserted = sqlx::query(

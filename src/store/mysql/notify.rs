@@ -306,7 +306,7 @@ impl Wakes for MysqlStore {
         // then locked and written by key. FORCE INDEX: MariaDB otherwise
         // reads the (request_id, id) index and sorts (EXPLAIN, issue 19).
         let select = format!(
-            "SELECT w.id, w.request_id, s.status, NOT w.new_request AND w.woken_at >= s.created_at
+            "SELECT w.id, w.request_id, s.status, w.new_request
                FROM auto_approve_wake w FORCE INDEX (PRIMARY)
                LEFT JOIN auto_approve_state s ON s.request_id = w.request_id
               WHERE w.id > ? AND w.request_id IS NOT NULL{shard_sql}
@@ -325,7 +325,7 @@ impl Wakes for MysqlStore {
                     query = query.bind(shard);
                 }
             }
-            let rows: Vec<(i64, i64, Option<String>, Option<bool>)> = query
+            let rows: Vec<(i64, i64, Option<String>, bool)> = query
                 .bind(BATCH)
                 .fetch_all(&self.primary)
                 .await
@@ -335,25 +335,25 @@ impl Wakes for MysqlStore {
             };
             after = last;
             let full = rows.len() as i64 >= BATCH;
-            // PostgreSQL's trigger writes a wake row only for a request
-            // that has a state row (0010); here every change appends one.
-            // A new request's INSERT row, and a row older than the state
-            // row (a change the first attempt read afresh), are consumed
-            // without effect: neither makes the retry due nor revives an
-            // exhausted request.
-            let stale = |after_claim: &Option<bool>| *after_claim == Some(false);
+            // A new request's INSERT row is consumed without effect: it
+            // neither makes a retry due nor revives an exhausted request.
+            // Every other row counts, however old: the claim consumed the
+            // rows committed before it, so a row here was committed after
+            // the claim, and its change may have been made before the
+            // claim yet read by no attempt (an older woken_at is when the
+            // business statement ran, not when it committed).
             // Made due whether seen or not; deleted only once seen.
             let consumed: Vec<i64> = rows
                 .iter()
-                .filter(|(id, _, status, after_claim)| {
-                    *id <= upto && (status.as_deref() != Some("IN_PROGRESS") || stale(after_claim))
+                .filter(|(id, _, status, new_request)| {
+                    *id <= upto && (status.as_deref() != Some("IN_PROGRESS") || *new_request)
                 })
                 .map(|(id, ..)| *id)
                 .collect();
             let waiting: BTreeSet<i64> = rows
                 .iter()
-                .filter(|(_, _, status, after_claim)| {
-                    status.as_deref() == Some("RETRY_WAITING") && !stale(after_claim)
+                .filter(|(_, _, status, new_request)| {
+                    status.as_deref() == Some("RETRY_WAITING") && !*new_request
                 })
                 .map(|(_, request_id, ..)| *request_id)
                 .collect();

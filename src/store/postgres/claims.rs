@@ -19,8 +19,12 @@ impl Claims for PgStore {
     ) -> Result<ClaimOutcome, StoreError> {
         let shard_count = fence.shard_count.map(|k| k as i32);
         let row: Option<(i64, i32, i32, Option<DateTime<Utc>>)> = match candidate.state_id {
+            // The chain reads the facts after this claim: the wakes
+            // recorded before it are consumed here (migration 0020 records
+            // them whether or not a state row exists), as a due retry's are.
             None => sqlx::query_as(
-                "INSERT INTO auto_approve_state
+                "WITH claimed AS (
+                 INSERT INTO auto_approve_state
                         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
                  SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, now()
                   WHERE ($6::int IS NULL OR EXISTS (
@@ -33,8 +37,13 @@ impl Claims for PgStore {
                     AND EXISTS (SELECT 1 FROM approval_request r
                                  WHERE r.id = $1 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))
                  ON CONFLICT (request_id) DO NOTHING
-                 RETURNING id, retry_count, transient_streak,
-                           (SELECT created_at FROM approval_request WHERE id = $1)",
+                 RETURNING id, request_id, retry_count, transient_streak
+                 ), consumed AS (
+                     DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
+                 )
+                 SELECT id, retry_count, transient_streak,
+                        (SELECT created_at FROM approval_request WHERE id = $1)
+                   FROM claimed",
             )
             .bind(candidate.request_id)
             .bind(candidate.request_type.as_str())
