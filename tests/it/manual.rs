@@ -489,3 +489,136 @@ async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more
         db.exec(statement).await;
     }
 }
+
+on_both!(a_role_with_the_documented_grants_cannot_shadow_our_tables_or_wake_requests);
+/// The functions run as their owner with a search_path pinned to their
+/// schema, `pg_temp` last (migration 0021): a role granted them cannot put
+/// a temporary table of its own in their way, as it could when pg_temp was
+/// searched first; and a login granted nothing cannot call the wake, which
+/// PUBLIC could (any login could revive exhausted requests in a loop). On
+/// MySQL a temporary table would shadow ours inside the procedures as well,
+/// so the documented grants carry no CREATE TEMPORARY TABLES: the attempt
+/// is refused, and the procedures work for the role as before.
+async fn a_role_with_the_documented_grants_cannot_shadow_our_tables_or_wake_requests(db: Db) {
+    let role = format!("aa_manual_{}", rand::rng().random::<u32>());
+    let outsider = format!("{role}_outsider");
+    owner_now(402).insert(&db).await;
+    match &db {
+        Db::Postgres(pool) => {
+            for statement in [
+                format!("CREATE ROLE {role} LOGIN"),
+                format!("CREATE ROLE {outsider} LOGIN"),
+                format!(
+                    "GRANT EXECUTE ON FUNCTION {} TO {role}",
+                    autoapproval::store::MANUAL_FUNCTIONS
+                ),
+            ] {
+                db.exec(&statement).await;
+            }
+            let connect = |name: &str| {
+                let options = (*pool.connect_options()).clone().username(name);
+                async move {
+                    sqlx::PgConnection::connect_with(&options)
+                        .await
+                        .expect("the role connects")
+                }
+            };
+            use sqlx::Connection;
+            let mut person = connect(&role).await;
+            // Every login may create temporary tables (PostgreSQL's
+            // default TEMPORARY right of PUBLIC on a database).
+            sqlx::query(
+                "CREATE TEMPORARY TABLE auto_approve_state (
+                     request_id BIGINT UNIQUE, request_type TEXT, status TEXT, holder TEXT,
+                     fencing_token BIGINT, step TEXT, created_at TIMESTAMPTZ,
+                     modified_at TIMESTAMPTZ, woken_at TIMESTAMPTZ,
+                     next_retry_time TIMESTAMPTZ, last_reason TEXT)",
+            )
+            .execute(&mut person)
+            .await
+            .expect("a temporary table of the role's own");
+            let (token, refusal): (Option<i64>, Option<String>) =
+                sqlx::query_as("SELECT * FROM autoapproval_manual_claim($1, $2)")
+                    .bind(402_i64)
+                    .bind("eve")
+                    .fetch_one(&mut person)
+                    .await
+                    .expect("manual claim");
+            assert!(token.is_some(), "{refusal:?}");
+            let shadowed: i64 =
+                sqlx::query_scalar("SELECT count(*) FROM pg_temp.auto_approve_state")
+                    .fetch_one(&mut person)
+                    .await
+                    .expect("the role's own table");
+            assert_eq!(
+                shadowed, 0,
+                "the claim went into the role's temporary table"
+            );
+            let holder: String =
+                sqlx::query_scalar("SELECT holder FROM auto_approve_state WHERE request_id = 402")
+                    .fetch_one(pool)
+                    .await
+                    .expect("the claim is in our table");
+            assert_eq!(holder, "manual:eve");
+
+            // Neither the role nor a login granted nothing may wake.
+            for name in [&role, &outsider] {
+                let mut conn = connect(name).await;
+                let woke = sqlx::query("SELECT autoapproval_wake(ARRAY[402]::bigint[])")
+                    .execute(&mut conn)
+                    .await;
+                assert!(
+                    woke.as_ref().is_err_and(|e| e
+                        .to_string()
+                        .contains("permission denied for function autoapproval_wake")),
+                    "{name}: {woke:?}"
+                );
+                conn.close().await.expect("close");
+            }
+            person.close().await.expect("close");
+            db.exec(&format!("DROP OWNED BY {role}, {outsider}")).await;
+            db.exec(&format!("DROP ROLE {role}, {outsider}")).await;
+        }
+        Db::Mysql(pool) => {
+            let database = pool
+                .connect_options()
+                .get_database()
+                .expect("a scratch database")
+                .to_owned();
+            db.exec(&format!("CREATE USER '{role}'@'%'")).await;
+            for procedure in MANUAL_PROCEDURES {
+                db.exec(&format!(
+                    "GRANT EXECUTE ON PROCEDURE {procedure} TO '{role}'@'%'"
+                ))
+                .await;
+            }
+            let person = Db::Mysql(
+                sqlx::mysql::MySqlPoolOptions::new()
+                    .max_connections(1)
+                    .connect_lazy_with((*pool.connect_options()).clone().username(&role)),
+            );
+            let shadow =
+                format!("CREATE TEMPORARY TABLE {database}.auto_approve_state (request_id BIGINT)");
+            let refused = with_pool!(&person, pool => sqlx::query(sqlx::AssertSqlSafe(shadow))
+                .execute(pool)
+                .await
+                .map(|_| ()));
+            assert!(
+                refused
+                    .as_ref()
+                    .is_err_and(|e| e.to_string().contains("denied")),
+                "{refused:?}"
+            );
+            let token = claim(&person, 402, "eve").await.expect("claimed");
+            assert!(token < 0);
+            let holder: String =
+                sqlx::query_scalar("SELECT holder FROM auto_approve_state WHERE request_id = 402")
+                    .fetch_one(pool)
+                    .await
+                    .expect("the claim is in our table");
+            assert_eq!(holder, "manual:eve");
+            with_pool!(person, pool => pool.close().await);
+            db.exec(&format!("DROP USER '{role}'@'%'")).await;
+        }
+    }
+}
