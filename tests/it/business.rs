@@ -71,6 +71,20 @@ async fn business_role(db: &Db) -> (String, Db) {
     }
 }
 
+/// Closes the business role's pool and drops the role.
+async fn drop_business_role(db: &Db, role: &str, business: Db) {
+    with_pool!(&business, pool => pool.close().await);
+    match db {
+        Db::Postgres(_) => {
+            db.exec(&format!("DROP OWNED BY {role}")).await;
+            db.exec(&format!("DROP ROLE {role}")).await;
+        }
+        Db::Mysql(_) => {
+            db.exec(&format!("DROP USER '{role}'@'%'")).await;
+        }
+    }
+}
+
 on_both!(business_writes_racing_the_chains_never_fail_and_every_request_is_approved);
 /// The business system updates the facts of requests the controller is
 /// claiming, working and completing at that moment, in short transactions
@@ -155,16 +169,7 @@ async fn business_writes_racing_the_chains_never_fail_and_every_request_is_appro
     for id in 1..=REQUESTS {
         assert_eq!(request_view(&db, id).await.status, "APPROVED", "{id}");
     }
-    with_pool!(&business, pool => pool.close().await);
-    match db {
-        Db::Postgres(_) => {
-            db.exec(&format!("DROP OWNED BY {role}")).await;
-            db.exec(&format!("DROP ROLE {role}")).await;
-        }
-        Db::Mysql(_) => {
-            db.exec(&format!("DROP USER '{role}'@'%'")).await;
-        }
-    }
+    drop_business_role(&db, &role, business).await;
 }
 
 on_both!(a_fact_changed_before_the_first_claim_committed_is_acted_on_at_once);
@@ -226,14 +231,5 @@ async fn a_fact_changed_before_the_first_claim_committed_is_acted_on_at_once(db:
         .expect("an outcome");
     assert_eq!(outcome, AttemptOutcome::Approved);
 
-    with_pool!(&business, pool => pool.close().await);
-    match db {
-        Db::Postgres(_) => {
-            db.exec(&format!("DROP OWNED BY {role}")).await;
-            db.exec(&format!("DROP ROLE {role}")).await;
-        }
-        Db::Mysql(_) => {
-            db.exec(&format!("DROP USER '{role}'@'%'")).await;
-        }
-    }
+    drop_business_role(&db, &role, business).await;
 }

@@ -39,7 +39,7 @@ impl Recovery for MysqlStore {
         if !found.is_empty() {
             let mut tx = self.begin("cleanse stuck claims").await?;
             let condition = "status = 'IN_PROGRESS' AND modified_at < UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND";
-            let locked = lock_by_id(&mut tx, &found, condition, &[stuck_us])
+            let locked = lock_by_id(&mut tx, &found, condition, None, &[stuck_us])
                 .await
                 .map_err(db("cleanse: lock stuck claims"))?;
             recover(
@@ -136,27 +136,9 @@ impl Recovery for MysqlStore {
             "status = 'IN_PROGRESS' AND holder = ? AND fencing_token IN ({})",
             placeholders(tokens.len())
         );
-        let mut locked: Vec<(i64, i64, String)> = Vec::with_capacity(found.len());
-        for chunk in found.chunks(CHUNK) {
-            let sql = format!(
-                "SELECT id, request_id, holder FROM auto_approve_state
-                  WHERE id IN ({}) AND {condition} FOR UPDATE",
-                placeholders(chunk.len())
-            );
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
-            q = q.bind(holder);
-            for token in tokens {
-                q = q.bind(token);
-            }
-            locked.extend(
-                q.fetch_all(&mut *tx)
-                    .await
-                    .map_err(db("release held claims: lock"))?,
-            );
-        }
+        let locked = lock_by_id(&mut tx, &found, &condition, Some(holder), tokens)
+            .await
+            .map_err(db("release held claims: lock"))?;
         let mine: Vec<(i64, i64)> = locked
             .into_iter()
             .filter(|(_, request_id, _)| !running.contains(request_id))
@@ -282,7 +264,7 @@ impl Recovery for MysqlStore {
         let mut recovered = Vec::new();
         if !found.is_empty() {
             let condition = "status = 'IN_PROGRESS' AND fencing_token > 0 AND fencing_token < ?";
-            let locked = lock_by_id(&mut tx, &found, condition, &[token])
+            let locked = lock_by_id(&mut tx, &found, condition, None, &[token])
                 .await
                 .map_err(db("fence shard: lock orphaned claims"))?;
             let reason = format!("recovered: shard {shard} moved to {holder}");
@@ -301,11 +283,13 @@ fn ids(rows: Vec<(i64,)>) -> Vec<i64> {
 }
 
 /// Locks the state rows `ids` by primary key that still meet `condition`
-/// (its `?` bound from `values`); their id, request and holder.
+/// (its `?` bound from `holder`, when given, then `values`); their id,
+/// request and holder.
 async fn lock_by_id(
     tx: &mut Tx<'_>,
     ids: &[i64],
     condition: &str,
+    holder: Option<&str>,
     values: &[i64],
 ) -> Result<Vec<(i64, i64, String)>, sqlx::Error> {
     let mut locked = Vec::with_capacity(ids.len());
@@ -318,6 +302,9 @@ async fn lock_by_id(
         let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
         for id in chunk {
             q = q.bind(id);
+        }
+        if let Some(holder) = holder {
+            q = q.bind(holder);
         }
         for value in values {
             q = q.bind(value);
