@@ -205,7 +205,7 @@ ANALYZE SELECT id, request_id, contract_ref, skip_request FROM auto_approve_wake
  WHERE id > @wmax - 100 ORDER BY id LIMIT 1000;
 
 SELECT '== apply_wakes read: a range of the primary key, no lock' AS statement;
-ANALYZE SELECT w.id, w.request_id, s.status, NOT w.new_request AND w.woken_at >= s.created_at
+ANALYZE SELECT w.id, w.request_id, s.status, w.new_request
   FROM auto_approve_wake w FORCE INDEX (PRIMARY)
   LEFT JOIN auto_approve_state s ON s.request_id = w.request_id
  WHERE w.id > 0 AND w.request_id IS NOT NULL AND w.request_id % 16 IN (0, 1, 2, 3)
