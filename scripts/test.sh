@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite on a fresh machine: starts PostgreSQL, MariaDB and
 # Redis (installing each when absent), installs kubectl and helm when absent,
-# and promtool (Debian's prometheus package) for the alert rules' tests, then
-# runs every test.
+# builds kube-apiserver and etcd (Go) when absent, and installs promtool
+# (Debian's prometheus package) for the alert rules' tests, then runs every test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -14,6 +14,9 @@ REDIS_URL="$(scripts/redis.sh | tail -n 1)"
 export REDIS_URL
 PATH="$(scripts/install-tools.sh | tail -n 1):$PATH"
 export PATH KUBECTL="$(command -v kubectl)"
+# The real kube-apiserver and etcd, built from Go modules when absent (minutes the first time).
+control_plane="$(scripts/install-control-plane.sh | tail -n 1)"
+export KUBE_APISERVER="$control_plane/kube-apiserver" ETCD="$control_plane/etcd"
 if ! command -v promtool >/dev/null; then
   sudo=""
   [ "$(id -u)" -eq 0 ] || sudo="sudo"
@@ -21,7 +24,7 @@ if ! command -v promtool >/dev/null; then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
 fi
 export PROMTOOL="$(command -v promtool)"
-echo "PostgreSQL: $DATABASE_URL; MariaDB: $MYSQL_URL; Redis: $REDIS_URL; kubectl: $KUBECTL; helm: $(command -v helm); promtool: $PROMTOOL" >&2
+echo "PostgreSQL: $DATABASE_URL; MariaDB: $MYSQL_URL; Redis: $REDIS_URL; kubectl: $KUBECTL; helm: $(command -v helm); kube-apiserver: $KUBE_APISERVER; etcd: $ETCD; promtool: $PROMTOOL" >&2
 
 cargo fmt --all --check
 # Both builds: without features (what `cargo build` gives) and with the span export.
