@@ -1535,7 +1535,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(db: Db) {
             if name == member {
                 match start {
                     None => {
-                        start = Some(lease_writes(&cluster.server));
+                        start = Some(lease_writes(cluster.server.test()));
                         continue;
                     }
                     Some(_) => rounds += 1,
@@ -1548,7 +1548,7 @@ async fn at_rest_only_the_member_and_leader_leases_are_written(db: Db) {
     })
     .await;
     assert!(watched.is_ok(), "no {ROUNDS} member renewals within 120 s");
-    let delta = lease_writes(&cluster.server) - start.unwrap_or_default();
+    let delta = lease_writes(cluster.server.test()) - start.unwrap_or_default();
     let others: Vec<_> = written
         .keys()
         .filter(|n| **n != member && n.as_str() != autoapproval::coordination::LEADER_LEASE)

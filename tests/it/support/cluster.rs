@@ -1,5 +1,5 @@
-//! A cluster in one process: the test API server with the CRD, the
-//! simulator, and one controller replica over the test's database; plus
+//! A cluster in one process: the test API server (or the real kube-apiserver) with the
+//! CRD, the simulator, and one controller replica over the test's database; plus
 //! `eventually`, the deadline every wait in the tests goes through.
 
 use std::future::Future;
@@ -17,6 +17,7 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
@@ -25,15 +26,54 @@ use kube_testserver::{Options, TestServer};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
+use super::control_plane::{RealNamespace, real_namespace};
 use super::db::{AsDb, Db};
 use super::rows::NewRequest;
 
 pub const NS: &str = "default";
 
+/// The API server of a [`Cluster`].
+pub enum ApiServer {
+    /// kube-testserver: everything allowed, faults on demand.
+    Test(TestServer),
+    /// The real kube-apiserver, the controller as the chart's ServiceAccount.
+    Real(Box<RealNamespace>),
+}
+
+impl ApiServer {
+    /// The test API server, for a test that injects faults or counts requests.
+    pub fn test(&self) -> &TestServer {
+        match self {
+            ApiServer::Test(server) => server,
+            ApiServer::Real(_) => panic!("this test needs kube-testserver, not the real server"),
+        }
+    }
+
+    pub fn faults(&self) -> kube_testserver::Faults {
+        self.test().faults()
+    }
+
+    pub fn request_counts(&self) -> std::collections::BTreeMap<String, u64> {
+        self.test().request_counts()
+    }
+
+    pub fn url(&self) -> String {
+        match self {
+            ApiServer::Test(server) => server.url(),
+            ApiServer::Real(real) => real.plane.url().to_owned(),
+        }
+    }
+}
+
 /// A running controller with everything it talks to.
 pub struct Cluster {
-    pub server: TestServer,
+    pub server: ApiServer,
+    /// The tests' own client: allowed everything, default namespace `ns`.
     pub client: Client,
+    /// The replica's client: on the real server, the chart's ServiceAccount.
+    controller_client: Client,
+    /// The namespace of the CRs, Events and Leases.
+    pub ns: String,
     pub sim: SimHandle,
     pub pool: Db,
     pub metrics: Metrics,
@@ -119,10 +159,14 @@ pub async fn backends() -> (TestServer, Client, SimHandle) {
         .expect("test API server");
     let client = client_for(&server);
     install_crd(&client).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
+    (server, client, simulator().await)
+}
+
+/// The simulator of the external systems, answering at once.
+pub async fn simulator() -> SimHandle {
+    Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
         .await
-        .expect("simulator");
-    (server, client, sim)
+        .expect("simulator")
 }
 
 /// Applies the CRD to the test API server.
@@ -154,9 +198,11 @@ impl Cluster {
         let (server, client, sim) = backends().await;
         sim.set_faults(faults).expect("faults");
         let mut cluster = Cluster {
-            server,
+            server: ApiServer::Test(server),
             api: Api::namespaced(client.clone(), NS),
+            controller_client: client.clone(),
             client,
+            ns: NS.into(),
             sim,
             pool: pool.db(),
             metrics: Metrics::new(),
@@ -167,14 +213,47 @@ impl Cluster {
         cluster
     }
 
+    /// On the real kube-apiserver, in a namespace of its own, the replica as the chart's
+    /// ServiceAccount bound to the chart's Role.
+    pub async fn real(pool: impl AsDb, settings: ControllerConfig) -> Cluster {
+        Self::real_with_role(pool, settings, |_| {}).await
+    }
+
+    /// Like `real`, the chart's Role changed by `edit`.
+    pub async fn real_with_role(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        edit: impl FnOnce(&mut Role),
+    ) -> Cluster {
+        if std::env::var_os("RUST_LOG").is_some() {
+            let _ = autoapproval::telemetry::init_tracing(false, "info", None);
+        }
+        let real = real_namespace(edit).await;
+        let mut cluster = Cluster {
+            api: Api::namespaced(real.admin.clone(), &real.ns.name),
+            client: real.admin.clone(),
+            controller_client: real.controller.clone(),
+            ns: real.ns.name.clone(),
+            server: ApiServer::Real(Box::new(real)),
+            sim: simulator().await,
+            pool: pool.db(),
+            metrics: Metrics::new(),
+            stop: None,
+            task: None,
+        };
+        cluster.run(settings);
+        cluster
+    }
+
     /// Starts the replica.
-    fn run(&mut self, settings: ControllerConfig) {
+    fn run(&mut self, mut settings: ControllerConfig) {
+        settings.namespace = self.ns.clone();
         let external = HttpExternalSystems::build(
             &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
         )
         .expect("external clients");
         let parts = Parts {
-            client: self.client.clone(),
+            client: self.controller_client.clone(),
             api_server: self.server.url(),
             store: self.pool.store(),
             external,
@@ -283,10 +362,16 @@ impl Cluster {
             rand::random::<u32>()
         ));
         std::fs::create_dir_all(&dir).expect("temp dir");
-        let kubeconfig = dir.join("kubeconfig");
-        self.server
-            .write_kubeconfig(&kubeconfig)
-            .expect("kubeconfig");
+        let kubeconfig = match &self.server {
+            ApiServer::Test(server) => {
+                let kubeconfig = dir.join("kubeconfig");
+                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+                kubeconfig
+            }
+            // The admin's, as a cluster's operator looks: the ServiceAccount may only
+            // do what the controller does.
+            ApiServer::Real(real) => real.ns.admin_kubeconfig.clone(),
+        };
         let output = tokio::process::Command::new(kubectl_bin())
             .arg("--kubeconfig")
             .arg(&kubeconfig)
@@ -317,7 +402,7 @@ impl Cluster {
 
     /// Events about the CR of `request_id`, as (reason, note), as listed now.
     async fn events_now(&self, request_id: i64) -> Vec<(String, String)> {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), NS);
+        let events: Api<Event> = Api::namespaced(self.client.clone(), &self.ns);
         let name = crd::cr_name(request_id);
         events
             .list(&ListParams::default())

@@ -4,11 +4,13 @@
 //! - `db`: the test's database on PostgreSQL or MariaDB/MySQL, and `on_both!`;
 //! - `engine`: an approver, the simulator and a manual clock over the test's database;
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
-//! - `cluster`: the test API server, the simulator and one replica in this process;
+//! - `cluster`: the test API server (or the real one), the simulator and one replica in this process;
+//! - `control_plane`: the real kube-apiserver and etcd, a namespace per test with the chart's RBAC;
 //! - `processes`: the real binary as a child process, signals, `/metrics`;
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod cluster;
+pub mod control_plane;
 pub mod db;
 pub mod engine;
 pub mod processes;

@@ -1,0 +1,110 @@
+//! The real kube-apiserver and etcd (crates/control-plane), one per test run: the CRD
+//! installed once, and per test a namespace of its own where the chart's Role and
+//! RoleBinding grant the controller's ServiceAccount what the chart grants it.
+
+use autoapproval::controller::crd::AutoApproval;
+use control_plane::{ControlPlane, TestNamespace};
+use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams};
+use kube::{Client, CustomResourceExt};
+use serde_json::Value;
+use tokio::sync::OnceCell;
+
+use super::cluster::eventually;
+use super::tools::{parse_yaml_stream, repo};
+
+/// A test's namespace on the real control plane.
+pub struct RealNamespace {
+    pub plane: &'static ControlPlane,
+    pub ns: TestNamespace,
+    /// The admin, default namespace the test's: the tests' own set-up and checks.
+    pub admin: Client,
+    /// The chart's ServiceAccount: what the controller runs as.
+    pub controller: Client,
+}
+
+/// The shared control plane, failing the test with the command that builds a missing
+/// binary.
+pub async fn control_plane() -> &'static ControlPlane {
+    let plane = ControlPlane::shared()
+        .await
+        .unwrap_or_else(|e| panic!("the real control plane: {e}"));
+    static CRD: OnceCell<()> = OnceCell::const_new();
+    CRD.get_or_init(|| async {
+        install_crd(plane).await;
+    })
+    .await;
+    plane
+}
+
+/// The CRD, once per control plane, then established.
+async fn install_crd(plane: &ControlPlane) {
+    let admin = plane.admin_client().await.expect("admin client");
+    let crds: Api<CustomResourceDefinition> = Api::all(admin);
+    let crd = AutoApproval::crd();
+    let name = crd.metadata.name.clone().expect("CRD name");
+    crds.create(&PostParams::default(), &crd)
+        .await
+        .expect("the real kube-apiserver takes the CRD");
+    eventually("the CRD to be established", || async {
+        let crd = crds.get(&name).await.ok()?;
+        crd.status?
+            .conditions?
+            .iter()
+            .any(|c| c.type_ == "Established" && c.status == "True")
+            .then_some(())
+    })
+    .await;
+}
+
+/// A fresh namespace with the chart's Role, changed by `edit`, bound to the
+/// controller's ServiceAccount.
+pub async fn real_namespace(edit: impl FnOnce(&mut Role)) -> RealNamespace {
+    let plane = control_plane().await;
+    let ns = plane.namespace("it").await.expect("a test namespace");
+    let admin = ns.admin_client().await.expect("admin client");
+    let (mut role, binding) = chart_rbac(&ns.name);
+    edit(&mut role);
+    Api::<Role>::namespaced(admin.clone(), &ns.name)
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("the chart's Role");
+    Api::<RoleBinding>::namespaced(admin.clone(), &ns.name)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("the chart's RoleBinding");
+    let controller = ns.client().await.expect("the ServiceAccount's client");
+    RealNamespace {
+        plane,
+        ns,
+        admin,
+        controller,
+    }
+}
+
+/// The Role and RoleBinding of deploy/manifests (the chart rendered with its
+/// defaults), moved to `namespace`.
+pub fn chart_rbac(namespace: &str) -> (Role, RoleBinding) {
+    let path = repo().join("deploy/manifests/autoapproval.yaml");
+    let yaml = std::fs::read_to_string(&path).expect("deploy/manifests/autoapproval.yaml");
+    let objects = parse_yaml_stream(&yaml);
+    let of_kind = |kind: &str| -> Value {
+        let mut o = objects
+            .iter()
+            .find(|o| o["kind"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {}", path.display()))
+            .clone();
+        o["metadata"]["namespace"] = namespace.into();
+        if let Some(subjects) = o["subjects"].as_array_mut() {
+            for s in subjects {
+                s["namespace"] = namespace.into();
+            }
+        }
+        o
+    };
+    (
+        serde_json::from_value(of_kind("Role")).expect("a Role"),
+        serde_json::from_value(of_kind("RoleBinding")).expect("a RoleBinding"),
+    )
+}
