@@ -326,7 +326,16 @@ impl Coordinator {
             }
             Err(error) => {
                 self.metrics.lease_renew_failure();
+                // A 403 is an answer, not an outage: the Role lacks the rule, and
+                // nothing is claimed until it is granted.
+                let forbidden = matches!(&error, kube::Error::Api(s) if s.code == 403);
                 match self.outage.failed(sent) {
+                    Report::Began if forbidden => {
+                        warn!(api, %error, "forbidden to list Leases: the Role must grant it; no shard is taken until then");
+                    }
+                    Report::Still(for_) if forbidden => {
+                        warn!(api, %error, outage_s = for_.as_secs(), "still forbidden to list Leases");
+                    }
                     Report::Began => {
                         warn!(api, %error, "cannot reach the API server to list Leases; renewing what is held");
                     }

@@ -125,3 +125,76 @@ async fn an_approval_on_the_real_server_runs_end_to_end_as_the_service_account(d
     }
     cluster.stop().await;
 }
+
+/// `autoapproval run` as the chart's ServiceAccount in a namespace whose Role lacks the
+/// rule on `resource`, with request `id` waiting; its log once a line says the
+/// ServiceAccount `refused` (e.g. `cannot list resource "leases"`).
+async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) -> String {
+    let real = real_namespace(|role| without_rule(role, resource)).await;
+    let sim = simulator().await;
+    let sim_url = sim.base_url();
+    // No --namespace: the kubeconfig's, as a pod's own namespace would be.
+    let mut child = spawn_run(
+        &real.ns.kubeconfig,
+        free_port(),
+        db,
+        &["--replica-name", "rbac-1"],
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
+            ("AUTOAPPROVAL_STORE_URL", &sim_url),
+            ("AUTOAPPROVAL_AD_URL", &sim_url),
+            ("NO_COLOR", "1"),
+        ],
+    );
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("stderr piped");
+    tokio::spawn({
+        let log = log.clone();
+        async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut log = log.lock().expect("log");
+                log.push_str(&line);
+                log.push('\n');
+            }
+        }
+    });
+    owner_now(id).insert(db).await;
+    let named = format!(r#"User "{}" {refused}"#, real.ns.service_account_user());
+    eventually(&format!("a log line saying {named}"), || async {
+        log.lock().expect("log").contains(&named).then_some(())
+    })
+    .await;
+    sigterm(child.id().expect("pid"));
+    let _ = child.wait().await;
+    log.lock().expect("log").clone()
+}
+
+on_both!(each_rule_missing_from_the_role_is_named_in_the_log);
+/// The chart's Role less any one rule: the replica says which call the real RBAC
+/// authorizer refused, as whom, never silently doing nothing; a refused Lease list is
+/// not mistaken for an unreachable server.
+async fn each_rule_missing_from_the_role_is_named_in_the_log(db: Db) {
+    for (id, resource, refused) in [
+        (
+            320,
+            "autoapprovals",
+            r#"cannot list resource "autoapprovals""#,
+        ),
+        (
+            321,
+            "autoapprovals/status",
+            r#"cannot patch resource "autoapprovals/status""#,
+        ),
+        (322, "leases", r#"cannot list resource "leases""#),
+        (323, "events", r#"cannot create resource "events""#),
+    ] {
+        let log = log_with_rule_removed(&db, resource, id, refused).await;
+        if resource == "leases" {
+            assert!(log.contains("forbidden to list Leases"), "{log}");
+            assert!(!log.contains("cannot reach the API server"), "{log}");
+        }
+    }
+}

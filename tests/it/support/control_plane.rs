@@ -108,3 +108,15 @@ pub fn chart_rbac(namespace: &str) -> (Role, RoleBinding) {
         serde_json::from_value(of_kind("RoleBinding")).expect("a RoleBinding"),
     )
 }
+
+/// Removes the Role's rule on `resource` (e.g. `"autoapprovals/status"`).
+pub fn without_rule(role: &mut Role, resource: &str) {
+    let rules = role.rules.as_mut().expect("rules");
+    let before = rules.len();
+    rules.retain(|r| {
+        !r.resources
+            .as_ref()
+            .is_some_and(|rs| rs.iter().any(|x| x == resource))
+    });
+    assert_eq!(rules.len() + 1, before, "one rule on {resource}");
+}

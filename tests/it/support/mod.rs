@@ -18,6 +18,7 @@ pub mod rows;
 pub mod tools;
 
 pub use cluster::*;
+pub use control_plane::*;
 pub use db::*;
 pub use engine::*;
 pub use processes::*;
