@@ -15,9 +15,9 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube_testserver::{Match, Options, TestServer};
 
 use crate::support::{
-    AsDb, Cluster, Db, NS, NewRequest, client_for, eventually, foreign_lease, insert_state,
-    install_crd, lease_changes, memos, metric_sum, on_both, owner_now, quick_leases,
-    request_status, request_view, set, test_settings, waiting_owner_now,
+    AsDb, Cluster, Db, NS, NewRequest, On, client_for, eventually, foreign_lease, insert_state,
+    install_crd, lease_changes, memos, metric_sum, on_both, on_both_servers, owner_now,
+    quick_leases, request_status, request_view, set, test_settings, waiting_owner_now,
 };
 
 async fn state_exists(db: &impl AsDb, id: i64) -> bool {
@@ -220,9 +220,9 @@ async fn a_deleted_cr_is_recreated_and_its_request_finishes(db: Db) {
     cluster.stop().await;
 }
 
-on_both!(a_paused_cr_is_not_touched_until_unpaused);
-async fn a_paused_cr_is_not_touched_until_unpaused(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+on_both_servers!(a_paused_cr_is_not_touched_until_unpaused);
+async fn a_paused_cr_is_not_touched_until_unpaused(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     create_paused(&cluster, 106).await;
     cluster.wait_phase(106, Phase::Paused).await;
     cluster.wait_listening().await;
@@ -881,12 +881,12 @@ async fn shards_are_taken_again_when_the_leases_are_gone_but_the_tokens_stay(db:
     second.stop().await;
 }
 
-on_both!(a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server);
+on_both_servers!(a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server);
 /// spec.requestId and spec.requestType are immutable: the CRD's CEL rule
 /// `self == oldSelf`, enforced by the API server, refuses an edit to another
 /// request or type with the rule's message, through the client and kubectl.
-async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     waiting_owner_now(111).insert(&db).await;
     cluster.wait_phase(111, Phase::RetryWaiting).await;
     let refused = async |spec: serde_json::Value| match cluster
@@ -913,7 +913,7 @@ async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(db: D
     let out = cluster
         .kubectl(&[
             "-n",
-            NS,
+            &cluster.ns,
             "patch",
             "autoapproval",
             &name,
@@ -942,11 +942,11 @@ async fn a_cr_edit_to_another_request_or_type_is_refused_by_the_api_server(db: D
     cluster.stop().await;
 }
 
-on_both!(a_cr_named_after_another_request_is_invalid_and_drives_nothing);
+on_both_servers!(a_cr_named_after_another_request_is_invalid_and_drives_nothing);
 /// A CR whose name is not `request-<spec.requestId>` is reported Invalid and
 /// drives nothing; the request's own CR approves it, once.
-async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     let mut rogue = crd::for_request(113, crd::ApprovalType::OwnerContract, 16);
     rogue.metadata.name = Some("request-114".into());
     cluster
@@ -1008,19 +1008,19 @@ async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_
     cluster.stop().await;
 }
 
-on_both!(a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value);
+on_both_servers!(a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value);
 /// `kubectl annotate aa request-N autoapproval.io/retry-requested-at=…`:
 /// a request waiting its 10-minute interval, whose condition came true
 /// without the database hearing of it (the e-sign system changed), is
 /// approved at once; an exhausted one gets one more attempt; each value is
 /// acted on once, with who asked in the memo, and echoed in the status.
-async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db: Db) {
+async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db: Db, on: On) {
     let limit = DEFAULT_RETRY_LIMIT;
     let long_ago = Utc::now() - chrono::Duration::hours(1);
     owner_now(121).insert(&db).await;
     insert_state(&db, 121, "RETRY_WAITING", Some(long_ago), limit, long_ago).await;
     waiting_owner_now(122).insert(&db).await;
-    let mut cluster = Cluster::start(db.clone()).await;
+    let mut cluster = Cluster::on(on, db.clone()).await;
     // An exhausted request is no candidate: its CR is one a person kept.
     cluster
         .api
@@ -1053,7 +1053,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
         let out = cluster
             .kubectl(&[
                 "-n",
-                NS,
+                &cluster.ns,
                 "annotate",
                 "aa",
                 &crd::cr_name(id),
@@ -1099,7 +1099,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
     let out = cluster
         .kubectl(&[
             "-n",
-            NS,
+            &cluster.ns,
             "annotate",
             "aa",
             &crd::cr_name(122),

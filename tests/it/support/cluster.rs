@@ -32,6 +32,13 @@ use super::rows::NewRequest;
 
 pub const NS: &str = "default";
 
+/// Which API server a test runs against (`on_both_servers!`).
+#[derive(Clone, Copy, Debug)]
+pub enum On {
+    TestServer,
+    RealServer,
+}
+
 /// The API server of a [`Cluster`].
 pub enum ApiServer {
     /// kube-testserver: everything allowed, faults on demand.
@@ -197,20 +204,24 @@ impl Cluster {
         }
         let (server, client, sim) = backends().await;
         sim.set_faults(faults).expect("faults");
-        let mut cluster = Cluster {
-            server: ApiServer::Test(server),
-            api: Api::namespaced(client.clone(), NS),
-            controller_client: client.clone(),
+        let controller = client.clone();
+        Self::started(
+            ApiServer::Test(server),
             client,
-            ns: NS.into(),
+            controller,
+            NS,
             sim,
-            pool: pool.db(),
-            metrics: Metrics::new(),
-            stop: None,
-            task: None,
-        };
-        cluster.run(settings);
-        cluster
+            pool,
+            settings,
+        )
+    }
+
+    /// With `test_settings`, on the test API server or the real one.
+    pub async fn on(on: On, pool: impl AsDb) -> Cluster {
+        match on {
+            On::TestServer => Self::start(pool).await,
+            On::RealServer => Self::real(pool, test_settings()).await,
+        }
     }
 
     /// On the real kube-apiserver, in a namespace of its own, the replica as the chart's
@@ -229,13 +240,33 @@ impl Cluster {
             let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
         let real = real_namespace(edit).await;
+        let (admin, controller, ns) = (
+            real.admin.clone(),
+            real.controller.clone(),
+            real.ns.name.clone(),
+        );
+        let sim = simulator().await;
+        let server = ApiServer::Real(Box::new(real));
+        Self::started(server, admin, controller, &ns, sim, pool, settings)
+    }
+
+    /// The replica started as `controller` in `ns`; the tests use `client`.
+    fn started(
+        server: ApiServer,
+        client: Client,
+        controller: Client,
+        ns: &str,
+        sim: SimHandle,
+        pool: impl AsDb,
+        settings: ControllerConfig,
+    ) -> Cluster {
         let mut cluster = Cluster {
-            api: Api::namespaced(real.admin.clone(), &real.ns.name),
-            client: real.admin.clone(),
-            controller_client: real.controller.clone(),
-            ns: real.ns.name.clone(),
-            server: ApiServer::Real(Box::new(real)),
-            sim: simulator().await,
+            server,
+            api: Api::namespaced(client.clone(), ns),
+            client,
+            controller_client: controller,
+            ns: ns.into(),
+            sim,
             pool: pool.db(),
             metrics: Metrics::new(),
             stop: None,

@@ -320,3 +320,39 @@ macro_rules! on_both {
     };
 }
 pub(crate) use on_both;
+
+/// Runs the async test fn `$name(db: Db, on: On)` on PostgreSQL and MariaDB/MySQL, each
+/// on the test API server (`postgres`, `mysql`) and on the real kube-apiserver
+/// (`postgres_real_server`, `mysql_real_server`).
+macro_rules! on_both_servers {
+    ($name:ident) => {
+        mod $name {
+            use $crate::support::On;
+
+            #[sqlx::test(migrations = "migrations/postgres")]
+            async fn postgres(pool: sqlx::PgPool) {
+                super::$name($crate::support::Db::Postgres(pool), On::TestServer).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql() {
+                let scratch = $crate::support::MysqlScratch::create().await;
+                super::$name(scratch.db(), On::TestServer).await;
+                scratch.finish().await;
+            }
+
+            #[sqlx::test(migrations = "migrations/postgres")]
+            async fn postgres_real_server(pool: sqlx::PgPool) {
+                super::$name($crate::support::Db::Postgres(pool), On::RealServer).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn mysql_real_server() {
+                let scratch = $crate::support::MysqlScratch::create().await;
+                super::$name(scratch.db(), On::RealServer).await;
+                scratch.finish().await;
+            }
+        }
+    };
+}
+pub(crate) use on_both_servers;

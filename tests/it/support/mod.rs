@@ -1,7 +1,8 @@
 //! What the integration tests share; test modules import only from here,
 //! never from each other.
 //!
-//! - `db`: the test's database on PostgreSQL or MariaDB/MySQL, and `on_both!`;
+//! - `db`: the test's database on PostgreSQL or MariaDB/MySQL, `on_both!`, and `on_both_servers!`
+//!   (each database on the test API server and on the real kube-apiserver);
 //! - `engine`: an approver, the simulator and a manual clock over the test's database;
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
 //! - `cluster`: the test API server (or the real one), the simulator and one replica in this process;
