@@ -5,6 +5,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
@@ -87,6 +88,9 @@ pub struct ControlPlane {
 
 static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
 
+/// Numbers the namespaces (and scratch directories) of this process: names never repeat.
+static NAMESPACES: AtomicU64 = AtomicU64::new(1);
+
 impl ControlPlane {
     /// The control plane of this process, started by the first caller; every caller
     /// after it gets the same one (a failed start is retried by the next caller).
@@ -101,7 +105,7 @@ impl ControlPlane {
         let dir = std::env::temp_dir().join(format!(
             "control-plane-{}-{}",
             std::process::id(),
-            free_port()?
+            NAMESPACES.fetch_add(1, Ordering::Relaxed)
         ));
         std::fs::create_dir_all(dir.join("pki"))
             .map_err(io("create the control plane's directory"))?;
@@ -125,7 +129,7 @@ impl ControlPlane {
         )
         .map_err(io("write the token file"))?;
 
-        let (client_port, peer_port, secure_port) = (free_port()?, free_port()?, free_port()?);
+        let [client_port, peer_port, secure_port] = free_ports()?;
         let etcd_url = format!("http://127.0.0.1:{client_port}");
         let peer_url = format!("http://127.0.0.1:{peer_port}");
         let etcd_args = [
@@ -259,7 +263,7 @@ impl ControlPlane {
     /// granted nothing until a Role is bound to it.
     pub async fn namespace(&self, prefix: &str) -> Result<TestNamespace, Error> {
         let admin = self.admin_client().await?;
-        let name = format!("{prefix}-{}", free_port()?);
+        let name = format!("{prefix}-{}", NAMESPACES.fetch_add(1, Ordering::Relaxed));
         let namespaces: Api<Namespace> = Api::all(admin.clone());
         namespaces
             .create(
@@ -419,12 +423,19 @@ fn binary(name: &'static str, env: &'static str) -> Result<PathBuf, Error> {
         })
 }
 
-fn free_port() -> Result<u16, Error> {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("find a free port"))?;
-    Ok(listener
-        .local_addr()
-        .map_err(io("find a free port"))?
-        .port())
+/// `N` distinct free loopback ports: all bound at once, so none is picked twice.
+fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+    let listeners = (0..N)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").map_err(io("find a free port")))
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut ports = [0; N];
+    for (port, listener) in ports.iter_mut().zip(&listeners) {
+        *port = listener
+            .local_addr()
+            .map_err(io("find a free port"))?
+            .port();
+    }
+    Ok(ports)
 }
 
 /// A word for `sh`, single-quoted.
