@@ -44,9 +44,9 @@ fn total_calls(sim: &SimHandle) -> u64 {
     sim.stats().calls.values().sum()
 }
 
-on_both!(an_owner_contract_is_approved_end_to_end);
-async fn an_owner_contract_is_approved_end_to_end(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+on_both_servers!(an_owner_contract_is_approved_end_to_end);
+async fn an_owner_contract_is_approved_end_to_end(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     owner_now(101).insert(&db).await;
 
     let cr = cluster.wait_phase(101, Phase::Approved).await;
@@ -183,9 +183,9 @@ async fn a_request_a_person_decided_ends_superseded_without_external_calls(db: D
     cluster.stop().await;
 }
 
-on_both!(a_deleted_cr_is_recreated_and_its_request_finishes);
-async fn a_deleted_cr_is_recreated_and_its_request_finishes(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+on_both_servers!(a_deleted_cr_is_recreated_and_its_request_finishes);
+async fn a_deleted_cr_is_recreated_and_its_request_finishes(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     waiting_owner_now(105).insert(&db).await;
     let first = cluster.wait_phase(105, Phase::RetryWaiting).await;
 
@@ -255,9 +255,9 @@ async fn a_paused_cr_is_not_touched_until_unpaused(db: Db, on: On) {
     cluster.stop().await;
 }
 
-on_both!(a_cr_naming_a_missing_request_ends_invalid_without_db_writes);
-async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+on_both_servers!(a_cr_naming_a_missing_request_ends_invalid_without_db_writes);
+async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     let cr = crd::for_request(999, crd::ApprovalType::OwnerContract, 16);
     cluster
         .api
@@ -433,9 +433,9 @@ async fn shutdown_releases_claims_still_running_after_the_grace_period(db: Db) {
     assert_released(&db, 108).await;
 }
 
-on_both!(kubectl_get_autoapprovals_shows_the_printer_columns);
-async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+on_both_servers!(kubectl_get_autoapprovals_shows_the_printer_columns);
+async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     owner_now(110).insert(&db).await;
     waiting_owner_now(111).insert(&db).await;
     cluster.wait_phase(110, Phase::Approved).await;
@@ -451,7 +451,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db) {
         "{}",
         String::from_utf8_lossy(&found.stderr)
     );
-    let output = cluster.kubectl(&["get", "aa", "-n", NS]).await;
+    let output = cluster.kubectl(&["get", "aa", "-n", &cluster.ns]).await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(
         output.status.success(),
@@ -489,7 +489,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db) {
     );
 
     let output = cluster
-        .kubectl(&["get", "aa", "-n", NS, "-o", "wide"])
+        .kubectl(&["get", "aa", "-n", &cluster.ns, "-o", "wide"])
         .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let lines: Vec<Vec<&str>> = stdout
@@ -535,7 +535,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db) {
         );
     }
     let described = cluster
-        .kubectl(&["describe", "aa", "request-110", "-n", NS])
+        .kubectl(&["describe", "aa", "request-110", "-n", &cluster.ns])
         .await;
     let text = String::from_utf8_lossy(&described.stdout);
     assert!(
@@ -980,12 +980,15 @@ async fn a_cr_named_after_another_request_is_invalid_and_drives_nothing(db: Db, 
     cluster.stop().await;
 }
 
-on_both!(a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type);
+on_both_servers!(a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type);
 /// The database is the truth: a waiting owner contract whose type is
 /// corrected to an ad contract gets a new CR of the new type (the spec is
 /// immutable) and is approved as an ad contract.
-async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+async fn a_request_whose_type_is_corrected_in_the_database_gets_a_cr_of_the_new_type(
+    db: Db,
+    on: On,
+) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     cluster.sim.add_store(700, true);
     waiting_owner_now(115).insert(&db).await;
     let before = cluster.wait_phase(115, Phase::RetryWaiting).await;
@@ -1118,11 +1121,11 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
     cluster.stop().await;
 }
 
-on_both!(a_deleted_paused_cr_comes_back_paused);
+on_both_servers!(a_deleted_paused_cr_comes_back_paused);
 /// A pause outlives its CR: a deleted paused CR comes back paused and the
 /// request is not claimed meanwhile; unpausing the new CR resumes it.
-async fn a_deleted_paused_cr_comes_back_paused(db: Db) {
-    let mut cluster = Cluster::start(db.clone()).await;
+async fn a_deleted_paused_cr_comes_back_paused(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
     create_paused(&cluster, 116).await;
     let first = cluster.wait_phase(116, Phase::Paused).await;
     owner_now(116).insert(&db).await;

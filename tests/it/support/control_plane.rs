@@ -7,7 +7,7 @@ use control_plane::{ControlPlane, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
-use kube::{Client, CustomResourceExt};
+use kube::{Client, CustomResourceExt, Resource};
 use serde_json::Value;
 use tokio::sync::OnceCell;
 
@@ -38,10 +38,11 @@ pub async fn control_plane() -> &'static ControlPlane {
     plane
 }
 
-/// The CRD, once per control plane, then established.
+/// The CRD, once per control plane, then established and its schema published in
+/// the OpenAPI that `kubectl explain` reads (a moment after it is established).
 async fn install_crd(plane: &ControlPlane) {
     let admin = plane.admin_client().await.expect("admin client");
-    let crds: Api<CustomResourceDefinition> = Api::all(admin);
+    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
     let crd = AutoApproval::crd();
     let name = crd.metadata.name.clone().expect("CRD name");
     crds.create(&PostParams::default(), &crd)
@@ -54,6 +55,17 @@ async fn install_crd(plane: &ControlPlane) {
             .iter()
             .any(|c| c.type_ == "Established" && c.status == "True")
             .then_some(())
+    })
+    .await;
+    let openapi = format!(
+        "/openapi/v3/apis/{}/{}",
+        AutoApproval::group(&()),
+        AutoApproval::version(&())
+    );
+    eventually("the CRD's schema in the OpenAPI", || async {
+        let request = http::Request::get(&openapi).body(Vec::new()).ok()?;
+        let text = admin.request_text(request).await.ok()?;
+        text.contains("requestId").then_some(())
     })
     .await;
 }
