@@ -323,7 +323,7 @@ impl SeedWorker {
                 // Not conditional on the status: the lock made it exclusive.
                 sqlx::query(
                     "UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = 0,
+                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = 0, claim_nonce = 0,
                             modified_at = UTC_TIMESTAMP(6), woken_at = NULL
                       WHERE id = ?",
                 )
@@ -342,6 +342,8 @@ impl SeedWorker {
             retry_count: row.retry_count.unwrap_or(0),
             transient_streak: row.transient_streak.unwrap_or(0),
             fence,
+            // The seed's claim is its Redis lock: the row's nonce stays 0.
+            nonce: 0,
             requested_at: None,
         }))
     }
