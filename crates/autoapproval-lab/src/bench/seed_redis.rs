@@ -336,6 +336,14 @@ impl SeedWorker {
             }
             _ => return Ok(None),
         };
+        // The chain reads the facts after this claim: the wakes recorded
+        // before it are consumed here, as the product's claim does, or the
+        // completion would take them for a change during the attempt.
+        sqlx::query("DELETE FROM auto_approve_wake WHERE request_id = ?")
+            .bind(request_id)
+            .execute(&self.writer)
+            .await
+            .map_err(fail("consume the wakes before the claim"))?;
         Ok(Some(Claim {
             state_id,
             request_id,
