@@ -25,6 +25,10 @@ use crate::telemetry::Metrics;
 /// renew deadline and the Lease's expiry (at least 2 × --retry-period).
 const STANDING_CHECK_EVERY: Duration = Duration::from_millis(100);
 
+/// The reason of a completion refused for a pending wake (state row, CR, memo).
+pub const WOKEN_BEFORE_COMPLETION: &str =
+    "a fact changed while the attempt ran; checked again before approving";
+
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
@@ -86,13 +90,17 @@ pub struct Approver {
     chain: Chain,
     /// Requests with an attempt in this process, from before its claim
     /// statement until it ends: a claim of ours outside it has no chain.
+    /// One attempt per request at a time: a second is refused before its
+    /// claim (it would share the first's holder and token, and its end
+    /// would take the first's entry away from the sweep).
     running: std::sync::Mutex<HashSet<i64>>,
     /// Taken to join `running`, and by the sweep for its whole statement,
     /// so no claim can start between the sweep's look and its release.
     joining: tokio::sync::Mutex<()>,
 }
 
-/// Keeps a request in [`Approver`]'s running set while its attempt lasts.
+/// Keeps a request in [`Approver`]'s running set while its attempt lasts;
+/// only the attempt that put it there holds one.
 struct Running<'a> {
     running: &'a std::sync::Mutex<HashSet<i64>>,
     request_id: i64,
@@ -156,16 +164,24 @@ impl Approver {
         Ok(released)
     }
 
-    async fn join_running(&self, request_id: i64) -> Running<'_> {
+    /// Joins the running set; `None` when another attempt of this process
+    /// is on `request_id` already (and stays there).
+    async fn join_running(&self, request_id: i64) -> Option<Running<'_>> {
         let _joining = self.joining.lock().await;
-        self.running
+        let joined = self
+            .running
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(request_id);
-        Running {
+        // No guard at all when refused: a guard's drop removes the entry,
+        // and the entry is the running attempt's.
+        if !joined {
+            return None;
+        }
+        Some(Running {
             running: &self.running,
             request_id,
-        }
+        })
     }
 
     /// The store.
@@ -224,7 +240,17 @@ impl Approver {
         eligible_at: Option<DateTime<Utc>>,
         held: &(dyn Fn() -> bool + Send + Sync),
     ) -> Result<AttemptOutcome, StoreError> {
-        let _running = self.join_running(candidate.request_id).await;
+        let Some(_running) = self.join_running(candidate.request_id).await else {
+            // Discovery's attempt before the cache's sync and the
+            // Controller's reconcile of the same CR, say: the one running
+            // goes on, this one looks again later.
+            self.metrics.claim("already_running");
+            debug!(
+                request_id = candidate.request_id,
+                "an attempt of this replica is running on the request; not claimed"
+            );
+            return Ok(AttemptOutcome::NotClaimed);
+        };
         let now = self.clock.now();
         let claim = match self
             .store
@@ -372,6 +398,18 @@ impl Approver {
                     AttemptOutcome::Approved
                 }
                 Completion::Stale => return Err(ChainError::FenceLost(claim.request_id)),
+                // A fact changed after the claim, maybe after the gate that
+                // reads it: nothing approved, the request is due again at
+                // once and its next attempt reads the new fact.
+                Completion::Woken => {
+                    info!(
+                        request_id = claim.request_id,
+                        "a fact changed while the attempt ran; not approved, checked again at once"
+                    );
+                    let reason = RetryReason::condition(WOKEN_BEFORE_COMPLETION);
+                    self.schedule_retry_at(claim, step, reason, Some(self.clock.now()))
+                        .await?
+                }
                 Completion::RequestClosed => {
                     AttemptOutcome::Superseded(self.closed_status(claim).await?)
                 }
@@ -416,6 +454,18 @@ impl Approver {
         step: Step,
         reason: RetryReason,
     ) -> Result<AttemptOutcome, StoreError> {
+        self.schedule_retry_at(claim, step, reason, None).await
+    }
+
+    /// Like [`Approver::schedule_retry`], due at `due` instead of the
+    /// policy's time when given.
+    async fn schedule_retry_at(
+        &self,
+        claim: &Claim,
+        step: Step,
+        reason: RetryReason,
+        due: Option<DateTime<Utc>>,
+    ) -> Result<AttemptOutcome, StoreError> {
         let now = self.clock.now();
         let transient = reason.class == RetryClass::Transient;
         // The claim already read the streak: no extra round-trip.
@@ -424,10 +474,11 @@ impl Approver {
         } else {
             0
         };
-        let next_retry_time =
+        let next_retry_time = due.unwrap_or_else(|| {
             self.config
                 .retry
-                .next_retry_time(now, reason.class, streak, &mut rand::rng());
+                .next_retry_time(now, reason.class, streak, &mut rand::rng())
+        });
         let write = RetryWrite {
             next_retry_time,
             transient,

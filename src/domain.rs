@@ -339,6 +339,10 @@ pub struct Claim {
     pub transient_streak: i32,
     /// The fence every later write carries.
     pub fence: Fence,
+    /// Drawn afresh by every claim and re-claim and carried by every later
+    /// write with the fence: a claim given back and taken again under the
+    /// same holder and token is another claim (migration 0017).
+    pub nonce: i64,
     /// When the request was created, read by a new request's claim (what
     /// its pickup is measured from); `None` for a due retry's.
     pub requested_at: Option<DateTime<Utc>>,

@@ -91,6 +91,8 @@ pub struct Metrics {
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
     creations_found: Family<SystemLabel, Counter>,
+    recorded_bodies_resent: Counter,
+    results_redone: Family<SystemLabel, Counter>,
     external_call_duration: Family<SystemLabel, Histogram>,
     shard_count: Gauge,
     requests: Family<StateLabels, Gauge>,
@@ -178,7 +180,7 @@ impl Metrics {
         let claims = Family::<ResultLabel, Counter>::default();
         registry.register(
             "claims",
-            "Claim attempts on the primary by result: won; lost (another worker holds it, or the retry is no longer due); already_done (decided before the claim, e.g. a lagging read replica's candidate); vanished",
+            "Claim attempts on the primary by result: won; lost (another worker holds it, or the retry is no longer due); already_done (decided before the claim, e.g. a lagging read replica's candidate); vanished; already_running (another attempt of this replica is on the request: refused before any statement)",
             claims.clone(),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -295,6 +297,18 @@ impl Metrics {
             "Creations an earlier attempt made (its answer lost), found by a lookup in a downstream without idempotency keys and taken instead of made again",
             creations_found.clone(),
         );
+        let recorded_bodies_resent = Counter::default();
+        registry.register(
+            "recorded_bodies_resent",
+            "Creations sent again with the body recorded under their idempotency key, which the request's current facts no longer give (renamed since the first send)",
+            recorded_bodies_resent.clone(),
+        );
+        let results_redone = Family::<SystemLabel, Counter>::default();
+        registry.register(
+            "results_redone",
+            "Saved results not made for the request's current inputs (a campaign saved for another store than the current target), made again under the current inputs' key",
+            results_redone.clone(),
+        );
         let lease_renew_failures = Counter::default();
         registry.register(
             "lease_renew_failures",
@@ -401,6 +415,8 @@ impl Metrics {
             leadership_losses,
             crs_collected,
             creations_found,
+            recorded_bodies_resent,
+            results_redone,
             reconcile_duration,
             turn_candidates,
             turn_duration,
@@ -578,6 +594,20 @@ impl Metrics {
     /// A lookup found what an earlier attempt created in `system`.
     pub fn creation_found(&self, system: &str) {
         self.creations_found
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .inc();
+    }
+
+    /// A creation was sent with its recorded body, not the current facts'.
+    pub fn recorded_body_resent(&self) {
+        self.recorded_bodies_resent.inc();
+    }
+
+    /// A saved result of `system` was made for other inputs and is made again.
+    pub fn result_redone(&self, system: &str) {
+        self.results_redone
             .get_or_create(&SystemLabel {
                 system: system.into(),
             })

@@ -36,9 +36,6 @@ impl Processor for AdCampaignProcessor {
         if let Some(wait) = run_filters(&self.filters, Step::AdCampaign, cx, request).await? {
             return Ok(Transition::Retry(wait));
         }
-        if request.campaign_id.is_some() {
-            return Ok(Transition::Success);
-        }
         let Some(store_number) = request.target_store_number else {
             return Ok(Transition::Retry(RetryReason::condition("no target store")));
         };
@@ -46,10 +43,31 @@ impl Processor for AdCampaignProcessor {
         // of target store, the retry is a new campaign, not a replay of the
         // one made for the old store.
         let key = IdempotencyKey::new(request.id, &format!("campaign:store-{store_number}"));
-        let approval = CampaignApproval {
-            request_id: request.id,
-            store_number,
-        };
+        if let Some(saved) = &request.campaign_id {
+            // A saved campaign ends the step only when it was made for the
+            // current target store: the store may have changed after it was
+            // saved (while the completion failed on a held row, say).
+            let made_for = cx.store.sent_result(request.id, key.as_str()).await?;
+            if made_for.as_deref() == Some(saved.as_str()) {
+                return Ok(Transition::Success);
+            }
+            cx.metrics.result_redone(System::Ad.as_str());
+            tracing::warn!(
+                request_id = request.id,
+                campaign_id = %saved,
+                store_number,
+                "the saved campaign was not approved for the current target store; approving the store's own"
+            );
+        }
+        let approval = cx
+            .body_for(
+                &key,
+                CampaignApproval {
+                    request_id: request.id,
+                    store_number,
+                },
+            )
+            .await?;
         let ad = &cx.external.ad;
         // Only a campaign for the current store is this creation; one found
         // for an old target store is left, and a new one is approved.
@@ -72,7 +90,11 @@ impl Processor for AdCampaignProcessor {
             Ok(id) => id,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };
-        if !cx.store.save_campaign_id(cx.claim, &campaign_id).await? {
+        if !cx
+            .store
+            .save_campaign_id(cx.claim, key.as_str(), &campaign_id)
+            .await?
+        {
             return Err(ChainError::FenceLost(request.id));
         }
         Ok(Transition::Success)

@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::domain::{Claim, Request, RequestStatus, RequestType};
-use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems};
+use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems, IdempotencyKey};
 use crate::retry::RetryClass;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
@@ -175,6 +175,36 @@ impl ChainContext<'_> {
         Ok(result)
     }
 
+    /// The body to send under `key`: the one an earlier attempt recorded
+    /// for it, else `fresh`, recorded now, before anything is sent. A key
+    /// names one creation, and a strict downstream refuses it with another
+    /// body, so the first body is resent verbatim until the result is saved
+    /// even when the request changed meanwhile (a rename). A change that
+    /// makes another creation must make another key (the campaign's store).
+    pub async fn body_for<T>(&self, key: &IdempotencyKey, fresh: T) -> Result<T, ChainError>
+    where
+        T: serde::Serialize + serde::de::DeserializeOwned + PartialEq,
+    {
+        let text = serde_json::to_string(&fresh).map_err(|e| recorded_body_error(key, e))?;
+        let Some(recorded) = self
+            .store
+            .record_sent(self.claim, key.as_str(), &text)
+            .await?
+        else {
+            return Err(ChainError::FenceLost(self.claim.request_id));
+        };
+        let body: T = serde_json::from_str(&recorded).map_err(|e| recorded_body_error(key, e))?;
+        if body != fresh {
+            self.metrics.recorded_body_resent();
+            tracing::info!(
+                request_id = self.claim.request_id,
+                key = key.as_str(),
+                "the request changed (renamed, say) since its creation was first sent under this key; the recorded body is sent again"
+            );
+        }
+        Ok(body)
+    }
+
     /// Makes a creation in `system` once: `create`'s result, or, when the
     /// system ignores idempotency keys (`dedup` is `Lookup`), what an
     /// earlier attempt made and `find` looks up first (that attempt's answer
@@ -203,6 +233,15 @@ impl ChainContext<'_> {
             }
         }
         self.call(system, create).await
+    }
+}
+
+/// A recorded body that does not (de)serialize: refused by name, retried
+/// with backoff as any database failure after the claim.
+fn recorded_body_error(key: &IdempotencyKey, error: serde_json::Error) -> StoreError {
+    StoreError::Database {
+        operation: "read the body recorded under an idempotency key",
+        source: sqlx::Error::Decode(format!("key {}: {error}", key.as_str()).into()),
     }
 }
 

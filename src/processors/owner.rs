@@ -42,10 +42,16 @@ impl Processor for OwnerProcessor {
             return Ok(Transition::Next(Step::Store));
         }
         let key = IdempotencyKey::new(request.id, Step::Owner.as_str());
-        let owner = NewOwner {
-            request_id: request.id,
-            business_name: request.business_name.clone(),
-        };
+        // The name sent first, also after a rename (ChainContext::body_for).
+        let owner = cx
+            .body_for(
+                &key,
+                NewOwner {
+                    request_id: request.id,
+                    business_name: request.business_name.clone(),
+                },
+            )
+            .await?;
         let client = &cx.external.owner;
         let owner_number = match cx
             .create_once(

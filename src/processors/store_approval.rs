@@ -46,11 +46,16 @@ impl Processor for StoreProcessor {
             )));
         };
         let key = IdempotencyKey::new(request.id, Step::Store.as_str());
-        let store = NewStore {
-            request_id: request.id,
-            owner_number,
-            store_name: request.business_name.clone(),
-        };
+        let store = cx
+            .body_for(
+                &key,
+                NewStore {
+                    request_id: request.id,
+                    owner_number,
+                    store_name: request.business_name.clone(),
+                },
+            )
+            .await?;
         let client = &cx.external.store;
         let store_number = match cx
             .create_once(

@@ -1,7 +1,9 @@
 //! Claims and every write made under one: the claim itself, heartbeats,
 //! results, retries, completion and release. Each write after the claim is
 //! conditional on the fence `status = 'IN_PROGRESS' AND holder = $2 AND
-//! fencing_token = $3`, so a replica that lost its claim writes nothing.
+//! fencing_token = $3 AND claim_nonce = $4`, so a replica that lost its
+//! claim writes nothing, nor does a chain of an earlier claim of the same
+//! replica and shard generation (the nonce, migration 0017).
 
 use chrono::{DateTime, Utc};
 
@@ -39,6 +41,12 @@ impl ClaimOutcome {
     }
 }
 
+/// A claim's nonce: random, never 0 (the manual claims' value).
+pub(super) fn fresh_nonce() -> i64 {
+    use rand::Rng;
+    rand::rng().random_range(1..=i64::MAX)
+}
+
 /// The outcome of a completion.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Completion {
@@ -49,6 +57,10 @@ pub enum Completion {
     /// The claim was ours but a person decided meanwhile: state row deleted,
     /// the request left as the person set it.
     RequestClosed,
+    /// The claim is ours but a wake is pending: a fact changed after the
+    /// claim (the claim consumes the wakes before it), and the chain may
+    /// have read it before the change. Nothing was written.
+    Woken,
 }
 
 /// A retry to record.
@@ -111,8 +123,9 @@ interface! {
             retry: &RetryWrite<'_>,
             now: DateTime<Utc>,
         ) -> Result<Option<(i32, DateTime<Utc>)>, StoreError>;
-        /// Approves the request and deletes the state row, in one transaction,
-        /// only while the fence matches.
+        /// Approves the request and deletes the state row (and the bodies
+        /// recorded for it), in one transaction, only while the fence matches
+        /// and no wake is pending ([`Completion::Woken`]).
         #[tracing::instrument(name = "store.complete", skip_all)]
         fn complete(&self, claim: &Claim) -> Result<Completion, StoreError>;
         /// Deletes our own state row without touching the request (a person
@@ -137,12 +150,34 @@ interface! {
             claim: &Claim,
             store_number: i64,
         ) -> Result<bool, StoreError>;
-        /// Stores the campaign id the ad service returned, under the fence.
+        /// Stores the campaign id the ad service returned for the creation
+        /// sent under `key`, under the fence, and records it as that key's
+        /// result ([`Store::sent_result`]).
         #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
         fn save_campaign_id(
             &self,
             claim: &Claim,
+            key: &str,
             campaign_id: &str,
         ) -> Result<bool, StoreError>;
+        /// Records `body` as what is sent under idempotency key `key`, under
+        /// the fence, unless a body is recorded for that key already; the
+        /// recorded body (the earlier one when there is one), `None` when the
+        /// fence no longer matches. Called before the creation is sent, so a
+        /// retry resends the same body under the same key (migration 0018).
+        #[tracing::instrument(name = "store.record_sent", skip_all)]
+        fn record_sent(
+            &self,
+            claim: &Claim,
+            key: &str,
+            body: &str,
+        ) -> Result<Option<String>, StoreError>;
+        /// The result saved from the creation sent under `key`, if any.
+        #[tracing::instrument(name = "store.sent_result", skip_all)]
+        fn sent_result(
+            &self,
+            request_id: i64,
+            key: &str,
+        ) -> Result<Option<String>, StoreError>;
     }
 }

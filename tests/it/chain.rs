@@ -11,7 +11,8 @@ use autoapproval::store::SessionArgs;
 use autoapproval_sim::{FaultKind, Faults, Idempotency};
 
 use crate::support::{
-    Db, Env, NewRequest, candidate, defaults, fence, metric_sum, on_both, request_view,
+    Db, Env, NewRequest, attempt_due_retry, candidate, defaults, fence, metric_sum, on_both,
+    request_view,
 };
 
 fn owner(id: i64) -> Candidate {
@@ -474,18 +475,6 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(db: 
     assert_eq!(stats.idempotent_replays, 0, "nothing of store 700 replayed");
     assert_eq!(stats.for_request(31).campaign, 2, "one campaign per store");
     assert!(request_view(&db, 31).await.campaign_id.is_some());
-}
-
-/// Runs the due retry of request `id` (the clock set to its retry time).
-async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) -> AttemptOutcome {
-    let state = env.store.state(id).await.unwrap().unwrap();
-    env.clock.set(state.next_retry_time.unwrap());
-    let retry = Candidate {
-        request_id: id,
-        request_type,
-        state_id: Some(state.id),
-    };
-    env.approver.attempt(&retry, &fence("a", 1)).await.unwrap()
 }
 
 on_both!(without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again);

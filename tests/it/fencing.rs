@@ -362,6 +362,7 @@ async fn an_external_call_after_the_shard_is_lost_is_never_started(db: Db) {
         retry_count: 0,
         transient_streak: 0,
         fence: Fence::sharded("a", 1, K),
+        nonce: 1,
         requested_at: None,
     };
     let lost = || false;

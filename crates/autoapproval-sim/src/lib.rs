@@ -17,7 +17,9 @@
 //!
 //! Mutations need an `Idempotency-Key` header (else 400): a key seen before
 //! returns the first answer and creates nothing (an idempotent replay), also
-//! under concurrent calls. With `--idempotency ignored` there is no such
+//! under concurrent calls. A key seen before with another body is counted
+//! (`keyConflicts`) and answered the same way, or, with `--strict-keys`,
+//! refused with 422 as a strict downstream (a payment API) refuses it. With `--idempotency ignored` there is no such
 //! support at all: the header is not read and every create call creates;
 //! `duplicateCreations` in `/stats` counts what a caller made twice. With `--require-token`, calls without one of the
 //! tokens as `Authorization: Bearer …` get 401. Errors are `{"error": "…"}`.
@@ -108,6 +110,9 @@ pub struct SimArgs {
     /// Seed for the fault draws, for a reproducible run; unset: random.
     #[arg(long, env = "AUTOAPPROVAL_SIM_SEED")]
     pub seed: Option<u64>,
+    /// Refuse (422) an Idempotency-Key replayed with another body, as a strict downstream (a payment API) does; off: answer the first result and count it in keyConflicts.
+    #[arg(long, env = "AUTOAPPROVAL_SIM_STRICT_KEYS")]
+    pub strict_keys: bool,
 }
 
 /// `--esign-default` values.
@@ -152,6 +157,7 @@ impl SimArgs {
             esign_default: self.esign_default.into(),
             require_tokens: self.require_token.clone(),
             seed: self.seed,
+            strict_keys: self.strict_keys,
         })
     }
 }
@@ -169,6 +175,9 @@ pub struct SimConfig {
     pub require_tokens: Vec<Secret>,
     /// Seed for the fault draws; `None`: random.
     pub seed: Option<u64>,
+    /// Whether a key replayed with another body is refused with 422
+    /// (`--strict-keys`); off: answered with the first result.
+    pub strict_keys: bool,
 }
 
 impl Default for SimConfig {
@@ -179,6 +188,7 @@ impl Default for SimConfig {
             esign_default: ContractStatus::Signed,
             require_tokens: Vec::new(),
             seed: None,
+            strict_keys: false,
         }
     }
 }
@@ -241,12 +251,13 @@ impl Simulator {
             .local_addr()
             .map_err(|source| SimError::Bind { addr, source })?;
         let (stop, stopped) = watch::channel(false);
-        let state = state::State::new(
+        let mut state = state::State::new(
             options.faults,
             options.idempotency,
             options.esign_default,
             options.seed,
         );
+        state.strict_keys = options.strict_keys;
         let shared = Arc::new(routes::Shared::new(
             state,
             options.require_tokens,
@@ -310,6 +321,11 @@ impl SimHandle {
     /// Like `PUT /admin/idempotency`.
     pub fn set_idempotency(&self, mode: Idempotency) {
         self.shared.lock().idempotency = mode;
+    }
+
+    /// Like `--strict-keys`: refuse (422) a key replayed with another body.
+    pub fn set_strict_keys(&self, strict: bool) {
+        self.shared.lock().strict_keys = strict;
     }
 
     /// Sets what e-sign answers for `contract_ref`.

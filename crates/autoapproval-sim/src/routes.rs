@@ -19,9 +19,7 @@ use tracing::debug;
 use autoapproval::external::ContractStatus;
 use autoapproval::external::http::{IDEMPOTENCY_KEY_HEADER, Secret, wire};
 
-use super::state::{
-    FaultKind, Faults, Idempotency, SimSystem, State as SimState, Stats, UnknownStore,
-};
+use super::state::{FaultKind, Faults, Idempotency, Refused, SimSystem, State as SimState, Stats};
 
 /// Largest handler body the malformed-answer fault will read back.
 const MAX_BODY: usize = 1 << 20;
@@ -275,6 +273,18 @@ fn key_for(shared: &Shared, headers: &HeaderMap) -> Result<Option<String>, Missi
     idempotency_key(headers).map(Some).ok_or(MissingKey)
 }
 
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        let message = match self {
+            Refused::UnknownStore(n) => format!("store {n} does not exist"),
+            Refused::KeyConflict { key, first } => {
+                format!("{IDEMPOTENCY_KEY_HEADER} {key} was used with another body: {first}")
+            }
+        };
+        error(StatusCode::UNPROCESSABLE_ENTITY, message)
+    }
+}
+
 fn not_created(what: &str, request_id: i64) -> Response {
     error(
         StatusCode::NOT_FOUND,
@@ -304,8 +314,11 @@ async fn create_owner(
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    let owner_number = shared.lock().create_owner(key.as_deref(), &body);
-    Json(wire::OwnerCreated { owner_number }).into_response()
+    let created = shared.lock().create_owner(key.as_deref(), &body);
+    match created {
+        Ok(owner_number) => Json(wire::OwnerCreated { owner_number }).into_response(),
+        Err(refused) => refused.into_response(),
+    }
 }
 
 async fn find_owner(
@@ -327,8 +340,11 @@ async fn create_store(
         Ok(key) => key,
         Err(refused) => return refused.into_response(),
     };
-    let store_number = shared.lock().create_store(key.as_deref(), &body);
-    Json(wire::StoreCreated { store_number }).into_response()
+    let created = shared.lock().create_store(key.as_deref(), &body);
+    match created {
+        Ok(store_number) => Json(wire::StoreCreated { store_number }).into_response(),
+        Err(refused) => refused.into_response(),
+    }
 }
 
 async fn find_store(
@@ -365,10 +381,7 @@ async fn approve_campaign(
             store_number: Some(store_number),
         })
         .into_response(),
-        Err(UnknownStore(n)) => error(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            format!("store {n} does not exist"),
-        ),
+        Err(refused) => refused.into_response(),
     }
 }
 

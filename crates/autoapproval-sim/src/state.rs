@@ -361,8 +361,18 @@ pub(crate) struct FaultPlan {
     pub hang: Duration,
 }
 
-/// The ad service refuses a campaign for a store it does not know.
-pub(crate) struct UnknownStore(pub i64);
+/// Why a creation is refused with 422.
+pub(crate) enum Refused {
+    /// The ad service does not know the store.
+    UnknownStore(i64),
+    /// Strict keys: the key was first used with another body (`first`).
+    KeyConflict {
+        /// The key.
+        key: String,
+        /// The body it was first used with.
+        first: String,
+    },
+}
 
 /// The simulated systems' data and counters.
 /// The start of every campaign id the ad service makes up.
@@ -387,6 +397,9 @@ pub(crate) struct State {
     /// Whether the creating systems honour idempotency keys.
     pub idempotency: Idempotency,
     initial_idempotency: Idempotency,
+    /// Whether a key replayed with another body is refused (422), as a
+    /// strict downstream (a payment API) does, instead of answered.
+    pub strict_keys: bool,
     // Never reset, so numbers stay unique across resets.
     next_owner: i64,
     next_store: i64,
@@ -413,6 +426,7 @@ impl State {
             campaigns_made: Default::default(),
             idempotency,
             initial_idempotency: idempotency,
+            strict_keys: false,
             initial_faults: faults.clone(),
             faults,
             esign_default,
@@ -572,12 +586,21 @@ impl State {
     }
 
     /// Counts a replay of `key`, and a conflict when `body` is not the one
-    /// the key was first used with.
-    fn replayed(&mut self, first_body: &str, body: &str) {
-        self.stats.idempotent_replays += 1;
-        if first_body != body {
-            self.stats.key_conflicts += 1;
+    /// the key was first used with, which strict keys refuse.
+    fn replayed(&mut self, key: &str, first_body: &str, body: &str) -> Result<(), Refused> {
+        if first_body == body {
+            self.stats.idempotent_replays += 1;
+            return Ok(());
         }
+        self.stats.key_conflicts += 1;
+        if self.strict_keys {
+            return Err(Refused::KeyConflict {
+                key: key.to_owned(),
+                first: first_body.to_owned(),
+            });
+        }
+        self.stats.idempotent_replays += 1;
+        Ok(())
     }
 
     /// The key to replay by, when keys are honoured and one was sent.
@@ -585,12 +608,18 @@ impl State {
         key.filter(|_| self.idempotency == Idempotency::Honoured)
     }
 
-    pub fn create_owner(&mut self, key: Option<&str>, owner: &wire::CreateOwner) -> i64 {
+    pub fn create_owner(
+        &mut self,
+        key: Option<&str>,
+        owner: &wire::CreateOwner,
+    ) -> Result<i64, Refused> {
         let body = body_of(owner);
         let key = self.honoured(key);
-        if let Some((n, first)) = key.and_then(|k| self.owners_by_key.get(k).cloned()) {
-            self.replayed(&first, &body);
-            return n;
+        if let Some((k, (n, first))) =
+            key.and_then(|k| self.owners_by_key.get(k).cloned().map(|f| (k, f)))
+        {
+            self.replayed(k, &first, &body)?;
+            return Ok(n);
         }
         let n = self.next_owner;
         self.next_owner += 1;
@@ -606,15 +635,21 @@ impl State {
             .entry(owner.request_id)
             .or_default()
             .owner += 1;
-        n
+        Ok(n)
     }
 
-    pub fn create_store(&mut self, key: Option<&str>, store: &wire::CreateStore) -> i64 {
+    pub fn create_store(
+        &mut self,
+        key: Option<&str>,
+        store: &wire::CreateStore,
+    ) -> Result<i64, Refused> {
         let body = body_of(store);
         let key = self.honoured(key);
-        if let Some((n, first)) = key.and_then(|k| self.stores_by_key.get(k).cloned()) {
-            self.replayed(&first, &body);
-            return n;
+        if let Some((k, (n, first))) =
+            key.and_then(|k| self.stores_by_key.get(k).cloned().map(|f| (k, f)))
+        {
+            self.replayed(k, &first, &body)?;
+            return Ok(n);
         }
         // Skip numbers a test registered by hand.
         let mut n = self.next_store;
@@ -635,7 +670,7 @@ impl State {
             .entry(store.request_id)
             .or_default()
             .store += 1;
-        n
+        Ok(n)
     }
 
     /// What new campaign ids start with, to make the ad service answer
@@ -648,15 +683,17 @@ impl State {
         &mut self,
         key: Option<&str>,
         approval: &wire::ApproveCampaign,
-    ) -> Result<String, UnknownStore> {
+    ) -> Result<String, Refused> {
         let body = body_of(approval);
         let key = self.honoured(key);
-        if let Some((id, first)) = key.and_then(|k| self.campaigns_by_key.get(k).cloned()) {
-            self.replayed(&first, &body);
+        if let Some((k, (id, first))) =
+            key.and_then(|k| self.campaigns_by_key.get(k).cloned().map(|f| (k, f)))
+        {
+            self.replayed(k, &first, &body)?;
             return Ok(id);
         }
         if !self.stores.contains_key(&approval.store_number) {
-            return Err(UnknownStore(approval.store_number));
+            return Err(Refused::UnknownStore(approval.store_number));
         }
         let id = format!("{}{:06}", self.campaign_prefix, self.next_campaign);
         self.next_campaign += 1;
@@ -823,12 +860,37 @@ mod tests {
             owner_number: 1,
             store_name: "s".into(),
         };
-        let n = s.create_store(Some("1:store"), &body);
+        let n = s.create_store(Some("1:store"), &body).ok().unwrap();
         assert_eq!(n, FIRST_STORE + 1);
         assert_eq!(s.store(n).map(|st| st.open), Some(true));
-        assert_eq!(s.create_store(Some("1:store"), &body), n);
+        assert_eq!(s.create_store(Some("1:store"), &body).ok(), Some(n));
         assert_eq!(s.stats.idempotent_replays, 1);
         assert_eq!(s.stats.duplicate_creations, 0);
+    }
+
+    #[test]
+    fn strict_keys_refuse_a_key_replayed_with_another_body_and_answer_the_same_body() {
+        let mut s = state(Faults::default());
+        let named = |name: &str| wire::CreateOwner {
+            request_id: 1,
+            business_name: name.into(),
+        };
+        let first = s.create_owner(Some("1:owner"), &named("Kim")).ok();
+        s.strict_keys = false;
+        assert_eq!(
+            s.create_owner(Some("1:owner"), &named("Lee")).ok(),
+            first,
+            "lenient: the first answer"
+        );
+        s.strict_keys = true;
+        assert!(matches!(
+            s.create_owner(Some("1:owner"), &named("Lee")),
+            Err(Refused::KeyConflict { .. })
+        ));
+        assert_eq!(s.create_owner(Some("1:owner"), &named("Kim")).ok(), first);
+        assert_eq!(s.stats.key_conflicts, 2);
+        assert_eq!(s.stats.idempotent_replays, 2);
+        assert_eq!(s.stats.created.owners, 1);
     }
 
     #[test]
@@ -839,12 +901,12 @@ mod tests {
             request_id: 1,
             business_name: "b".into(),
         };
-        let first = s.create_owner(Some("1:owner"), &owner);
-        let second = s.create_owner(Some("1:owner"), &owner);
+        let first = s.create_owner(Some("1:owner"), &owner).ok();
+        let second = s.create_owner(Some("1:owner"), &owner).ok();
         assert_ne!(first, second, "the key is not read");
         assert_eq!(s.stats.idempotent_replays, 0);
         assert_eq!(s.stats.duplicate_creations, 1);
-        assert_eq!(s.owner_for(1), Some(second), "the latest one is looked up");
+        assert_eq!(s.owner_for(1), second, "the latest one is looked up");
         assert_eq!(s.owner_for(2), None);
 
         s.set_store(7, true);

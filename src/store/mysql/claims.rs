@@ -2,7 +2,8 @@
 //! (store/claims.rs): the unique request_id decides a new claim, a
 //! conditional UPDATE a due retry, the shard fence row is share-locked by
 //! every claim, and every later write is conditional on the fence
-//! `status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?`.
+//! `status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ? AND
+//! claim_nonce = ?` (the nonce drawn by each claim, migration 0006).
 //!
 //! Differences from PostgreSQL, all here:
 //! * No RETURNING in MySQL 8: a write is judged by its affected-row count
@@ -23,6 +24,7 @@ use sqlx::MySql;
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::domain::{Candidate, Claim, Fence};
+use crate::store::claims::fresh_nonce;
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
@@ -42,6 +44,7 @@ impl Claims for MysqlStore {
         now: DateTime<Utc>,
         retry_limit: i32,
     ) -> Result<ClaimOutcome, StoreError> {
+        let nonce = fresh_nonce();
         let mut tx = self.begin("claim").await?;
         if !fence_is_current(&mut tx, candidate.request_id, fence).await? {
             return give_up(tx, "claim", ClaimOutcome::Lost).await;
@@ -53,8 +56,9 @@ impl Claims for MysqlStore {
                 // is claimed, and the chain's re-read reports it by name.
                 let inserted = sqlx::query(
                     "INSERT IGNORE INTO auto_approve_state
-                            (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
+                            (request_id, request_type, status, holder, fencing_token, claim_nonce,
+                             created_at, modified_at)
+                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
                       WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
                         AND EXISTS (SELECT 1 FROM approval_request r
                                      WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
@@ -63,6 +67,7 @@ impl Claims for MysqlStore {
                 .bind(candidate.request_type.as_str())
                 .bind(&fence.holder)
                 .bind(fence.token)
+                .bind(nonce)
                 .bind(candidate.request_id)
                 .bind(candidate.request_id)
                 .execute(&mut *tx)
@@ -86,7 +91,7 @@ impl Claims for MysqlStore {
             Some(state_id) => {
                 let updated = sqlx::query(
                     "UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = ?,
+                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = ?, claim_nonce = ?,
                             modified_at = UTC_TIMESTAMP(6), woken_at = NULL
                       WHERE id = ? AND request_id = ? AND status = 'RETRY_WAITING'
                         AND next_retry_time <= ? AND retry_count < ?
@@ -94,6 +99,7 @@ impl Claims for MysqlStore {
                 )
                 .bind(&fence.holder)
                 .bind(fence.token)
+                .bind(nonce)
                 .bind(state_id)
                 .bind(candidate.request_id)
                 .bind(now)
@@ -153,6 +159,7 @@ impl Claims for MysqlStore {
             retry_count,
             transient_streak,
             fence: fence.clone(),
+            nonce,
             requested_at,
         }))
     }
@@ -195,12 +202,14 @@ impl Claims for MysqlStore {
     async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?",
         )
         .bind(step)
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .execute(&self.primary)
         .await
         .map_err(db("heartbeat"))?;
@@ -221,11 +230,13 @@ impl Claims for MysqlStore {
         let old: Option<(Option<String>, Option<DateTime<Utc>>)> = sqlx::query_as(
             "SELECT last_reason, woken_at FROM auto_approve_state
               WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?
               FOR UPDATE",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .fetch_optional(&mut *tx)
         .await
         .map_err(db("schedule retry: lock"))?;
@@ -277,21 +288,42 @@ impl Claims for MysqlStore {
     }
 
     /// Approves the request and deletes the state row, in one transaction,
-    /// only while the fence matches. Lock order as on PostgreSQL: the
-    /// request row (NOWAIT: a row the business holds fails at once), then
-    /// the state row, each by primary key.
+    /// only while the fence matches and no wake is pending. Lock order as
+    /// on PostgreSQL: the request row (NOWAIT: a row the business holds
+    /// fails at once), then the state row, each by primary key.
     async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
         let mut tx = self.begin("complete").await?;
         let status = lock_request_nowait(&mut tx, claim.request_id)
             .await
             .map_err(db("complete: lock request"))?;
-        if !lock_fenced(&mut tx, claim, "FOR UPDATE")
-            .await
-            .map_err(db("complete: lock state"))?
-        {
-            return give_up(tx, "complete", Completion::Stale).await;
-        }
+        // A wake row (the claim consumed the earlier ones) or woken_at: a
+        // fact changed after the claim, maybe after the chain read it. The
+        // request row is ours now, so no change to it can come in between
+        // this read and the approval. The subquery reads without locks.
+        let woken: Option<(bool,)> = sqlx::query_as(
+            "SELECT woken_at IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = ?)
+               FROM auto_approve_state
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?
+              FOR UPDATE",
+        )
+        .bind(claim.request_id)
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(claim.nonce)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("complete: lock state"))?;
         let open = status.as_deref().is_some_and(is_open);
+        match woken {
+            None => return give_up(tx, "complete", Completion::Stale).await,
+            // A decided request's wake (MySQL appends one for every
+            // change) changes nothing: the claim goes as before.
+            Some((true,)) if open => return give_up(tx, "complete", Completion::Woken).await,
+            Some(_) => {}
+        }
         if open {
             sqlx::query(
                 "UPDATE approval_request
@@ -309,6 +341,11 @@ impl Claims for MysqlStore {
             .execute(&mut *tx)
             .await
             .map_err(db("complete: delete state"))?;
+        sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete sent bodies"))?;
         tx.commit().await.map_err(db("complete: commit"))?;
         Ok(if open {
             Completion::Approved
@@ -322,11 +359,13 @@ impl Claims for MysqlStore {
     async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .execute(&self.primary)
         .await
         .map_err(db("drop claim"))?;
@@ -339,12 +378,14 @@ impl Claims for MysqlStore {
         let done = sqlx::query(
             "UPDATE auto_approve_state
                 SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?",
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?",
         )
         .bind(now)
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .execute(&self.primary)
         .await
         .map_err(db("release"))?;
@@ -357,7 +398,7 @@ impl Claims for MysqlStore {
         claim: &Claim,
         owner_number: i64,
     ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_OWNER_NUMBER, Value::Int(owner_number))
+        self.save_result(claim, SAVE_OWNER_NUMBER, Value::Int(owner_number), None)
             .await
     }
 
@@ -367,14 +408,70 @@ impl Claims for MysqlStore {
         claim: &Claim,
         store_number: i64,
     ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_STORE_NUMBER, Value::Int(store_number))
+        self.save_result(claim, SAVE_STORE_NUMBER, Value::Int(store_number), None)
             .await
     }
 
-    /// Stores the campaign id the ad service returned, under the fence.
-    async fn save_campaign_id(&self, claim: &Claim, campaign_id: &str) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_CAMPAIGN_ID, Value::Text(campaign_id))
+    /// Stores the campaign id the ad service returned, under the fence,
+    /// and records it as the result of `key`.
+    async fn save_campaign_id(
+        &self,
+        claim: &Claim,
+        key: &str,
+        campaign_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.save_result(claim, SAVE_CAMPAIGN_ID, Value::Text(campaign_id), Some(key))
             .await
+    }
+
+    /// Records the body sent under `key` unless one is (INSERT IGNORE by
+    /// the primary key), under the share-locked fence; the recorded body.
+    async fn record_sent(
+        &self,
+        claim: &Claim,
+        key: &str,
+        body: &str,
+    ) -> Result<Option<String>, StoreError> {
+        let mut tx = self.begin("record sent body").await?;
+        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+            .await
+            .map_err(db("record sent body: check fence"))?
+        {
+            return give_up(tx, "record sent body", None).await;
+        }
+        sqlx::query(
+            "INSERT IGNORE INTO auto_approve_sent (request_id, idempotency_key, body)
+             VALUES (?, ?, ?)",
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .bind(body)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("record sent body"))?;
+        let (recorded,): (String,) = sqlx::query_as(
+            "SELECT body FROM auto_approve_sent WHERE request_id = ? AND idempotency_key = ?",
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db("record sent body: re-read"))?;
+        tx.commit().await.map_err(db("record sent body: commit"))?;
+        Ok(Some(recorded))
+    }
+
+    /// The result saved from the creation sent under `key`, if any.
+    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT result FROM auto_approve_sent WHERE request_id = ? AND idempotency_key = ?",
+        )
+        .bind(request_id)
+        .bind(key)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("read sent result"))?;
+        Ok(row.and_then(|(result,)| result))
     }
 }
 
@@ -389,6 +486,7 @@ impl MysqlStore {
         claim: &Claim,
         sql: &'static str,
         value: Value<'_>,
+        key: Option<&str>,
     ) -> Result<bool, StoreError> {
         let mut tx = self.begin("save result").await?;
         if lock_request_nowait(&mut tx, claim.request_id)
@@ -414,6 +512,17 @@ impl MysqlStore {
             .execute(&mut *tx)
             .await
             .map_err(db("save result"))?;
+        if let (Some(key), Value::Text(result)) = (key, value) {
+            sqlx::query(
+                "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
+            )
+            .bind(result)
+            .bind(claim.request_id)
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("save result: answer of the key"))?;
+        }
         tx.commit().await.map_err(db("save result: commit"))?;
         Ok(true)
     }
@@ -426,6 +535,7 @@ const SAVE_STORE_NUMBER: &str =
 const SAVE_CAMPAIGN_ID: &str =
     "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 
+#[derive(Clone, Copy)]
 enum Value<'a> {
     Int(i64),
     Text(&'a str),
@@ -477,12 +587,14 @@ async fn lock_request_nowait(
 async fn lock_fenced(tx: &mut Tx<'_>, claim: &Claim, lock: &str) -> Result<bool, sqlx::Error> {
     let sql = format!(
         "SELECT id FROM auto_approve_state
-          WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ? {lock}"
+          WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+            AND claim_nonce = ? {lock}"
     );
     let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .fetch_optional(&mut **tx)
         .await?;
     Ok(row.is_some())

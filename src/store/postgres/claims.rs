@@ -1,12 +1,14 @@
 //! Claims and every write made under one: the claim itself, heartbeats,
 //! results, retries, completion and release. Each write after the claim is
 //! conditional on the fence `status = 'IN_PROGRESS' AND holder = $2 AND
-//! fencing_token = $3`, so a replica that lost its claim writes nothing.
+//! fencing_token = $3 AND claim_nonce = $4`, so a replica that lost its
+//! claim writes nothing, nor a chain of one of its earlier claims.
 
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, Claim, Fence};
+use crate::store::claims::fresh_nonce;
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
 
 impl Claims for PgStore {
@@ -18,15 +20,18 @@ impl Claims for PgStore {
         retry_limit: i32,
     ) -> Result<ClaimOutcome, StoreError> {
         let shard_count = fence.shard_count.map(|k| k as i32);
+        let nonce = fresh_nonce();
         let row: Option<(i64, i32, i32, Option<DateTime<Utc>>)> = match candidate.state_id {
             // The chain reads the facts after this claim: the wakes
             // recorded before it are consumed here (migration 0020 records
-            // them whether or not a state row exists), as a due retry's are.
+            // them whether or not a state row exists, and an earlier life of
+            // the request may have left some), as a due retry's are.
             None => sqlx::query_as(
                 "WITH claimed AS (
                  INSERT INTO auto_approve_state
-                        (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
-                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $5, now()
+                        (request_id, request_type, status, holder, fencing_token, claim_nonce,
+                         created_at, modified_at)
+                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $7, $5, now()
                   WHERE ($6::int IS NULL OR EXISTS (
                         SELECT 1 FROM shard_fence f
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
@@ -51,6 +56,7 @@ impl Claims for PgStore {
             .bind(fence.token)
             .bind(now)
             .bind(shard_count)
+            .bind(nonce)
             .fetch_optional(&self.primary)
             .await
             .map_err(db("claim new request"))?,
@@ -60,8 +66,8 @@ impl Claims for PgStore {
             Some(state_id) => sqlx::query_as(
                 "WITH claimed AS (
                      UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, modified_at = now(),
-                            woken_at = NULL
+                        SET status = 'IN_PROGRESS', holder = $3, fencing_token = $4, claim_nonce = $8,
+                            modified_at = now(), woken_at = NULL
                       WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                         AND next_retry_time <= $5 AND retry_count < $6
                         AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $2)
@@ -82,6 +88,7 @@ impl Claims for PgStore {
             .bind(now)
             .bind(retry_limit)
             .bind(shard_count)
+            .bind(nonce)
             .fetch_optional(&self.primary)
             .await
             .map_err(db("claim due retry"))?,
@@ -94,6 +101,7 @@ impl Claims for PgStore {
                     retry_count,
                     transient_streak,
                     fence: fence.clone(),
+                    nonce,
                     requested_at,
                 })
             }
@@ -143,12 +151,14 @@ impl Claims for PgStore {
 
     async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = now(), step = $4
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
+            "UPDATE auto_approve_state SET modified_at = now(), step = $5
+              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+                AND claim_nonce = $4",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .bind(step)
         .execute(&self.primary)
         .await
@@ -166,6 +176,7 @@ impl Claims for PgStore {
             "WITH old AS (
                  SELECT id, request_id, last_reason FROM auto_approve_state
                   WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+                    AND claim_nonce = $10
                     FOR UPDATE
              ), woken AS (
                  -- Woken while the chain ran (migration 0010): it may have
@@ -201,6 +212,7 @@ impl Claims for PgStore {
         .bind(retry.step)
         .bind(now)
         .bind(retry.counted)
+        .bind(claim.nonce)
         .fetch_optional(&self.primary)
         .await
         .map_err(db("schedule retry"))?;
@@ -217,15 +229,31 @@ impl Claims for PgStore {
         // by the fenced delete. The approval depends on the delete's
         // returned row, so a fence moved meanwhile (the delete re-checks
         // the row's newest version) approves nothing, as the rolled-back
-        // transaction did.
-        let (fenced, approved): (bool, bool) = sqlx::query_as(
+        // transaction did. A wake pending on an open request (a wake row,
+        // or woken_at: a fact changed after the claim consumed the earlier
+        // ones) refuses the delete, and with it the approval: the chain may
+        // have read the fact before it changed. The request's recorded
+        // bodies go with the state row.
+        let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(
             "WITH free AS (
-                 SELECT id FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+                 SELECT id, status IN ('ING', 'PENDING', 'RETRY') AS open
+                   FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+             ), woken AS (
+                 SELECT id FROM auto_approve_state
+                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
+                    AND claim_nonce = $5
+                    AND (woken_at IS NOT NULL
+                         OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = $1))
+                    AND EXISTS (SELECT 1 FROM free WHERE open)
              ), fenced AS (
                  DELETE FROM auto_approve_state
                   WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
+                    AND claim_nonce = $5 AND NOT EXISTS (SELECT 1 FROM woken)
                     AND (SELECT count(*) FROM free) >= 0
                  RETURNING id
+             ), sent AS (
+                 DELETE FROM auto_approve_sent s
+                  WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
              ), approved AS (
                  UPDATE approval_request r
                     SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
@@ -234,19 +262,22 @@ impl Claims for PgStore {
                     AND EXISTS (SELECT 1 FROM fenced)
                  RETURNING r.id
              )
-             SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM approved)",
+             SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM approved),
+                    EXISTS (SELECT 1 FROM woken)",
         )
         .bind(claim.request_id)
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .fetch_one(&self.primary)
         .await
         .map_err(db("complete"))?;
-        Ok(match (fenced, approved) {
-            (false, _) => Completion::Stale,
-            (true, true) => Completion::Approved,
-            (true, false) => Completion::RequestClosed,
+        Ok(match (fenced, approved, woken) {
+            (false, _, true) => Completion::Woken,
+            (false, _, false) => Completion::Stale,
+            (true, true, _) => Completion::Approved,
+            (true, false, _) => Completion::RequestClosed,
         })
     }
 
@@ -255,6 +286,7 @@ impl Claims for PgStore {
             .bind(claim.state_id)
             .bind(&claim.fence.holder)
             .bind(claim.fence.token)
+            .bind(claim.nonce)
             .execute(&self.primary)
             .await
             .map_err(db("drop claim"))?;
@@ -264,12 +296,14 @@ impl Claims for PgStore {
     async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $4, modified_at = now()
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3",
+                SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = now()
+              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+                AND claim_nonce = $4",
         )
         .bind(claim.state_id)
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
+        .bind(claim.nonce)
         .bind(now)
         .execute(&self.primary)
         .await
@@ -282,8 +316,13 @@ impl Claims for PgStore {
         claim: &Claim,
         owner_number: i64,
     ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_OWNER_NUMBER, ResultValue::Int(owner_number))
-            .await
+        self.save_result(
+            claim,
+            SAVE_OWNER_NUMBER,
+            ResultValue::Int(owner_number),
+            None,
+        )
+        .await
     }
 
     async fn save_store_number(
@@ -291,13 +330,78 @@ impl Claims for PgStore {
         claim: &Claim,
         store_number: i64,
     ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_STORE_NUMBER, ResultValue::Int(store_number))
-            .await
+        self.save_result(
+            claim,
+            SAVE_STORE_NUMBER,
+            ResultValue::Int(store_number),
+            None,
+        )
+        .await
     }
 
-    async fn save_campaign_id(&self, claim: &Claim, campaign_id: &str) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_CAMPAIGN_ID, ResultValue::Text(campaign_id))
-            .await
+    async fn save_campaign_id(
+        &self,
+        claim: &Claim,
+        key: &str,
+        campaign_id: &str,
+    ) -> Result<bool, StoreError> {
+        self.save_result(
+            claim,
+            SAVE_CAMPAIGN_ID,
+            ResultValue::Text(campaign_id),
+            Some(key),
+        )
+        .await
+    }
+
+    async fn record_sent(
+        &self,
+        claim: &Claim,
+        key: &str,
+        body: &str,
+    ) -> Result<Option<String>, StoreError> {
+        // The insert and the read of an earlier row share one snapshot: the
+        // row there, or else the one inserted now, is the body of the key.
+        let row: Option<(String,)> = sqlx::query_as(
+            "WITH fenced AS (
+                 SELECT id FROM auto_approve_state
+                  WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+                    AND claim_nonce = $4
+                    FOR SHARE
+             ), recorded AS (
+                 INSERT INTO auto_approve_sent (request_id, idempotency_key, body)
+                 SELECT $5, $6, $7 FROM fenced
+                 ON CONFLICT (request_id, idempotency_key) DO NOTHING
+                 RETURNING body
+             )
+             SELECT body FROM recorded
+             UNION ALL
+             SELECT s.body FROM auto_approve_sent s
+              WHERE s.request_id = $5 AND s.idempotency_key = $6 AND EXISTS (SELECT 1 FROM fenced)",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(claim.nonce)
+        .bind(claim.request_id)
+        .bind(key)
+        .bind(body)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("record sent body"))?;
+        Ok(row.map(|(body,)| body))
+    }
+
+    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
+        let row: Option<(Option<String>,)> = sqlx::query_as(
+            "SELECT result FROM auto_approve_sent WHERE request_id = $1 AND idempotency_key = $2",
+        )
+        .bind(request_id)
+        .bind(key)
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db("read sent result"))?;
+        Ok(row.and_then(|(result,)| result))
     }
 }
 
@@ -307,6 +411,7 @@ impl PgStore {
         claim: &Claim,
         sql: &'static str,
         value: ResultValue<'_>,
+        key: Option<&str>,
     ) -> Result<bool, StoreError> {
         let query = sqlx::query(sql)
             .bind(claim.state_id)
@@ -316,8 +421,13 @@ impl PgStore {
             ResultValue::Int(v) => query.bind(v),
             ResultValue::Text(v) => query.bind(v),
         };
+        let query = query.bind(claim.request_id).bind(claim.nonce);
+        // Only the campaign's statement records its answer as the key's result.
+        let query = match key {
+            Some(key) => query.bind(key),
+            None => query,
+        };
         let done = query
-            .bind(claim.request_id)
             .execute(&self.primary)
             .await
             .map_err(db("save result"))?;
@@ -327,7 +437,8 @@ impl PgStore {
 
 const DELETE_FENCED: &str = "\
 DELETE FROM auto_approve_state
- WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3";
+ WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+   AND claim_nonce = $4";
 
 // A result is saved only while the claim is still ours, and never waits
 // for the request row: a business transaction holding it fails the
@@ -336,21 +447,34 @@ DELETE FROM auto_approve_state
 // out the lock timeout (16 such waits starve the whole pool). FOR SHARE on
 // the state row: a fence recovering it meanwhile makes the check see the
 // recovered row (not ours any more), so nothing is written after a takeover.
-const SAVE_OWNER_NUMBER: &str = "\
-UPDATE approval_request r SET owner_number = $4, updated_at = now()
+// $6: the claim's nonce.
+macro_rules! fenced_result {
+    () => {
+        "
   FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
  WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
-const SAVE_STORE_NUMBER: &str = "\
-UPDATE approval_request r SET store_number = $4, updated_at = now()
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
- WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
-const SAVE_CAMPAIGN_ID: &str = "\
-UPDATE approval_request r SET campaign_id = $4, updated_at = now()
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
- WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
-     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3 FOR SHARE)";
+     WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
+       AND claim_nonce = $6 FOR SHARE)"
+    };
+}
+const SAVE_OWNER_NUMBER: &str = concat!(
+    "UPDATE approval_request r SET owner_number = $4, updated_at = now()",
+    fenced_result!()
+);
+const SAVE_STORE_NUMBER: &str = concat!(
+    "UPDATE approval_request r SET store_number = $4, updated_at = now()",
+    fenced_result!()
+);
+// $7: the key the campaign was approved under; its recorded body's result
+// becomes the campaign id, which the ad step compares (migration 0018).
+const SAVE_CAMPAIGN_ID: &str = concat!(
+    "WITH saved AS (UPDATE approval_request r SET campaign_id = $4, updated_at = now()",
+    fenced_result!(),
+    " RETURNING r.id), answered AS (
+ UPDATE auto_approve_sent s SET result = $4
+   FROM saved WHERE s.request_id = saved.id AND s.idempotency_key = $7)
+SELECT id FROM saved"
+);
 
 enum ResultValue<'a> {
     Int(i64),

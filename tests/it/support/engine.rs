@@ -4,14 +4,15 @@
 
 use std::sync::Arc;
 
-use autoapproval::approval::{Approver, ApproverConfig};
+use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::domain::{Candidate, Fence, RequestType};
+use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::{DatabaseArgs, SessionArgs, Store};
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{SimConfig, SimHandle, Simulator};
+use autoapproval_sim::{Faults, SimConfig, SimHandle, SimSystem, Simulator};
 use chrono::{DateTime, TimeZone, Utc};
 
 use super::db::AsDb;
@@ -133,4 +134,34 @@ pub fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
 /// The fence of a test worker.
 pub fn fence(holder: &str, token: i64) -> Fence {
     Fence::new(holder, token)
+}
+
+/// Runs the due retry of request `id` (the clock set to its retry time)
+/// as worker "a" with token 1.
+pub async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) -> AttemptOutcome {
+    let state = env.store.state(id).await.unwrap().unwrap();
+    env.clock.set(state.next_retry_time.unwrap());
+    let retry = Candidate {
+        request_id: id,
+        request_type,
+        state_id: Some(state.id),
+    };
+    env.approver.attempt(&retry, &fence("a", 1)).await.unwrap()
+}
+
+/// Calls of `system` that take `latency`, every other call at once.
+pub fn slow(system: System, latency: std::time::Duration) -> Faults {
+    Faults {
+        latency,
+        system: Some(system.into()),
+        ..Faults::default()
+    }
+}
+
+/// Waits until the simulator is serving a call of `system`.
+pub async fn wait_in_call(env: &Env, system: SimSystem) {
+    super::eventually("a call in flight", || async {
+        (*env.sim.stats().in_flight.get(system) > 0).then_some(())
+    })
+    .await;
 }

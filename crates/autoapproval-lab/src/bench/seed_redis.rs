@@ -323,7 +323,7 @@ impl SeedWorker {
                 // Not conditional on the status: the lock made it exclusive.
                 sqlx::query(
                     "UPDATE auto_approve_state
-                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = 0,
+                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = 0, claim_nonce = 0,
                             modified_at = UTC_TIMESTAMP(6), woken_at = NULL
                       WHERE id = ?",
                 )
@@ -336,12 +336,22 @@ impl SeedWorker {
             }
             _ => return Ok(None),
         };
+        // The chain reads the facts after this claim: the wakes recorded
+        // before it are consumed here, as the product's claim does, or the
+        // completion would take them for a change during the attempt.
+        sqlx::query("DELETE FROM auto_approve_wake WHERE request_id = ?")
+            .bind(request_id)
+            .execute(&self.writer)
+            .await
+            .map_err(fail("consume the wakes before the claim"))?;
         Ok(Some(Claim {
             state_id,
             request_id,
             retry_count: row.retry_count.unwrap_or(0),
             transient_streak: row.transient_streak.unwrap_or(0),
             fence,
+            // The seed's claim is its Redis lock: the row's nonce stays 0.
+            nonce: 0,
             requested_at: None,
         }))
     }

@@ -1,0 +1,15 @@
+-- A fence per claim, not per holder and shard generation.
+--
+-- holder and fencing_token name a replica and its shard's generation: a
+-- claim given back (by the sweep, the shard's own fence, a release) and
+-- taken again by the same replica under the same generation carried the
+-- same fence as before, so a chain still running from the first claim
+-- (started by discovery before the cache's sync, say) kept heartbeating,
+-- saving and completing under the second. Every claim and re-claim now
+-- draws a fresh random nonce, and every write made under a claim
+-- (heartbeat, result saves, retry, release, drop, completion) also needs
+-- it: a re-claim never shares a fence with an older chain.
+--
+-- Rows written by another path (the manual claims of 0013) keep 0: their
+-- writes are fenced by their own holder and negative token.
+ALTER TABLE auto_approve_state ADD COLUMN claim_nonce BIGINT NOT NULL DEFAULT 0;
