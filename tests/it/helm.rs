@@ -14,7 +14,10 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::support::{CHART_KINDS, Cli, client_for, kubectl_name, parse_yaml_stream, repo};
+use control_plane::ControlPlane;
+use kube::Client;
+
+use crate::support::{CHART_KINDS, Cli, On, client_for, kubectl_name, parse_yaml_stream, repo};
 
 const NAMESPACE: &str = "autoapproval";
 const RELEASE: &str = "autoapproval";
@@ -119,10 +122,10 @@ fn working_copy(dir: &Path) -> PathBuf {
 /// kubelet marks it once its container (`wget …/readyz`) exits 0, so helm's waits end. Returns
 /// the `Job/name` and `Pod/name` of each it completed.
 fn play_job_controller_and_kubelet(
-    server: &kube_testserver::TestServer,
+    client: Client,
 ) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
-    let jobs: Api<Job> = Api::namespaced(client_for(server), NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client_for(server), NAMESPACE);
+    let jobs: Api<Job> = Api::namespaced(client.clone(), NAMESPACE);
+    let pods: Api<Pod> = Api::namespaced(client, NAMESPACE);
     let completed = Arc::new(Mutex::new(vec![]));
     let seen = completed.clone();
     let task = tokio::spawn(async move {
@@ -225,13 +228,71 @@ fn revisions(history: &str) -> Vec<(u32, String, String)> {
         .collect()
 }
 
+/// The API server of one lifecycle: a cluster of its own, since the lifecycle changes the CRD
+/// (a printer column) and owns the namespace `autoapproval` the README names.
+enum Server {
+    Test(kube_testserver::TestServer),
+    Real(ControlPlane),
+}
+
+impl Server {
+    async fn start(on: On) -> Server {
+        match on {
+            On::TestServer => Server::Test(
+                kube_testserver::TestServer::start(kube_testserver::Options::default())
+                    .await
+                    .expect("test API server"),
+            ),
+            On::RealServer => Server::Real(
+                ControlPlane::start()
+                    .await
+                    .unwrap_or_else(|e| panic!("the real control plane: {e}")),
+            ),
+        }
+    }
+
+    /// The operator's client: allowed everything.
+    async fn admin(&self) -> Client {
+        match self {
+            Server::Test(server) => client_for(server),
+            Server::Real(plane) => plane.admin_client().await.expect("admin client"),
+        }
+    }
+
+    /// kubectl and helm as the operator.
+    fn cli(&self) -> Cli {
+        match self {
+            Server::Test(server) => Cli::new(server),
+            Server::Real(plane) => Cli::with_kubeconfig(&plane.admin_kubeconfig_path()),
+        }
+    }
+
+    async fn shutdown(self) {
+        match self {
+            Server::Test(server) => server.shutdown().await,
+            // Dropped, its watchdog ends etcd and kube-apiserver.
+            Server::Real(plane) => drop(plane),
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_readme_install_upgrade_rollback_and_uninstall_steps_work_with_real_helm() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let (completed, player) = play_job_controller_and_kubelet(&server);
-    let cli = Cli::new(&server);
+    readme_lifecycle(On::TestServer).await;
+}
+
+/// The same README blocks against the real kube-apiserver and etcd, kubectl and helm as its
+/// admin: admission, validation of what helm sends and of the statuses the test writes as the
+/// Job controller and kubelet (no kube-controller-manager or kubelet runs).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_readme_helm_lifecycle_works_on_the_real_kube_apiserver() {
+    readme_lifecycle(On::RealServer).await;
+}
+
+async fn readme_lifecycle(on: On) {
+    let server = Server::start(on).await;
+    let (completed, player) = play_job_controller_and_kubelet(server.admin().await);
+    let cli = server.cli();
     let done = completed.clone();
     tokio::task::spawn_blocking(move || lifecycle(&cli, &done))
         .await
