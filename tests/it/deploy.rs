@@ -11,7 +11,10 @@ use std::sync::OnceLock;
 use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
-use crate::support::{CHART_KINDS, Cli, kubectl_name, parse_yaml_stream, repo, stdout_of, tool};
+use crate::support::{
+    CHART_KINDS, Cli, Db, Kubelet, On, OwnServer, approved_through_kubectl, eventually,
+    kubectl_name, on_both_servers, parse_yaml_stream, repo, simulator, stdout_of, tool,
+};
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
 const RELEASE: &str = "autoapproval";
@@ -1255,22 +1258,31 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-/// `kubectl apply -k deploy/manifests` against the test API server, after the namespace, the CRD
-/// and the Secret made with kubectl's typed commands: a server dry run that stores nothing, then
-/// for real (the objects of the Helm release, hooks as ordinary objects), then idempotent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_apply_k_creates_the_objects_of_the_helm_release() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let cli = Cli::new(&server);
-    tokio::task::spawn_blocking(move || apply_k(&cli))
-        .await
-        .expect("kubectl steps");
+on_both_servers!(kubectl_apply_k_creates_the_objects_of_the_helm_release);
+/// `kubectl apply -k deploy/manifests` against an API server of its own (the test API server or
+/// the real kube-apiserver, as its admin), after the namespace, the CRD and the Secret made with
+/// kubectl's typed commands: a server dry run that stores nothing, then for real (the objects of
+/// the Helm release, hooks as ordinary objects), then idempotent; the test plays the Job
+/// controller and kubelet (`autoapproval migrate` of the Job and the init container on the test's
+/// database), the replica runs as the ServiceAccount the manifests create, on the real server
+/// authorized only by their Role, and approves a request.
+async fn kubectl_apply_k_creates_the_objects_of_the_helm_release(db: Db, on: On) {
+    let server = OwnServer::start(on).await;
+    let cli = server.cli();
+    let sim = simulator().await;
+    let kubelet = server.kubelet(&cli, NAMESPACE, &db, &sim).await;
+    let handle = tokio::runtime::Handle::current();
+    let kubelet = tokio::task::spawn_blocking(move || {
+        apply_k(&cli, &kubelet, &db, &handle);
+        kubelet
+    })
+    .await
+    .expect("kubectl steps");
+    drop(kubelet);
     server.shutdown().await;
 }
 
-fn apply_k(k: &Cli) {
+fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let manifests = repo().join("deploy/manifests");
     let manifests = path_str(&manifests);
     let objects = &plain().objects;
@@ -1317,6 +1329,13 @@ fn apply_k(k: &Cli) {
         "jsonpath={.items[*].metadata.annotations}",
     ]);
     assert!(!hooks.contains("helm.sh"), "an ordinary Job: {hooks}");
+    // The played Job controller writes the Job's status once; the re-apply below must find
+    // nothing changed.
+    rt.block_on(eventually("the migration Job to complete", || async {
+        let done = kubelet.done();
+        done.contains(&format!("Job/{RELEASE}-migrate"))
+            .then_some(())
+    }));
 
     // Applying again changes nothing. kubectl still says `configured` for the
     // PodDisruptionBudget, as against kube-apiserver: its selector's patch strategy is
@@ -1341,6 +1360,12 @@ fn apply_k(k: &Cli) {
         aa.status.success() && stderr.contains("No resources found"),
         "{stderr}"
     );
+
+    // The replica, as the manifests' ServiceAccount, becomes ready and approves a request.
+    rt.block_on(eventually("the replica to be ready", || async {
+        kubelet.ready().await.then_some(())
+    }));
+    rt.block_on(approved_through_kubectl(k, db, NAMESPACE, 702));
 
     // Every optional object too: the chart with every value set, ServiceMonitor,
     // PrometheusRule and the dashboard (in Grafana's namespace) included.

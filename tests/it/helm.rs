@@ -7,16 +7,12 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-use autoapproval::controller::crd;
-use control_plane::ControlPlane;
-use kube::Client;
 use serde_json::{Value, json};
 
 use crate::support::{
-    CHART_KINDS, Cli, Credentials, Db, Kubelet, Node, On, client_for, eventually, kubectl_name,
-    on_both_servers, owner_now, parse_yaml_stream, repo, simulator,
+    CHART_KINDS, Cli, Db, Kubelet, On, OwnServer, approved_through_kubectl, eventually,
+    kubectl_name, on_both_servers, parse_yaml_stream, repo, simulator,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -147,82 +143,6 @@ fn revisions(history: &str) -> Vec<(u32, String, String)> {
         .collect()
 }
 
-/// The API server of one lifecycle: a cluster of its own, since the lifecycle changes the CRD
-/// (a printer column) and owns the namespace `autoapproval` the README names.
-enum Server {
-    Test(kube_testserver::TestServer),
-    Real(Arc<ControlPlane>),
-}
-
-impl Server {
-    async fn start(on: On) -> Server {
-        match on {
-            On::TestServer => Server::Test(
-                kube_testserver::TestServer::start(kube_testserver::Options::default())
-                    .await
-                    .expect("test API server"),
-            ),
-            On::RealServer => Server::Real(Arc::new(
-                ControlPlane::start()
-                    .await
-                    .unwrap_or_else(|e| panic!("the real control plane: {e}")),
-            )),
-        }
-    }
-
-    /// The operator's client: allowed everything.
-    async fn admin(&self) -> Client {
-        match self {
-            Server::Test(server) => client_for(server),
-            Server::Real(plane) => plane.admin_client().await.expect("admin client"),
-        }
-    }
-
-    /// kubectl and helm as the operator.
-    fn cli(&self) -> Cli {
-        match self {
-            Server::Test(server) => Cli::new(server),
-            Server::Real(plane) => Cli::with_kubeconfig(&plane.admin_kubeconfig_path()),
-        }
-    }
-
-    /// How a pod's ServiceAccount gets its token: on the real server a TokenRequest, so the
-    /// replica is authorized by the Role the chart installed and nothing else; the test API
-    /// server allows everyone everything.
-    fn credentials(&self, scratch: &Path) -> Credentials {
-        match self {
-            Server::Test(server) => {
-                let kubeconfig = scratch.join("pod.kubeconfig");
-                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-                Box::new(move |_, _| {
-                    let kubeconfig = kubeconfig.clone();
-                    Box::pin(async move { kubeconfig })
-                })
-            }
-            Server::Real(plane) => {
-                let plane = plane.clone();
-                Box::new(move |namespace, account| {
-                    let plane = plane.clone();
-                    Box::pin(async move {
-                        plane
-                            .service_account_kubeconfig(&namespace, &account)
-                            .await
-                            .unwrap_or_else(|e| panic!("a token of {namespace}/{account}: {e}"))
-                    })
-                })
-            }
-        }
-    }
-
-    async fn shutdown(self) {
-        match self {
-            Server::Test(server) => server.shutdown().await,
-            // Dropped, its watchdog ends etcd and kube-apiserver.
-            Server::Real(plane) => drop(plane),
-        }
-    }
-}
-
 on_both_servers!(the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_real_helm);
 /// The README's blocks verbatim, kubectl and helm as the operator (on the real kube-apiserver its
 /// admin); the test plays the Job controller and kubelet (no kube-controller-manager or kubelet
@@ -233,15 +153,10 @@ async fn the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_
     db: Db,
     on: On,
 ) {
-    let server = Server::start(on).await;
+    let server = OwnServer::start(on).await;
     let cli = server.cli();
     let sim = simulator().await;
-    let node = Node {
-        db: db.clone(),
-        external: sim.base_url(),
-        credentials: server.credentials(&cli.dir),
-    };
-    let kubelet = Kubelet::start(server.admin().await, NAMESPACE, node);
+    let kubelet = server.kubelet(&cli, NAMESPACE, &db, &sim).await;
     let handle = tokio::runtime::Handle::current();
     let kubelet = tokio::task::spawn_blocking(move || {
         lifecycle(&cli, &kubelet, &db, &handle);
@@ -391,26 +306,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
     );
 
     // The installed replica approves a request end to end.
-    rt.block_on(owner_now(APPROVED).insert(db));
-    let phase = crd::cr_name(APPROVED);
-    rt.block_on(eventually(
-        &format!("{phase} approved by the chart's replica"),
-        || async {
-            let out = cli
-                .kubectl_command(&[
-                    "-n",
-                    NAMESPACE,
-                    "get",
-                    "autoapproval",
-                    &phase,
-                    "-o",
-                    "jsonpath={.status.phase}",
-                ])
-                .output()
-                .ok()?;
-            (out.stdout == b"Approved").then_some(())
-        },
-    ));
+    rt.block_on(approved_through_kubectl(cli, db, NAMESPACE, APPROVED));
 
     // Upgrade, with a CRD that gained a printer column.
     let sample = cli.dir.join("aa.yaml");

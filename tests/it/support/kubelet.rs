@@ -9,7 +9,7 @@
 //! answers 200, else Fails.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,8 +21,16 @@ use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
+use autoapproval_sim::SimHandle;
+use control_plane::ControlPlane;
+
+use autoapproval::controller::crd;
+
+use super::cluster::{On, client_for, eventually};
 use super::db::Db;
 use super::processes::free_port;
+use super::rows::owner_now;
+use super::tools::Cli;
 
 /// A kubeconfig of the ServiceAccount `(namespace, name)`, as a pod of it would be given a token.
 pub type Credentials = Box<dyn Fn(String, String) -> BoxFuture<'static, PathBuf> + Send + Sync>;
@@ -258,8 +266,26 @@ impl Play {
             .service_account_name
             .clone()
             .unwrap_or_else(|| "default".into());
-        let kubeconfig = (self.node.credentials)(self.namespace.clone(), account).await;
         let pod_name = format!("{name}-played-0");
+        for init in spec.init_containers.iter().flatten() {
+            let env = self.env(init, &pod_name).await;
+            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+                .args(init.args.iter().flatten())
+                .env_clear()
+                .envs(env)
+                .env("NO_COLOR", "1")
+                .output()
+                .await
+                .expect("the init container runs");
+            if !out.status.success() {
+                self.log
+                    .lock()
+                    .expect("log")
+                    .push_str(&String::from_utf8_lossy(&out.stderr));
+                return None;
+            }
+        }
+        let kubeconfig = (self.node.credentials)(self.namespace.clone(), account).await;
         let port = free_port();
         let mut env = self.env(container, &pod_name).await;
         env.retain(|(name, _)| name != "AUTOAPPROVAL_LISTEN");
@@ -391,6 +417,114 @@ impl Play {
         if patched.is_ok() {
             self.finished.insert(uid);
             self.record(format!("Pod/{name} {phase}"));
+        }
+    }
+}
+
+/// Inserts an owner contract request `id` and waits until `kubectl get` shows its CR in
+/// `namespace` Approved.
+pub async fn approved_through_kubectl(cli: &Cli, db: &Db, namespace: &str, id: i64) {
+    owner_now(id).insert(db).await;
+    let name = crd::cr_name(id);
+    eventually(&format!("{name} approved by the replica"), || async {
+        let jsonpath = "jsonpath={.status.phase}";
+        let get = cli.kubectl_command(&[
+            "-n",
+            namespace,
+            "get",
+            "autoapproval",
+            &name,
+            "-o",
+            jsonpath,
+        ]);
+        let out = tokio::process::Command::from(get).output().await.ok()?;
+        (out.stdout == b"Approved").then_some(())
+    })
+    .await;
+}
+
+/// An API server of one test's own, for a test that changes what is cluster-wide (the CRD, a
+/// namespace named as the README names it).
+pub enum OwnServer {
+    Test(kube_testserver::TestServer),
+    Real(Arc<ControlPlane>),
+}
+
+impl OwnServer {
+    pub async fn start(on: On) -> OwnServer {
+        match on {
+            On::TestServer => OwnServer::Test(
+                kube_testserver::TestServer::start(kube_testserver::Options::default())
+                    .await
+                    .expect("test API server"),
+            ),
+            On::RealServer => OwnServer::Real(Arc::new(
+                ControlPlane::start()
+                    .await
+                    .unwrap_or_else(|e| panic!("the real control plane: {e}")),
+            )),
+        }
+    }
+
+    /// The operator's client: allowed everything.
+    pub async fn admin(&self) -> Client {
+        match self {
+            OwnServer::Test(server) => client_for(server),
+            OwnServer::Real(plane) => plane.admin_client().await.expect("admin client"),
+        }
+    }
+
+    /// kubectl and helm as the operator.
+    pub fn cli(&self) -> Cli {
+        match self {
+            OwnServer::Test(server) => Cli::new(server),
+            OwnServer::Real(plane) => Cli::with_kubeconfig(&plane.admin_kubeconfig_path()),
+        }
+    }
+
+    /// How a pod's ServiceAccount gets its token: on the real server a TokenRequest, so the
+    /// replica is authorized by the Role the chart installed and nothing else; the test API
+    /// server allows everyone everything.
+    pub fn credentials(&self, scratch: &Path) -> Credentials {
+        match self {
+            OwnServer::Test(server) => {
+                let kubeconfig = scratch.join("pod.kubeconfig");
+                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+                Box::new(move |_, _| {
+                    let kubeconfig = kubeconfig.clone();
+                    Box::pin(async move { kubeconfig })
+                })
+            }
+            OwnServer::Real(plane) => {
+                let plane = plane.clone();
+                Box::new(move |namespace, account| {
+                    let plane = plane.clone();
+                    Box::pin(async move {
+                        plane
+                            .service_account_kubeconfig(&namespace, &account)
+                            .await
+                            .unwrap_or_else(|e| panic!("a token of {namespace}/{account}: {e}"))
+                    })
+                })
+            }
+        }
+    }
+
+    /// The played Job controller and kubelet in `namespace`, the node reaching `db` and `sim`.
+    pub async fn kubelet(&self, cli: &Cli, namespace: &str, db: &Db, sim: &SimHandle) -> Kubelet {
+        let node = Node {
+            db: db.clone(),
+            external: sim.base_url(),
+            credentials: self.credentials(&cli.dir),
+        };
+        Kubelet::start(self.admin().await, namespace, node)
+    }
+
+    pub async fn shutdown(self) {
+        match self {
+            OwnServer::Test(server) => server.shutdown().await,
+            // Dropped, its watchdog ends etcd and kube-apiserver.
+            OwnServer::Real(plane) => drop(plane),
         }
     }
 }
