@@ -12,8 +12,8 @@ use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
 use crate::support::{
-    CHART_KINDS, Cli, Db, Kubelet, On, OwnServer, approved_through_kubectl, eventually,
-    kubectl_name, on_both_servers, parse_yaml_stream, repo, simulator, stdout_of, tool,
+    CHART_KINDS, Cli, Db, Kubelet, On, approved_through_kubectl, as_operator_of_own_server,
+    eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo, stdout_of, tool,
 };
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
@@ -1267,19 +1267,7 @@ on_both_servers!(kubectl_apply_k_creates_the_objects_of_the_helm_release);
 /// database), the replica runs as the ServiceAccount the manifests create, on the real server
 /// authorized only by their Role, and approves a request.
 async fn kubectl_apply_k_creates_the_objects_of_the_helm_release(db: Db, on: On) {
-    let server = OwnServer::start(on).await;
-    let cli = server.cli();
-    let sim = simulator().await;
-    let kubelet = server.kubelet(&cli, NAMESPACE, &db, &sim).await;
-    let handle = tokio::runtime::Handle::current();
-    let kubelet = tokio::task::spawn_blocking(move || {
-        apply_k(&cli, &kubelet, &db, &handle);
-        kubelet
-    })
-    .await
-    .expect("kubectl steps");
-    drop(kubelet);
-    server.shutdown().await;
+    as_operator_of_own_server(on, db, NAMESPACE, apply_k).await;
 }
 
 fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::support::{
-    CHART_KINDS, Cli, Db, Kubelet, On, OwnServer, approved_through_kubectl, eventually,
-    kubectl_name, on_both_servers, parse_yaml_stream, repo, simulator,
+    CHART_KINDS, Cli, Db, Kubelet, On, approved_through_kubectl, as_operator_of_own_server,
+    eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -153,19 +153,7 @@ async fn the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_
     db: Db,
     on: On,
 ) {
-    let server = OwnServer::start(on).await;
-    let cli = server.cli();
-    let sim = simulator().await;
-    let kubelet = server.kubelet(&cli, NAMESPACE, &db, &sim).await;
-    let handle = tokio::runtime::Handle::current();
-    let kubelet = tokio::task::spawn_blocking(move || {
-        lifecycle(&cli, &kubelet, &db, &handle);
-        kubelet
-    })
-    .await
-    .expect("helm lifecycle");
-    drop(kubelet);
-    server.shutdown().await;
+    as_operator_of_own_server(on, db, NAMESPACE, lifecycle).await;
 }
 
 /// The Jobs and Pods the played kubelet finished, in order.

@@ -268,20 +268,7 @@ impl Play {
             .unwrap_or_else(|| "default".into());
         let pod_name = format!("{name}-played-0");
         for init in spec.init_containers.iter().flatten() {
-            let env = self.env(init, &pod_name).await;
-            let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-                .args(init.args.iter().flatten())
-                .env_clear()
-                .envs(env)
-                .env("NO_COLOR", "1")
-                .output()
-                .await
-                .expect("the init container runs");
-            if !out.status.success() {
-                self.log
-                    .lock()
-                    .expect("log")
-                    .push_str(&String::from_utf8_lossy(&out.stderr));
+            if !self.run_to_end(init, &pod_name).await {
                 return None;
             }
         }
@@ -319,6 +306,27 @@ impl Play {
         })
     }
 
+    /// Runs `container` (the binary with its args) to its end: whether it exited 0; its output
+    /// goes to the log when it did not.
+    async fn run_to_end(&self, container: &Container, pod_name: &str) -> bool {
+        let env = self.env(container, pod_name).await;
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(container.args.iter().flatten())
+            .env_clear()
+            .envs(env)
+            .env("NO_COLOR", "1")
+            .output()
+            .await
+            .expect("the container's binary runs");
+        if !out.status.success() {
+            self.log
+                .lock()
+                .expect("log")
+                .push_str(&String::from_utf8_lossy(&out.stderr));
+        }
+        out.status.success()
+    }
+
     /// Runs the Job's container to its end and marks the Job by its exit, once.
     async fn run_job(&mut self, job: Job) {
         let name = job.metadata.name.clone().unwrap_or_default();
@@ -330,18 +338,10 @@ impl Play {
         let Some(container) = spec.and_then(|s| s.containers.first()) else {
             return;
         };
-        let env = self.env(container, &format!("{name}-played")).await;
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-            .args(container.args.iter().flatten())
-            .env_clear()
-            .envs(env)
-            .env("NO_COLOR", "1")
-            .output()
-            .await
-            .expect("the Job's container runs");
+        let succeeded = self.run_to_end(container, &format!("{name}-played")).await;
         let now = now();
         let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastProbeTime": now, "lastTransitionTime": now});
-        let status = if out.status.success() {
+        let status = if succeeded {
             json!({"status": {
                 "startTime": now, "completionTime": now, "succeeded": 1, "active": 0, "ready": 0,
                 "conditions": [
@@ -350,10 +350,6 @@ impl Play {
                 ],
             }})
         } else {
-            self.log
-                .lock()
-                .expect("log")
-                .push_str(&String::from_utf8_lossy(&out.stderr));
             json!({"status": {
                 "startTime": now, "failed": 1, "active": 0, "ready": 0,
                 "conditions": [
@@ -419,6 +415,28 @@ impl Play {
             self.record(format!("Pod/{name} {phase}"));
         }
     }
+}
+
+/// Runs `steps` (kubectl and helm, which block) as the operator of an API server of its own on
+/// `on`, the Job controller and kubelet played in `namespace` on `db` and a simulator.
+pub async fn as_operator_of_own_server<F>(on: On, db: Db, namespace: &'static str, steps: F)
+where
+    F: FnOnce(&Cli, &Kubelet, &Db, &tokio::runtime::Handle) + Send + 'static,
+{
+    let server = OwnServer::start(on).await;
+    let cli = server.cli();
+    let sim = super::cluster::simulator().await;
+    let kubelet = server.kubelet(&cli, namespace, &db, &sim).await;
+    let handle = tokio::runtime::Handle::current();
+    let kubelet = tokio::task::spawn_blocking(move || {
+        steps(&cli, &kubelet, &db, &handle);
+        kubelet
+    })
+    .await
+    .expect("the operator's steps");
+    // The replicas end before their API server.
+    drop(kubelet);
+    server.shutdown().await;
 }
 
 /// Inserts an owner contract request `id` and waits until `kubectl get` shows its CR in
