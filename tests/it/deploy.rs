@@ -12,8 +12,9 @@ use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
 use crate::support::{
-    CHART_KINDS, Cli, Db, Kubelet, On, approved_through_kubectl, as_operator_of_own_server,
-    eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo, stdout_of, tool,
+    CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
+    as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+    stdout_of, tool,
 };
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
@@ -1287,6 +1288,9 @@ fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
 
     let out = k.kubectl(&["create", "namespace", NAMESPACE]);
     assert_eq!(out, format!("namespace/{NAMESPACE} created\n"));
+    // Pod Security `restricted` enforced, as a hardened cluster does: on kube-apiserver its
+    // admission warns of a pod template that falls short.
+    k.kubectl(&["label", "namespace", NAMESPACE, RESTRICTED, RESTRICTED_WARN]);
     let crds = repo().join("crds");
     let out = k.kubectl(&["apply", "--server-side", "-f", path_str(&crds)]);
     assert!(
@@ -1303,7 +1307,16 @@ fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     assert_eq!(stored, "", "a server dry run must store nothing");
 
-    let out = k.kubectl(&["apply", "-k", manifests]);
+    let applied = k
+        .kubectl_command(&["apply", "-k", manifests])
+        .output()
+        .expect("run kubectl");
+    let out = String::from_utf8_lossy(&applied.stdout).into_owned();
+    let warnings = String::from_utf8_lossy(&applied.stderr);
+    assert!(
+        applied.status.success() && warnings.is_empty(),
+        "kubectl apply -k: {warnings}"
+    );
     assert_eq!(out.matches(" created\n").count(), objects.len(), "{out}");
     let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     let stored: BTreeSet<String> = stored.lines().map(str::to_owned).collect();

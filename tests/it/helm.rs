@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 
 use crate::support::{
-    CHART_KINDS, Cli, Db, Kubelet, On, approved_through_kubectl, as_operator_of_own_server,
-    eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+    CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
+    as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -266,6 +266,12 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
     assert_eq!(stored, by_name(&manifest).into_keys().collect());
     assert_eq!(replicas(), "3");
 
+    // From here the namespace enforces the Pod Security Standard `restricted`, as a hardened
+    // cluster's do: kube-apiserver's PodSecurity admission refuses the test Pod and warns of the
+    // Deployment's and the hook Job's pod templates if they fall short (the test API server has no
+    // such admission).
+    cli.kubectl(&["label", "namespace", NAMESPACE, RESTRICTED, RESTRICTED_WARN]);
+
     // helm test, once the replica is ready: its Pod fetches /readyz through the Service.
     rt.block_on(eventually("the chart's replica to be ready", || async {
         kubelet.ready().await.then_some(())
@@ -324,6 +330,11 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
     );
     assert!(lines.next().unwrap().contains("true"), "its value: {table}");
     let upgrade = step(&steps, "helm upgrade");
+    assert!(
+        !upgrade.stderr.contains("PodSecurity"),
+        "the templates meet `restricted`: {}",
+        upgrade.stderr
+    );
     assert!(
         upgrade
             .stdout

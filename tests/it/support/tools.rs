@@ -12,6 +12,11 @@ use serde_json::Value;
 pub const CHART_KINDS: &str =
     "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
 
+/// The labels (`kubectl label` arguments) by which a namespace enforces, and warns of, the Pod
+/// Security Standard `restricted`.
+pub const RESTRICTED: &str = "pod-security.kubernetes.io/enforce=restricted";
+pub const RESTRICTED_WARN: &str = "pod-security.kubernetes.io/warn=restricted";
+
 /// The repository root.
 pub fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
