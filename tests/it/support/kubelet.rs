@@ -13,6 +13,9 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use autoapproval::controller::crd;
+use autoapproval_sim::SimHandle;
+use control_plane::ControlPlane;
 use futures::future::BoxFuture;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
@@ -20,11 +23,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Container, Pod, Secret};
 use kube::Client;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
-
-use autoapproval_sim::SimHandle;
-use control_plane::ControlPlane;
-
-use autoapproval::controller::crd;
 
 use super::cluster::{On, client_for, eventually};
 use super::db::Db;
@@ -47,9 +45,9 @@ pub struct Node {
 pub struct Kubelet {
     /// `Job/name`, `Pod/name` (with `Succeeded` or `Failed`) and `Deployment/name` of each it
     /// completed or started, in order.
-    pub done: Arc<Mutex<Vec<String>>>,
+    done: Arc<Mutex<Vec<String>>>,
     /// The replicas' output (stderr), for a failing test's message.
-    pub log: Arc<Mutex<String>>,
+    log: Arc<Mutex<String>>,
     /// The ports of the running replicas.
     ports: Arc<Mutex<Vec<u16>>>,
     task: tokio::task::JoinHandle<()>,
