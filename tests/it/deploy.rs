@@ -11,7 +11,11 @@ use std::sync::OnceLock;
 use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
-use crate::support::{CHART_KINDS, Cli, kubectl_name, parse_yaml_stream, repo, stdout_of, tool};
+use crate::support::{
+    CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
+    as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+    stdout_of, tool,
+};
 
 /// Release name and namespace of every render, as in `scripts/render-manifests.sh`.
 const RELEASE: &str = "autoapproval";
@@ -1255,22 +1259,19 @@ spec:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
 
-/// `kubectl apply -k deploy/manifests` against the test API server, after the namespace, the CRD
-/// and the Secret made with kubectl's typed commands: a server dry run that stores nothing, then
-/// for real (the objects of the Helm release, hooks as ordinary objects), then idempotent.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_apply_k_creates_the_objects_of_the_helm_release() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let cli = Cli::new(&server);
-    tokio::task::spawn_blocking(move || apply_k(&cli))
-        .await
-        .expect("kubectl steps");
-    server.shutdown().await;
+on_both_servers!(kubectl_apply_k_creates_the_objects_of_the_helm_release);
+/// `kubectl apply -k deploy/manifests` against an API server of its own (the test API server or
+/// the real kube-apiserver, as its admin), after the namespace, the CRD and the Secret made with
+/// kubectl's typed commands: a server dry run that stores nothing, then for real (the objects of
+/// the Helm release, hooks as ordinary objects), then idempotent; the test plays the Job
+/// controller and kubelet (`autoapproval migrate` of the Job and the init container on the test's
+/// database), the replica runs as the ServiceAccount the manifests create, on the real server
+/// authorized only by their Role, and approves a request.
+async fn kubectl_apply_k_creates_the_objects_of_the_helm_release(db: Db, on: On) {
+    as_operator_of_own_server(on, db, NAMESPACE, apply_k).await;
 }
 
-fn apply_k(k: &Cli) {
+fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let manifests = repo().join("deploy/manifests");
     let manifests = path_str(&manifests);
     let objects = &plain().objects;
@@ -1287,6 +1288,9 @@ fn apply_k(k: &Cli) {
 
     let out = k.kubectl(&["create", "namespace", NAMESPACE]);
     assert_eq!(out, format!("namespace/{NAMESPACE} created\n"));
+    // Pod Security `restricted` enforced, as a hardened cluster does: on kube-apiserver its
+    // admission warns of a pod template that falls short.
+    k.kubectl(&["label", "namespace", NAMESPACE, RESTRICTED, RESTRICTED_WARN]);
     let crds = repo().join("crds");
     let out = k.kubectl(&["apply", "--server-side", "-f", path_str(&crds)]);
     assert!(
@@ -1303,7 +1307,16 @@ fn apply_k(k: &Cli) {
     let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     assert_eq!(stored, "", "a server dry run must store nothing");
 
-    let out = k.kubectl(&["apply", "-k", manifests]);
+    let applied = k
+        .kubectl_command(&["apply", "-k", manifests])
+        .output()
+        .expect("run kubectl");
+    let out = String::from_utf8_lossy(&applied.stdout).into_owned();
+    let warnings = String::from_utf8_lossy(&applied.stderr);
+    assert!(
+        applied.status.success() && warnings.is_empty(),
+        "kubectl apply -k: {warnings}"
+    );
     assert_eq!(out.matches(" created\n").count(), objects.len(), "{out}");
     let stored = k.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
     let stored: BTreeSet<String> = stored.lines().map(str::to_owned).collect();
@@ -1317,6 +1330,13 @@ fn apply_k(k: &Cli) {
         "jsonpath={.items[*].metadata.annotations}",
     ]);
     assert!(!hooks.contains("helm.sh"), "an ordinary Job: {hooks}");
+    // The played Job controller writes the Job's status once; the re-apply below must find
+    // nothing changed.
+    rt.block_on(eventually("the migration Job to complete", || async {
+        let done = kubelet.done();
+        done.contains(&format!("Job/{RELEASE}-migrate"))
+            .then_some(())
+    }));
 
     // Applying again changes nothing. kubectl still says `configured` for the
     // PodDisruptionBudget, as against kube-apiserver: its selector's patch strategy is
@@ -1341,6 +1361,12 @@ fn apply_k(k: &Cli) {
         aa.status.success() && stderr.contains("No resources found"),
         "{stderr}"
     );
+
+    // The replica, as the manifests' ServiceAccount, becomes ready and approves a request.
+    rt.block_on(eventually("the replica to be ready", || async {
+        kubelet.ready().await.then_some(())
+    }));
+    rt.block_on(approved_through_kubectl(k, db, NAMESPACE, 702));
 
     // Every optional object too: the chart with every value set, ServiceMonitor,
     // PrometheusRule and the dashboard (in Grafana's namespace) included.

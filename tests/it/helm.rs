@@ -1,23 +1,24 @@
 //! The install path an operator walks: the README's `tested` blocks run verbatim with the real
-//! kubectl v1.35 and helm v4 against the test API server (install with its migration hook,
-//! status, upgrade with a CRD that gains a printer column, history, rollback, uninstall), each
-//! step's output checked; and the chart refusing a bad value of each kind by name before
+//! kubectl v1.35 and helm v4 against the test API server and the real kube-apiserver (install
+//! with its migration hook, status, `helm test`, upgrade with a CRD that gains a printer column,
+//! history, rollback, uninstall), each step's output checked, the chart's replica approving a
+//! request as the chart's ServiceAccount; and the chart refusing a bad value of each kind by name before
 //! anything is stored.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
 
-use crate::support::{CHART_KINDS, Cli, client_for, kubectl_name, parse_yaml_stream, repo};
+use crate::support::{
+    CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
+    as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+};
 
 const NAMESPACE: &str = "autoapproval";
 const RELEASE: &str = "autoapproval";
+/// The request the chart's replica approves.
+const APPROVED: i64 = 701;
 
 /// The commands of the README block marked `<!-- tested: {name} ... -->`, continuation lines
 /// joined as the shell joins them.
@@ -113,89 +114,6 @@ fn working_copy(dir: &Path) -> PathBuf {
     work
 }
 
-/// The test plays the Job controller and the kubelet, which the test API server lacks: each
-/// Job helm creates (the migration hook) is marked complete as the Job controller marks it once
-/// its pod (`autoapproval migrate`) exits 0, and each Pod (the `helm test` hook) Succeeded as the
-/// kubelet marks it once its container (`wget …/readyz`) exits 0, so helm's waits end. Returns
-/// the `Job/name` and `Pod/name` of each it completed.
-fn play_job_controller_and_kubelet(
-    server: &kube_testserver::TestServer,
-) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
-    let jobs: Api<Job> = Api::namespaced(client_for(server), NAMESPACE);
-    let pods: Api<Pod> = Api::namespaced(client_for(server), NAMESPACE);
-    let completed = Arc::new(Mutex::new(vec![]));
-    let seen = completed.clone();
-    let task = tokio::spawn(async move {
-        let mut done: BTreeSet<String> = BTreeSet::new();
-        loop {
-            for pod in pods
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-            {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                let uid = pod.metadata.uid.clone().unwrap_or_default();
-                if done.contains(&uid) {
-                    continue;
-                }
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                let containers: Vec<Value> = pod
-                    .spec
-                    .iter()
-                    .flat_map(|s| &s.containers)
-                    .map(|c| json!({
-                        "name": c.name, "image": c.image, "imageID": "", "ready": false,
-                        "restartCount": 0, "started": false,
-                        "state": {"terminated": {"exitCode": 0, "reason": "Completed", "startedAt": now, "finishedAt": now}},
-                    }))
-                    .collect();
-                let status = json!({"status": {
-                    "phase": "Succeeded", "startTime": now, "containerStatuses": containers,
-                    "conditions": [{"type": "Ready", "status": "False", "reason": "PodCompleted", "lastTransitionTime": now}],
-                }});
-                let patched = pods
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await;
-                if patched.is_ok() {
-                    done.insert(uid);
-                    seen.lock().unwrap().push(format!("Pod/{name}"));
-                }
-            }
-            for job in jobs
-                .list(&ListParams::default())
-                .await
-                .map(|l| l.items)
-                .unwrap_or_default()
-            {
-                let name = job.metadata.name.clone().unwrap_or_default();
-                let uid = job.metadata.uid.clone().unwrap_or_default();
-                if done.contains(&uid) {
-                    continue;
-                }
-                let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-                let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastProbeTime": now, "lastTransitionTime": now});
-                let status = json!({"status": {
-                    "startTime": now, "completionTime": now, "succeeded": 1, "active": 0, "ready": 0,
-                    "conditions": [
-                        condition("SuccessCriteriaMet", "CompletionsReached"),
-                        condition("Complete", "CompletionsReached"),
-                    ],
-                }});
-                let patched = jobs
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-                    .await;
-                if patched.is_ok() {
-                    done.insert(uid);
-                    seen.lock().unwrap().push(format!("Job/{name}"));
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    });
-    (completed, task)
-}
-
 /// Adds a printer column to the working copy's CRD, as a newer release's CRD would.
 fn add_printer_column(work: &Path) -> &'static str {
     let path = work.join("crds/autoapproval.yaml");
@@ -225,22 +143,29 @@ fn revisions(history: &str) -> Vec<(u32, String, String)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_readme_install_upgrade_rollback_and_uninstall_steps_work_with_real_helm() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let (completed, player) = play_job_controller_and_kubelet(&server);
-    let cli = Cli::new(&server);
-    let done = completed.clone();
-    tokio::task::spawn_blocking(move || lifecycle(&cli, &done))
-        .await
-        .expect("helm lifecycle");
-    player.abort();
-    server.shutdown().await;
+on_both_servers!(the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_real_helm);
+/// The README's blocks verbatim, kubectl and helm as the operator (on the real kube-apiserver its
+/// admin); the test plays the Job controller and kubelet (no kube-controller-manager or kubelet
+/// runs): the hook Job's `autoapproval migrate` runs on the test's database, and the Deployment's
+/// replica runs as the chart's ServiceAccount, on the real server authorized only by the Role the
+/// chart installed; `helm test` passes once it is ready, and it approves a request.
+async fn the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_real_helm(
+    db: Db,
+    on: On,
+) {
+    as_operator_of_own_server(on, db, NAMESPACE, lifecycle).await;
 }
 
-fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
+/// The Jobs and Pods the played kubelet finished, in order.
+fn finished(kubelet: &Kubelet) -> Vec<String> {
+    kubelet
+        .done()
+        .into_iter()
+        .filter(|d| !d.starts_with("Deployment/"))
+        .collect()
+}
+
+fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let work = working_copy(&cli.dir);
     let replicas = || {
         cli.kubectl(&[
@@ -296,7 +221,7 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     );
     assert!(!install.stdout.contains("WARNING"), "{}", install.stdout);
     assert_eq!(
-        *completed.lock().unwrap(),
+        finished(kubelet),
         ["Job/autoapproval-migrate"],
         "the pre-install hook ran"
     );
@@ -341,7 +266,16 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     assert_eq!(stored, by_name(&manifest).into_keys().collect());
     assert_eq!(replicas(), "3");
 
-    // helm test: its Pod fetches /readyz through the Service.
+    // From here the namespace enforces the Pod Security Standard `restricted`, as a hardened
+    // cluster's do: kube-apiserver's PodSecurity admission refuses the test Pod and warns of the
+    // Deployment's and the hook Job's pod templates if they fall short (the test API server has no
+    // such admission).
+    cli.kubectl(&["label", "namespace", NAMESPACE, RESTRICTED, RESTRICTED_WARN]);
+
+    // helm test, once the replica is ready: its Pod fetches /readyz through the Service.
+    rt.block_on(eventually("the chart's replica to be ready", || async {
+        kubelet.ready().await.then_some(())
+    }));
     let steps = run_block(cli, "test", &work);
     let test = step(&steps, "helm -n autoapproval test");
     for line in [
@@ -355,8 +289,8 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
         );
     }
     assert_eq!(
-        completed.lock().unwrap()[1..],
-        ["Pod/autoapproval-test-readyz"],
+        finished(kubelet)[1..],
+        ["Pod/autoapproval-test-readyz Succeeded"],
         "the test hook ran"
     );
     let pods = cli.kubectl(&["get", "pods", "-n", NAMESPACE, "-o", "name"]);
@@ -364,6 +298,9 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
         pods, "",
         "the succeeded test Pod was deleted by its hook policy"
     );
+
+    // The installed replica approves a request end to end.
+    rt.block_on(approved_through_kubectl(cli, db, NAMESPACE, APPROVED));
 
     // Upgrade, with a CRD that gained a printer column.
     let sample = cli.dir.join("aa.yaml");
@@ -394,6 +331,11 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
     assert!(lines.next().unwrap().contains("true"), "its value: {table}");
     let upgrade = step(&steps, "helm upgrade");
     assert!(
+        !upgrade.stderr.contains("PodSecurity"),
+        "the templates meet `restricted`: {}",
+        upgrade.stderr
+    );
+    assert!(
         upgrade
             .stdout
             .contains("Release \"autoapproval\" has been upgraded."),
@@ -406,7 +348,7 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
         upgrade.stdout
     );
     assert_eq!(
-        completed.lock().unwrap()[2..],
+        finished(kubelet)[2..],
         ["Job/autoapproval-migrate"],
         "the pre-upgrade hook ran"
     );
@@ -443,11 +385,7 @@ fn lifecycle(cli: &Cli, completed: &Mutex<Vec<String>>) {
         history[2],
         (3, "deployed".to_owned(), "Rollback to 1".to_owned())
     );
-    assert_eq!(
-        completed.lock().unwrap().len(),
-        3,
-        "no hook runs on rollback"
-    );
+    assert_eq!(finished(kubelet).len(), 3, "no hook runs on rollback");
 
     // Uninstall: the CRD (from crds/) and the user's Secret remain, nothing else.
     let steps = run_block(cli, "uninstall", &work);

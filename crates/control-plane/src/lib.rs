@@ -294,9 +294,29 @@ impl ControlPlane {
             .map_err(kube_err(format!(
                 "create ServiceAccount {name}/{SERVICE_ACCOUNT}"
             )))?;
+        let kubeconfig = self
+            .service_account_kubeconfig(&name, SERVICE_ACCOUNT)
+            .await?;
+        let admin_kubeconfig = self.dir.join(format!("{name}.admin.kubeconfig"));
+        self.write_kubeconfig(&admin_kubeconfig, "admin", ADMIN_TOKEN, &name)?;
+        Ok(TestNamespace {
+            name,
+            kubeconfig,
+            admin_kubeconfig,
+        })
+    }
+
+    /// A kubeconfig of the existing ServiceAccount `namespace/account` (e.g. the one a chart
+    /// installed), default namespace `namespace`: a token of a TokenRequest, valid a day.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        account: &str,
+    ) -> Result<PathBuf, Error> {
+        let accounts: Api<ServiceAccount> = Api::namespaced(self.admin_client().await?, namespace);
         let token = accounts
             .create_token_request(
-                SERVICE_ACCOUNT,
+                account,
                 &PostParams::default(),
                 &TokenRequest {
                     spec: Some(TokenRequestSpec {
@@ -307,26 +327,14 @@ impl ControlPlane {
                 },
             )
             .await
-            .map_err(kube_err(format!(
-                "TokenRequest of {name}/{SERVICE_ACCOUNT}"
-            )))?
+            .map_err(kube_err(format!("TokenRequest of {namespace}/{account}")))?
             .status
             .and_then(|s| s.token)
             .unwrap_or_default();
-        let kubeconfig = self.dir.join(format!("{name}.kubeconfig"));
-        self.write_kubeconfig(
-            &kubeconfig,
-            &format!("system:serviceaccount:{name}:{SERVICE_ACCOUNT}"),
-            &token,
-            &name,
-        )?;
-        let admin_kubeconfig = self.dir.join(format!("{name}.admin.kubeconfig"));
-        self.write_kubeconfig(&admin_kubeconfig, "admin", ADMIN_TOKEN, &name)?;
-        Ok(TestNamespace {
-            name,
-            kubeconfig,
-            admin_kubeconfig,
-        })
+        let user = format!("system:serviceaccount:{namespace}:{account}");
+        let kubeconfig = self.dir.join(format!("{namespace}.{account}.kubeconfig"));
+        self.write_kubeconfig(&kubeconfig, &user, &token, namespace)?;
+        Ok(kubeconfig)
     }
 
     fn write_kubeconfig(

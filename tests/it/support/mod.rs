@@ -7,6 +7,7 @@
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
 //! - `cluster`: the test API server (or the real one), the simulator and one replica in this process;
 //! - `control_plane`: the real kube-apiserver and etcd, a namespace per test with the chart's RBAC;
+//! - `kubelet`: the Job controller and kubelet the tests play, the replica as the pod's ServiceAccount;
 //! - `processes`: the real binary as a child process, signals, `/metrics`;
 //! - `tools`: the real kubectl and helm against one test API server.
 
@@ -14,6 +15,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod db;
 pub mod engine;
+pub mod kubelet;
 pub mod processes;
 pub mod rows;
 pub mod tools;
@@ -22,6 +24,7 @@ pub use cluster::*;
 pub use control_plane::*;
 pub use db::*;
 pub use engine::*;
+pub use kubelet::*;
 pub use processes::*;
 pub use rows::*;
 pub use tools::*;

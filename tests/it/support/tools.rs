@@ -1,5 +1,6 @@
-//! The real kubectl v1.35 and helm v4 (scripts/install-tools.sh), pointed at one test API server
-//! with a kubeconfig, caches and Helm homes of their own.
+//! The real kubectl v1.35 and helm v4 (scripts/install-tools.sh), pointed at one API server (the
+//! test API server or the real kube-apiserver) with a kubeconfig, caches and Helm homes of their
+//! own.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -10,6 +11,11 @@ use serde_json::Value;
 /// The kinds the chart renders with its defaults, as `kubectl get` takes them.
 pub const CHART_KINDS: &str =
     "deployments,services,serviceaccounts,configmaps,roles,rolebindings,poddisruptionbudgets,jobs";
+
+/// The labels (`kubectl label` arguments) by which a namespace enforces, and warns of, the Pod
+/// Security Standard `restricted`.
+pub const RESTRICTED: &str = "pod-security.kubernetes.io/enforce=restricted";
+pub const RESTRICTED_WARN: &str = "pod-security.kubernetes.io/warn=restricted";
 
 /// The repository root.
 pub fn repo() -> &'static Path {
@@ -67,7 +73,7 @@ pub fn kubectl_name(o: &Value) -> String {
     }
 }
 
-/// kubectl and helm against one test API server.
+/// kubectl and helm against one API server.
 pub struct Cli {
     /// Scratch directory: kubeconfig, caches, Helm homes; removed on drop.
     pub dir: PathBuf,
@@ -76,15 +82,32 @@ pub struct Cli {
 
 impl Cli {
     pub fn new(server: &kube_testserver::TestServer) -> Cli {
-        let dir = std::env::temp_dir().join(format!(
-            "autoapproval-cli-{}-{}",
-            std::process::id(),
-            server.addr().port()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = Self::scratch();
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
         Cli { dir, kubeconfig }
+    }
+
+    /// As the user of `kubeconfig` (e.g. the real control plane's admin), which is read, not
+    /// removed.
+    pub fn with_kubeconfig(kubeconfig: &Path) -> Cli {
+        Cli {
+            dir: Self::scratch(),
+            kubeconfig: kubeconfig.to_owned(),
+        }
+    }
+
+    /// A fresh scratch directory of this process.
+    fn scratch() -> PathBuf {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "autoapproval-cli-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
     }
 
     /// `program` (a path, or a name resolved by PATH) with this server's kubeconfig, kubectl's
