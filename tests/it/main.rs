@@ -16,6 +16,7 @@ mod malformed;
 mod manual;
 mod migrate;
 mod mysql;
+mod real_faults;
 mod real_server;
 mod replica_lag;
 mod replicas;
