@@ -7,6 +7,7 @@
 use ::control_plane::Options;
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
 use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::Role;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, PostParams};
 
@@ -107,5 +108,121 @@ async fn a_watch_answered_410_gone_after_etcds_compaction_relists_and_misses_not
     assert_eq!(request_status(&db, 402).await, "APPROVED");
     sigterm(child.id().expect("pid"));
     let _ = child.wait().await;
+    plane.stop();
+}
+
+/// The sum of kube-apiserver's `apiserver_request_total` over the series with every one
+/// of `labels`: what the server itself counted (the plane must be the test's own).
+async fn apiserver_requests(cluster: &Cluster, labels: &[&str]) -> f64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("a request");
+    let text = cluster
+        .client
+        .request_text(request)
+        .await
+        .expect("kube-apiserver's /metrics");
+    metric_sum(&text, "apiserver_request_total", labels)
+}
+
+/// Sets the verbs of the Role's rule on `autoapprovals`, as an administrator would.
+async fn set_autoapproval_verbs(cluster: &Cluster, verbs: &[&str]) {
+    let roles: Api<Role> = Api::namespaced(cluster.client.clone(), &cluster.ns);
+    let mut role = roles
+        .list(&Default::default())
+        .await
+        .expect("roles")
+        .items
+        .pop()
+        .expect("the chart's Role");
+    for rule in role.rules.iter_mut().flatten() {
+        if rule
+            .resources
+            .as_ref()
+            .is_some_and(|r| r.iter().any(|r| r == "autoapprovals"))
+        {
+            rule.verbs = verbs.iter().map(|v| (*v).to_owned()).collect();
+        }
+    }
+    let name = role.metadata.name.clone().expect("a name");
+    roles
+        .replace(&name, &PostParams::default(), &role)
+        .await
+        .expect("the Role replaced");
+}
+
+fn reconciles_done(cluster: &Cluster) -> f64 {
+    metric_sum(
+        &cluster.metrics.encode(),
+        "autoapproval_reconcile_duration_seconds_count",
+        &[],
+    )
+}
+
+on_both!(a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs_on_the_real_server);
+/// `controller::a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs` on
+/// the real server: there the test API server fails every list of AutoApprovals on
+/// demand; here the real RBAC authorizer refuses them (403), the chart's Role stripped of
+/// `list` on autoapprovals while the replica restarts, so its cache cannot sync. The
+/// request is still approved and shown, from its CR's create response; once the Role
+/// grants `list` again the cache syncs, the Controller reconciles what it lists, and
+/// kube-apiserver's own count of status writes shows none a second time.
+async fn a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs_on_the_real_server(
+    db: Db,
+) {
+    let plane = private_control_plane(Options::default()).await;
+    let mut settings = quick_leases();
+    settings.reconcile.in_progress_after = std::time::Duration::from_secs(3600);
+    let mut cluster = Cluster::real_on(plane, db.clone(), quick_leases(), |_| {}).await;
+    cluster.wait_every_shard().await;
+    cluster.stop().await;
+    set_autoapproval_verbs(&cluster, &["watch", "create", "delete"]).await;
+    cluster.restart(settings);
+    cluster.wait_every_shard().await;
+    cluster.wait_listening().await;
+    let reconciled = reconciles_done(&cluster);
+    owner_now(72).insert(&db).await;
+
+    let approved = cluster.wait_phase(72, Phase::Approved).await;
+    assert_eq!(request_status(&db, 72).await, "APPROVED");
+    // The real authorizer refuses the ServiceAccount every list of AutoApprovals.
+    let can_i = cluster
+        .kubectl(&[
+            "auth",
+            "can-i",
+            "list",
+            "autoapprovals.autoapproval.io",
+            "--as",
+            &format!("system:serviceaccount:{}:autoapproval", cluster.ns),
+        ])
+        .await;
+    assert_eq!(String::from_utf8_lossy(&can_i.stdout).trim(), "no");
+    assert_eq!(
+        approved.status.as_ref().map(|s| s.retry_count),
+        Some(0),
+        "{approved:?}"
+    );
+    eventually("the early attempt to be counted", || async {
+        (reconciles_done(&cluster) > reconciled).then_some(())
+    })
+    .await;
+    let status = [r#"resource="autoapprovals""#, r#"subresource="status""#];
+    let patched = apiserver_requests(&cluster, &status).await;
+    assert!(patched > 0.0, "kube-apiserver counted the status writes");
+    let reconciled = reconciles_done(&cluster);
+
+    // The Role grants the list again: the cache syncs and the Controller reconciles
+    // what it lists, the approved CR among them.
+    set_autoapproval_verbs(&cluster, &["list", "watch", "create", "delete"]).await;
+    eventually("a reconcile after the cache's sync", || async {
+        (reconciles_done(&cluster) > reconciled).then_some(())
+    })
+    .await;
+    assert_eq!(
+        apiserver_requests(&cluster, &status).await - patched,
+        0.0,
+        "status writes after the sync"
+    );
+    cluster.stop().await;
     plane.stop();
 }
