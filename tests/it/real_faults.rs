@@ -41,18 +41,11 @@ async fn a_watch_answered_410_gone_after_etcds_compaction_relists_and_misses_not
     .expect("proxied kubeconfig");
     let sim = simulator().await;
     let sim_url = sim.base_url();
-    let mut child = spawn_run(
+    let mut child = spawn_run_on_sim(
         &kubeconfig,
-        free_port(),
         &db,
         &["--replica-name", "compacted", "--poll-period", "3600s"],
-        &[
-            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
-            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
-            ("AUTOAPPROVAL_STORE_URL", &sim_url),
-            ("AUTOAPPROVAL_AD_URL", &sim_url),
-            ("NO_COLOR", "1"),
-        ],
+        &sim_url,
     );
     let log = capture_stderr(&mut child);
     let crs: Api<AutoApproval> = Api::namespaced(real.admin.clone(), &real.ns.name);
@@ -149,14 +142,6 @@ async fn set_autoapproval_verbs(cluster: &Cluster, verbs: &[&str]) {
         .replace(&name, &PostParams::default(), &role)
         .await
         .expect("the Role replaced");
-}
-
-fn reconciles_done(cluster: &Cluster) -> f64 {
-    metric_sum(
-        &cluster.metrics.encode(),
-        "autoapproval_reconcile_duration_seconds_count",
-        &[],
-    )
 }
 
 on_both!(a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs_on_the_real_server);

@@ -57,18 +57,11 @@ async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) 
     let sim = simulator().await;
     let sim_url = sim.base_url();
     // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let mut child = spawn_run(
+    let mut child = spawn_run_on_sim(
         &real.ns.kubeconfig,
-        free_port(),
         db,
         &["--replica-name", "rbac-1"],
-        &[
-            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
-            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
-            ("AUTOAPPROVAL_STORE_URL", &sim_url),
-            ("AUTOAPPROVAL_AD_URL", &sim_url),
-            ("NO_COLOR", "1"),
-        ],
+        &sim_url,
     );
     let log = capture_stderr(&mut child);
     owner_now(id).insert(db).await;

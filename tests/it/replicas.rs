@@ -991,6 +991,40 @@ async fn a_shard_whose_hand_back_failed_is_released_later_and_taken(db: Db) {
     );
 }
 
+/// Three replicas on `plane` with `extra_args`, balanced, working through requests
+/// `1..=n` (40 ms a call, so chains are in flight), once `approved` of them are.
+async fn real_fleet_mid_run(
+    db: &Db,
+    plane: &'static control_plane::ControlPlane,
+    extra_args: &[&str],
+    n: i64,
+    approved: i64,
+) -> Fleet {
+    let fleet = Fleet::real(db.clone(), 3, LEASE_DURATION, plane, extra_args).await;
+    fleet.wait_balanced().await;
+    fleet
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(40),
+            jitter: Duration::from_millis(20),
+            ..Faults::default()
+        })
+        .expect("faults");
+    insert_requests(db, 1, n, None, true).await;
+    eventually(
+        &format!("{approved} of {n} requests to be approved"),
+        || async {
+            (fleet
+                .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+                .await
+                >= approved)
+                .then_some(())
+        },
+    )
+    .await;
+    fleet
+}
+
 /// Waits until every one of the fleet's requests `1..=n` is approved.
 async fn wait_approved(fleet: &Fleet, n: i64) {
     eventually(&format!("all {n} requests to be approved"), || async {
@@ -1048,26 +1082,27 @@ on_both!(a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_noth
 async fn a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_nothing(db: Db) {
     const N: i64 = 300;
     let plane = crate::support::control_plane().await;
-    let mut fleet = Fleet::real(db.clone(), 3, LEASE_DURATION, plane, &[]).await;
-    fleet.wait_balanced().await;
-    fleet
-        .sim
-        .set_faults(Faults {
-            latency: Duration::from_millis(40),
-            jitter: Duration::from_millis(20),
-            ..Faults::default()
-        })
-        .expect("faults");
-    insert_requests(&db, 1, N, None, true).await;
-    eventually("a third of the requests to be approved", || async {
-        (fleet
-            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
-            .await
-            >= N / 3)
-            .then_some(())
+    let mut fleet = real_fleet_mid_run(&db, plane, &[], N, N / 3).await;
+    // The victim is a replica with chains in flight now (on a loaded machine a
+    // random one may be between chains).
+    let victim = eventually("a replica with chains in flight", || async {
+        let mut busiest = (0, 0);
+        for (i, replica) in fleet.replicas.iter().enumerate() {
+            let in_flight = fleet
+                .count(&format!(
+                    "SELECT count(*) FROM auto_approve_state
+                      WHERE status = 'IN_PROGRESS' AND holder = '{}'",
+                    replica.name
+                ))
+                .await;
+            if in_flight > busiest.1 {
+                busiest = (i, in_flight);
+            }
+        }
+        (busiest.1 > 0).then_some(busiest.0)
     })
-    .await;
-    let victim = rand::rng().random_range(0..3);
+    .await
+    .expect("a victim");
     let victim_name = fleet.replicas[victim].name.clone();
     let holders = fleet.wait_balanced().await;
     let victim_shards: Vec<u32> = holders
@@ -1151,32 +1186,8 @@ on_both!(the_api_server_killed_and_restarted_mid_run_loses_and_doubles_nothing);
 async fn the_api_server_killed_and_restarted_mid_run_loses_and_doubles_nothing(db: Db) {
     const N: i64 = 300;
     let plane = crate::support::private_control_plane(control_plane::Options::default()).await;
-    let mut fleet = Fleet::real(
-        db.clone(),
-        3,
-        LEASE_DURATION,
-        plane,
-        &["--api-liveness-timeout", "5s"],
-    )
-    .await;
-    fleet.wait_balanced().await;
-    fleet
-        .sim
-        .set_faults(Faults {
-            latency: Duration::from_millis(40),
-            jitter: Duration::from_millis(20),
-            ..Faults::default()
-        })
-        .expect("faults");
-    insert_requests(&db, 1, N, None, true).await;
-    eventually("a quarter of the requests to be approved", || async {
-        (fleet
-            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
-            .await
-            >= N / 4)
-            .then_some(())
-    })
-    .await;
+    let mut fleet =
+        real_fleet_mid_run(&db, plane, &["--api-liveness-timeout", "5s"], N, N / 4).await;
     for i in 0..3 {
         let (status, body) = fleet.healthz(i).await.expect("answers");
         assert_eq!(status, 200, "replica {i} live before the outage: {body}");

@@ -463,6 +463,15 @@ impl Cluster {
     }
 }
 
+/// Reconciles the replica of `c` has finished.
+pub fn reconciles_done(c: &Cluster) -> f64 {
+    super::metric_sum(
+        &c.metrics.encode(),
+        "autoapproval_reconcile_duration_seconds_count",
+        &[],
+    )
+}
+
 /// Sets columns of a request row, as the business system would.
 pub async fn set(db: &impl AsDb, id: i64, assignment: &str) {
     db.db()

@@ -115,6 +115,29 @@ impl CutProxy {
     }
 }
 
+/// `spawn_run` with the external systems at the simulator's `sim_url`, the log
+/// uncoloured.
+pub fn spawn_run_on_sim(
+    kubeconfig: &std::path::Path,
+    pool: &impl AsDb,
+    args: &[&str],
+    sim_url: &str,
+) -> tokio::process::Child {
+    spawn_run(
+        kubeconfig,
+        free_port(),
+        pool,
+        args,
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", sim_url),
+            ("AUTOAPPROVAL_STORE_URL", sim_url),
+            ("AUTOAPPROVAL_AD_URL", sim_url),
+            ("NO_COLOR", "1"),
+        ],
+    )
+}
+
 /// The lines a child writes to its standard error, gathered as they come (the
 /// child's stderr must be piped, as `spawn_run` has it).
 pub fn capture_stderr(
