@@ -17,7 +17,8 @@ use kube_testserver::{Match, Options, TestServer};
 use crate::support::{
     AsDb, Cluster, Db, NS, NewRequest, On, client_for, eventually, foreign_lease, insert_state,
     install_crd, lease_changes, memos, metric_sum, on_both, on_both_servers, owner_now,
-    quick_leases, request_status, request_view, set, test_settings, waiting_owner_now,
+    quick_leases, reconciles_done, request_status, request_view, set, test_settings,
+    waiting_owner_now,
 };
 
 async fn state_exists(db: &impl AsDb, id: i64) -> bool {
@@ -1191,15 +1192,6 @@ async fn becoming_the_leader_is_an_event_on_the_leader_lease(db: Db) {
 /// Status patches the API server has received (the CRs' only patches).
 fn status_patches(c: &Cluster) -> u64 {
     c.api_requests("patch autoapprovals")
-}
-
-/// Reconciles the replica has finished.
-fn reconciles_done(c: &Cluster) -> f64 {
-    metric_sum(
-        &c.metrics.encode(),
-        "autoapproval_reconcile_duration_seconds_count",
-        &[],
-    )
 }
 
 on_both!(a_replica_restarted_with_nothing_changed_writes_no_status);

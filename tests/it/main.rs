@@ -18,6 +18,7 @@ mod manual;
 mod migrate;
 mod mysql;
 mod one_chain;
+mod real_faults;
 mod real_server;
 mod replica_lag;
 mod replicas;

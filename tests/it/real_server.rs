@@ -57,33 +57,13 @@ async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) 
     let sim = simulator().await;
     let sim_url = sim.base_url();
     // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let mut child = spawn_run(
+    let mut child = spawn_run_on_sim(
         &real.ns.kubeconfig,
-        free_port(),
         db,
         &["--replica-name", "rbac-1"],
-        &[
-            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
-            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
-            ("AUTOAPPROVAL_STORE_URL", &sim_url),
-            ("AUTOAPPROVAL_AD_URL", &sim_url),
-            ("NO_COLOR", "1"),
-        ],
+        &sim_url,
     );
-    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-    let stderr = child.stderr.take().expect("stderr piped");
-    tokio::spawn({
-        let log = log.clone();
-        async move {
-            use tokio::io::AsyncBufReadExt;
-            let mut lines = tokio::io::BufReader::new(stderr).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let mut log = log.lock().expect("log");
-                log.push_str(&line);
-                log.push('\n');
-            }
-        }
-    });
+    let log = capture_stderr(&mut child);
     owner_now(id).insert(db).await;
     let named = format!(r#"User "{}" {refused}"#, real.ns.service_account_user());
     eventually(&format!("a log line saying {named}"), || async {

@@ -1,5 +1,6 @@
 //! Several replicas: real `autoapproval run` processes sharing the test API
-//! server, PostgreSQL and the simulator, coordinated by Leases.
+//! server (or the real kube-apiserver), the database and the simulator,
+//! coordinated by Leases.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -13,10 +14,11 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Client;
 use kube::api::{Api, ListParams};
-use kube_testserver::{Match, TestServer};
+use kube_testserver::Match;
 use rand::Rng;
 use tokio::process::{Child, Command};
 
+use crate::support::{ApiServer, real_namespace_on, simulator};
 use crate::support::{AsDb, CutProxy, Db, NS, backends, eventually, memos, on_both};
 use crate::support::{database_url, sigterm};
 
@@ -61,8 +63,13 @@ impl Downstream {
 
 /// Three (or more) replicas and everything they talk to.
 struct Fleet {
-    server: TestServer,
+    server: ApiServer,
+    /// The tests' own client (on the real server, the admin), default namespace `ns`.
     client: Client,
+    /// The namespace of the Leases, CRs and Events.
+    ns: String,
+    /// Flags every replica gets on top of the fleet's own.
+    extra_args: Vec<String>,
     sim: SimHandle,
     pool: Db,
     dir: PathBuf,
@@ -96,9 +103,11 @@ impl Fleet {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let kubeconfig = dir.join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-        let mut fleet = Fleet {
-            server,
+        let fleet = Fleet {
+            server: ApiServer::Test(server),
             client,
+            ns: NS.into(),
+            extra_args: Vec::new(),
             sim,
             pool: pool.db(),
             dir,
@@ -108,6 +117,46 @@ impl Fleet {
             http: reqwest::Client::new(),
             downstream,
         };
+        fleet.started(n)
+    }
+
+    /// `n` replicas on the real kube-apiserver of `plane`, in a namespace of their own,
+    /// each as the chart's ServiceAccount under the chart's Role (through its
+    /// kubeconfig), with `extra_args`; keyed downstream.
+    async fn real(
+        pool: impl AsDb,
+        n: usize,
+        lease_duration: Duration,
+        plane: &'static control_plane::ControlPlane,
+        extra_args: &[&str],
+    ) -> Fleet {
+        let real = real_namespace_on(plane, |_| {}).await;
+        let dir = std::env::temp_dir().join(format!(
+            "aa-fleet-{}-{}",
+            std::process::id(),
+            rand::rng().random::<u32>()
+        ));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let fleet = Fleet {
+            client: real.admin.clone(),
+            ns: real.ns.name.clone(),
+            kubeconfig: real.ns.kubeconfig.clone(),
+            server: ApiServer::Real(Box::new(real)),
+            extra_args: extra_args.iter().map(|a| (*a).to_owned()).collect(),
+            sim: simulator().await,
+            pool: pool.db(),
+            dir,
+            replicas: Vec::new(),
+            lease_duration,
+            http: reqwest::Client::new(),
+            downstream: Downstream::Keyed,
+        };
+        fleet.started(n)
+    }
+
+    /// This fleet with replicas `r0..r<n>` started.
+    fn started(mut self, n: usize) -> Fleet {
+        let fleet = &mut self;
         for i in 0..n {
             fleet.replicas.push(Replica {
                 name: format!("r{i}"),
@@ -117,7 +166,7 @@ impl Fleet {
             });
             fleet.spawn(i);
         }
-        fleet
+        self
     }
 
     /// Starts replica `i` (again).
@@ -139,7 +188,13 @@ impl Fleet {
             Downstream::Unkeyed => "lookup",
         };
         let child = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-            .args(["run", "--namespace", NS, "--replica-name", &replica.name])
+            .args([
+                "run",
+                "--namespace",
+                &self.ns,
+                "--replica-name",
+                &replica.name,
+            ])
             .arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -162,6 +217,7 @@ impl Fleet {
                 "2s",
             ])
             .args(["--shutdown-grace", "5s"])
+            .args(&self.extra_args)
             .env(
                 "AUTOAPPROVAL_DATABASE_URL",
                 replica
@@ -229,7 +285,7 @@ impl Fleet {
 
     /// Each shard's holder and acquire time, from the Lease objects.
     async fn shard_holders(&self) -> BTreeMap<u32, (String, DateTime<Utc>)> {
-        let leases: Api<Lease> = Api::namespaced(self.client.clone(), NS);
+        let leases: Api<Lease> = Api::namespaced(self.client.clone(), &self.ns);
         let Ok(list) = leases.list(&ListParams::default()).await else {
             return BTreeMap::new();
         };
@@ -363,8 +419,11 @@ fn assert_lookups_made(fleet: &Fleet) {
 
 /// Every request the replica processes made to the API server is one the
 /// chart's Role grants: run with that Role, they would have been refused
-/// nothing.
-fn assert_role_grants_what_was_used(server: &TestServer) {
+/// nothing (on the real server, the Role was enforced: nothing to check).
+fn assert_role_grants_what_was_used(server: &ApiServer) {
+    let ApiServer::Test(server) = server else {
+        return;
+    };
     let used = server.access_by(autoapproval::cli::USER_AGENT);
     assert!(
         !used.is_empty(),
@@ -930,4 +989,265 @@ async fn a_shard_whose_hand_back_failed_is_released_later_and_taken(db: Db) {
         fleet.log(0).contains("Lease released on a later try"),
         "the failed release was written again: {holders:?}"
     );
+}
+
+/// Three replicas on `plane` with `extra_args`, balanced, working through requests
+/// `1..=n` (40 ms a call, so chains are in flight), once `approved` of them are.
+async fn real_fleet_mid_run(
+    db: &Db,
+    plane: &'static control_plane::ControlPlane,
+    extra_args: &[&str],
+    n: i64,
+    approved: i64,
+) -> Fleet {
+    let fleet = Fleet::real(db.clone(), 3, LEASE_DURATION, plane, extra_args).await;
+    fleet.wait_balanced().await;
+    fleet
+        .sim
+        .set_faults(Faults {
+            latency: Duration::from_millis(40),
+            jitter: Duration::from_millis(20),
+            ..Faults::default()
+        })
+        .expect("faults");
+    insert_requests(db, 1, n, None, true).await;
+    eventually(
+        &format!("{approved} of {n} requests to be approved"),
+        || async {
+            (fleet
+                .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+                .await
+                >= approved)
+                .then_some(())
+        },
+    )
+    .await;
+    fleet
+}
+
+/// Waits until every one of the fleet's requests `1..=n` is approved.
+async fn wait_approved(fleet: &Fleet, n: i64) {
+    eventually(&format!("all {n} requests to be approved"), || async {
+        (fleet
+            .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+            .await
+            == n)
+            .then_some(())
+    })
+    .await;
+}
+
+/// Every one of the requests `1..=n` had exactly one owner and one store created: one
+/// creation per request and step, none lost and none twice.
+fn assert_each_created_once(sim: &SimHandle, n: i64) {
+    assert_nothing_doubled(sim);
+    let stats = sim.stats();
+    let wrong: Vec<_> = (1..=n)
+        .filter(|id| {
+            stats
+                .per_request
+                .get(id)
+                .is_none_or(|c| c.owner != 1 || c.store != 1)
+        })
+        .collect();
+    assert!(wrong.is_empty(), "not created exactly once: {wrong:?}");
+}
+
+/// The Events in the fleet's namespace with `reason`, as (regarding's name, note).
+async fn events_of(fleet: &Fleet, reason: &str) -> Vec<(String, String)> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(fleet.client.clone(), &fleet.ns);
+    events
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some(reason))
+        .map(|e| {
+            (
+                e.regarding.and_then(|r| r.name).unwrap_or_default(),
+                e.note.unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+on_both!(a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_nothing);
+/// Three `autoapproval run` processes on the real kube-apiserver, each as the chart's
+/// ServiceAccount through a kubeconfig, under the chart's Role; one is killed with
+/// SIGKILL while its chains are in flight. Its shard Leases expire and are taken over
+/// (a `ShardFailover` Event on each, naming it), its claims are recovered by the new
+/// holders, and each of 300 requests gets one owner and one store.
+async fn a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_nothing(db: Db) {
+    const N: i64 = 300;
+    let plane = crate::support::control_plane().await;
+    let mut fleet = real_fleet_mid_run(&db, plane, &[], N, N / 3).await;
+    // The victim is a replica with chains in flight now (on a loaded machine a
+    // random one may be between chains).
+    let victim = eventually("a replica with chains in flight", || async {
+        let mut busiest = (0, 0);
+        for (i, replica) in fleet.replicas.iter().enumerate() {
+            let in_flight = fleet
+                .count(&format!(
+                    "SELECT count(*) FROM auto_approve_state
+                      WHERE status = 'IN_PROGRESS' AND holder = '{}'",
+                    replica.name
+                ))
+                .await;
+            if in_flight > busiest.1 {
+                busiest = (i, in_flight);
+            }
+        }
+        (busiest.1 > 0).then_some(busiest.0)
+    })
+    .await
+    .expect("a victim");
+    let victim_name = fleet.replicas[victim].name.clone();
+    let holders = fleet.wait_balanced().await;
+    let victim_shards: Vec<u32> = holders
+        .iter()
+        .filter(|(_, (h, _))| *h == victim_name)
+        .map(|(s, _)| *s)
+        .collect();
+    fleet.kill_hard(victim).await;
+    let killed_at = tokio::time::Instant::now();
+    let orphaned = db
+        .fetch_ids(&format!(
+            "SELECT request_id FROM auto_approve_state
+              WHERE status = 'IN_PROGRESS' AND holder = '{victim_name}'"
+        ))
+        .await;
+    assert!(
+        !orphaned.is_empty(),
+        "{victim_name} had chains in flight when killed"
+    );
+    eventually("the victim's shards to be taken over", || async {
+        let holders = fleet.shard_holders().await;
+        victim_shards
+            .iter()
+            .all(|s| holders.get(s).is_some_and(|(h, _)| *h != victim_name))
+            .then_some(())
+    })
+    .await;
+    eprintln!(
+        "{victim_name}'s shards {victim_shards:?} taken over within {:?} of the kill",
+        killed_at.elapsed()
+    );
+    wait_approved(&fleet, N).await;
+    eprintln!("all {N} approved {:?} after the kill", killed_at.elapsed());
+    assert_each_created_once(&fleet.sim, N);
+    for request_id in &orphaned {
+        let history = memos(&db, *request_id).await;
+        assert!(
+            history
+                .iter()
+                .any(|m| m.contains(&format!("interrupted on {victim_name}"))),
+            "request {request_id}: {history:?}"
+        );
+    }
+    eventually("the state table to empty", || async {
+        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
+    })
+    .await;
+    let failed_over = events_of(&fleet, "ShardFailover").await;
+    for shard in &victim_shards {
+        let lease = autoapproval::coordination::shard_lease_name(*shard);
+        assert!(
+            failed_over.iter().any(
+                |(name, note)| *name == lease && note.contains(&format!("from {victim_name},"))
+            ),
+            "no ShardFailover Event on {lease} naming {victim_name}: {failed_over:?}"
+        );
+    }
+    let elected = events_of(&fleet, "LeaderElection").await;
+    assert!(!elected.is_empty(), "no LeaderElection Event");
+    for i in (0..3).filter(|i| *i != victim) {
+        fleet.stop(i).await;
+    }
+}
+
+impl Fleet {
+    /// Replica `i`'s `/healthz`: its status and body (`None` when it does not answer).
+    async fn healthz(&self, i: usize) -> Option<(u16, String)> {
+        let url = format!("http://127.0.0.1:{}/healthz", self.replicas[i].port);
+        let response = self.http.get(url).send().await.ok()?;
+        let status = response.status().as_u16();
+        Some((status, response.text().await.unwrap_or_default()))
+    }
+}
+
+on_both!(the_api_server_killed_and_restarted_mid_run_loses_and_doubles_nothing);
+/// kube-apiserver (a control plane of the test's own) is killed with SIGKILL while three
+/// replicas work through 300 requests, and started again on the same port, certificates
+/// and etcd once every replica's `/healthz` has failed past `--api-liveness-timeout`,
+/// naming the server. Each replica logs the outage by the server's address, and its end;
+/// every request is approved after the server returns, one owner and one store each.
+async fn the_api_server_killed_and_restarted_mid_run_loses_and_doubles_nothing(db: Db) {
+    const N: i64 = 300;
+    let plane = crate::support::private_control_plane(control_plane::Options::default()).await;
+    let mut fleet =
+        real_fleet_mid_run(&db, plane, &["--api-liveness-timeout", "5s"], N, N / 4).await;
+    for i in 0..3 {
+        let (status, body) = fleet.healthz(i).await.expect("answers");
+        assert_eq!(status, 200, "replica {i} live before the outage: {body}");
+    }
+
+    plane.kill_apiserver().await.expect("kube-apiserver killed");
+    let killed_at = tokio::time::Instant::now();
+    let approved_at_kill = fleet
+        .count("SELECT count(*) FROM approval_request WHERE status = 'APPROVED'")
+        .await;
+    let named = format!("no answer from the API server at {}", plane.url());
+    for i in 0..3 {
+        let body = eventually(&format!("replica {i}'s /healthz to fail"), || async {
+            let (status, body) = fleet.healthz(i).await?;
+            (status != 200).then_some(body)
+        })
+        .await
+        .expect("a failure");
+        assert!(
+            body.contains(&named) && body.contains("--api-liveness-timeout 5 s"),
+            "{body}"
+        );
+    }
+    eprintln!(
+        "every /healthz failing {:?} after the kill ({approved_at_kill} of {N} approved at the kill)",
+        killed_at.elapsed()
+    );
+    for i in 0..3 {
+        let log = fleet.log(i);
+        assert!(
+            log.contains("cannot reach the API server to list Leases") && log.contains(plane.url()),
+            "replica {i}: {log}"
+        );
+    }
+
+    plane
+        .restart_apiserver()
+        .await
+        .expect("kube-apiserver back");
+    let back_at = tokio::time::Instant::now();
+    wait_approved(&fleet, N).await;
+    eprintln!("all {N} approved {:?} after the restart", back_at.elapsed());
+    assert_each_created_once(&fleet.sim, N);
+    eventually("the state table to empty", || async {
+        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        eventually(&format!("replica {i}'s /healthz to pass again"), || async {
+            (fleet.healthz(i).await?.0 == 200).then_some(())
+        })
+        .await;
+        let log = fleet.log(i);
+        assert!(
+            log.contains("the API server answers again"),
+            "replica {i}: {log}"
+        );
+    }
+    for i in 0..3 {
+        fleet.stop(i).await;
+    }
+    plane.stop();
 }

@@ -2,9 +2,11 @@
 //! (scripts/install-control-plane.sh builds them) on free loopback ports, with TLS and
 //! RBAC, an admin identity and, per namespace, the controller's ServiceAccount.
 
+use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -63,6 +65,14 @@ pub enum Error {
     },
     #[error("a kube client: {0}")]
     Client(#[source] kube::Error),
+    #[error("etcd's {call} at {url}: {detail}")]
+    Etcd {
+        call: &'static str,
+        url: String,
+        detail: String,
+    },
+    #[error("kube-apiserver still answers at {0} after it was killed")]
+    StillUp(String),
 }
 
 fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error {
@@ -75,15 +85,33 @@ fn kube_err(what: impl Into<String>) -> impl FnOnce(kube::Error) -> Error {
     move |source| Error::Kube { what, source }
 }
 
-/// etcd and kube-apiserver, running until the process that started them exits.
+/// etcd and kube-apiserver, running until the process that started them exits (or,
+/// for one not shared, until it is dropped or [`ControlPlane::stop`]ped).
 pub struct ControlPlane {
     /// `https://127.0.0.1:<port>`.
     url: String,
+    /// etcd's client URL, `http://127.0.0.1:<port>`.
+    etcd_url: String,
     /// Scratch directory: data, certificates, logs, kubeconfigs; removed by the watchdog.
     dir: PathBuf,
     /// The watchdog shell; kept so its pipe stays open while this process lives.
     _watchdog: Child,
-    _pipe: ChildStdin,
+    /// The watchdog's commands (`stop`, `start`: kube-apiserver); closed, it ends both.
+    pipe: Mutex<Option<ChildStdin>>,
+}
+
+/// How a control plane of its own differs from the shared one.
+#[derive(Clone, Debug)]
+pub struct Options {
+    /// kube-apiserver's watch cache (`--watch-cache`): off, every watch reads etcd's
+    /// own history, so a compaction makes an older resourceVersion `410 Gone`.
+    pub watch_cache: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self { watch_cache: true }
+    }
 }
 
 static SHARED: OnceCell<ControlPlane> = OnceCell::const_new();
@@ -100,6 +128,12 @@ impl ControlPlane {
 
     /// Starts etcd and kube-apiserver and waits until kube-apiserver is ready.
     pub async fn start() -> Result<ControlPlane, Error> {
+        Self::start_with(Options::default()).await
+    }
+
+    /// Like `start`, with `options`: a control plane of the caller's own, ended when
+    /// it is dropped.
+    pub async fn start_with(options: Options) -> Result<ControlPlane, Error> {
         let etcd = binary("etcd", "ETCD")?;
         let apiserver = binary("kube-apiserver", "KUBE_APISERVER")?;
         let dir = std::env::temp_dir().join(format!(
@@ -160,12 +194,21 @@ impl ControlPlane {
             // requires of every pod; no kubelet runs pods either.
             "--disable-admission-plugins=ServiceAccount".to_owned(),
             "--profiling=false".to_owned(),
+            format!("--watch-cache={}", options.watch_cache),
         ];
+        // `stop` kills kube-apiserver (SIGKILL, as a crashed node would), `start` runs it
+        // again with the same arguments: the same port, certificates and etcd.
         let script = format!(
             "trap '' INT TERM\n\
              {etcd} {etcd_args} </dev/null >{dir}/etcd.log 2>&1 & etcd=$!\n\
-             {apiserver} {apiserver_args} </dev/null >{dir}/kube-apiserver.log 2>&1 & apiserver=$!\n\
-             cat >/dev/null\n\
+             start() {{ {apiserver} {apiserver_args} </dev/null >>{dir}/kube-apiserver.log 2>&1 & apiserver=$!; }}\n\
+             start\n\
+             while read -r command; do\n\
+               case $command in\n\
+                 stop) kill -9 $apiserver; wait $apiserver;;\n\
+                 start) start;;\n\
+               esac\n\
+             done\n\
              kill -9 $apiserver $etcd 2>/dev/null\n\
              wait\n\
              rm -rf {dir}\n",
@@ -192,9 +235,10 @@ impl ControlPlane {
         })?;
         let plane = ControlPlane {
             url: format!("https://127.0.0.1:{secure_port}"),
+            etcd_url,
             dir,
             _watchdog: watchdog,
-            _pipe: pipe,
+            pipe: Mutex::new(Some(pipe)),
         };
         plane.wait_ready().await?;
         plane.write_kubeconfig(
@@ -241,6 +285,101 @@ impl ControlPlane {
     /// `https://127.0.0.1:<port>`.
     pub fn url(&self) -> &str {
         &self.url
+    }
+
+    /// etcd's client URL (its v3 HTTP/JSON gateway answers there too).
+    pub fn etcd_url(&self) -> &str {
+        &self.etcd_url
+    }
+
+    /// kube-apiserver's log so far (every run of it, when restarted).
+    pub fn apiserver_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("kube-apiserver.log")).unwrap_or_default()
+    }
+
+    fn command(&self, command: &str) -> Result<(), Error> {
+        let mut pipe = self.pipe.lock().unwrap_or_else(|e| e.into_inner());
+        let pipe = pipe.as_mut().ok_or_else(|| Error::Io {
+            what: format!("{command} kube-apiserver"),
+            source: std::io::Error::other("the control plane was stopped"),
+        })?;
+        writeln!(pipe, "{command}")
+            .and_then(|()| pipe.flush())
+            .map_err(io(format!("tell the watchdog to {command} kube-apiserver")))
+    }
+
+    /// Kills kube-apiserver with SIGKILL (etcd keeps running) and returns once its
+    /// port refuses connections.
+    pub async fn kill_apiserver(&self) -> Result<(), Error> {
+        self.command("stop")?;
+        let addr = self.url.trim_start_matches("https://").to_owned();
+        let start = Instant::now();
+        while start.elapsed() < READY_WITHIN {
+            if tokio::net::TcpStream::connect(&addr).await.is_err() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Err(Error::StillUp(self.url.clone()))
+    }
+
+    /// Starts kube-apiserver again after [`ControlPlane::kill_apiserver`], on the same
+    /// port with the same certificates and etcd, and waits until it is ready.
+    pub async fn restart_apiserver(&self) -> Result<(), Error> {
+        self.command("start")?;
+        self.wait_ready().await
+    }
+
+    /// Compacts etcd's history up to its current revision (physically), through its
+    /// v3 HTTP/JSON gateway; returns that revision.
+    pub async fn compact_etcd(&self) -> Result<i64, Error> {
+        let http = reqwest::Client::new();
+        let call = |path: &'static str, body: serde_json::Value| {
+            let http = http.clone();
+            let url = format!("{}{path}", self.etcd_url);
+            async move {
+                let failed = |detail: String| Error::Etcd {
+                    call: path,
+                    url: url.clone(),
+                    detail,
+                };
+                let response = http
+                    .post(&url)
+                    .json(&body)
+                    .send()
+                    .await
+                    .map_err(|e| failed(e.to_string()))?;
+                let status = response.status();
+                let text = response.text().await.map_err(|e| failed(e.to_string()))?;
+                if !status.is_success() {
+                    return Err(failed(format!("{status}: {text}")));
+                }
+                serde_json::from_str::<serde_json::Value>(&text)
+                    .map_err(|e| failed(format!("{e}: {text}")))
+            }
+        };
+        // Any key: the answer's header carries the store's current revision ("/" is "Lw==").
+        let range = call("/v3/kv/range", serde_json::json!({"key": "Lw=="})).await?;
+        let revision = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<i64>().ok())
+            .ok_or_else(|| Error::Etcd {
+                call: "/v3/kv/range",
+                url: self.etcd_url.clone(),
+                detail: format!("no revision in {range}"),
+            })?;
+        call(
+            "/v3/kv/compaction",
+            serde_json::json!({"revision": revision.to_string(), "physical": true}),
+        )
+        .await?;
+        Ok(revision)
+    }
+
+    /// Ends etcd and kube-apiserver now and removes their directory (the watchdog
+    /// does, once its pipe closes).
+    pub fn stop(&self) {
+        self.pipe.lock().unwrap_or_else(|e| e.into_inner()).take();
     }
 
     /// kube-apiserver's self-signed serving certificate and its CA, PEM.

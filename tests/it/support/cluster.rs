@@ -26,7 +26,7 @@ use kube_testserver::{Options, TestServer};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use super::control_plane::{RealNamespace, real_namespace};
+use super::control_plane::{RealNamespace, real_namespace_on};
 use super::db::{AsDb, Db};
 use super::rows::NewRequest;
 
@@ -236,10 +236,26 @@ impl Cluster {
         settings: ControllerConfig,
         edit: impl FnOnce(&mut Role),
     ) -> Cluster {
+        Self::real_on(
+            super::control_plane::control_plane().await,
+            pool,
+            settings,
+            edit,
+        )
+        .await
+    }
+
+    /// Like `real_with_role`, on `plane` (one of the test's own).
+    pub async fn real_on(
+        plane: &'static ::control_plane::ControlPlane,
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        edit: impl FnOnce(&mut Role),
+    ) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
-        let real = real_namespace(edit).await;
+        let real = real_namespace_on(plane, edit).await;
         let (admin, controller, ns) = (
             real.admin.clone(),
             real.controller.clone(),
@@ -445,6 +461,15 @@ impl Cluster {
             .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
             .collect()
     }
+}
+
+/// Reconciles the replica of `c` has finished.
+pub fn reconciles_done(c: &Cluster) -> f64 {
+    super::metric_sum(
+        &c.metrics.encode(),
+        "autoapproval_reconcile_duration_seconds_count",
+        &[],
+    )
 }
 
 /// Sets columns of a request row, as the business system would.

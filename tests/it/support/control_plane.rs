@@ -3,7 +3,7 @@
 //! RoleBinding grant the controller's ServiceAccount what the chart grants it.
 
 use autoapproval::controller::crd::AutoApproval;
-use control_plane::{ControlPlane, TestNamespace};
+use control_plane::{ControlPlane, Options, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
@@ -35,6 +35,18 @@ pub async fn control_plane() -> &'static ControlPlane {
         install_crd(plane).await;
     })
     .await;
+    plane
+}
+
+/// A control plane of the test's own (one it may kill, restart or compact), the CRD
+/// installed. Leaked, as the shared one is static: [`ControlPlane::stop`] ends it, else
+/// the test binary's exit does.
+pub async fn private_control_plane(options: Options) -> &'static ControlPlane {
+    let plane = ControlPlane::start_with(options)
+        .await
+        .unwrap_or_else(|e| panic!("a private control plane: {e}"));
+    let plane: &'static ControlPlane = Box::leak(Box::new(plane));
+    install_crd(plane).await;
     plane
 }
 
@@ -73,7 +85,14 @@ async fn install_crd(plane: &ControlPlane) {
 /// A fresh namespace with the chart's Role, changed by `edit`, bound to the
 /// controller's ServiceAccount.
 pub async fn real_namespace(edit: impl FnOnce(&mut Role)) -> RealNamespace {
-    let plane = control_plane().await;
+    real_namespace_on(control_plane().await, edit).await
+}
+
+/// Like `real_namespace`, on `plane` (one from [`private_control_plane`]).
+pub async fn real_namespace_on(
+    plane: &'static ControlPlane,
+    edit: impl FnOnce(&mut Role),
+) -> RealNamespace {
     let ns = plane.namespace("it").await.expect("a test namespace");
     let admin = ns.admin_client().await.expect("admin client");
     let (mut role, binding) = chart_rbac(&ns.name);

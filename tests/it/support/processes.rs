@@ -48,6 +48,8 @@ pub fn metric_sum(text: &str, metric: &str, labels: &[&str]) -> f64 {
 pub struct CutProxy {
     addr: std::net::SocketAddr,
     cut: tokio::sync::watch::Sender<bool>,
+    /// Bumped by [`CutProxy::reset`]: the connections open then are closed.
+    resets: tokio::sync::watch::Sender<u64>,
 }
 
 impl CutProxy {
@@ -58,6 +60,7 @@ impl CutProxy {
             .expect("proxy port");
         let addr = listener.local_addr().expect("proxy address");
         let (cut, mut cut_rx) = tokio::sync::watch::channel(false);
+        let (resets, resets_rx) = tokio::sync::watch::channel(0u64);
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -69,6 +72,8 @@ impl CutProxy {
                     continue;
                 };
                 let mut cut = cut_rx.clone();
+                let mut reset = resets_rx.clone();
+                let generation = *reset.borrow_and_update();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
@@ -76,11 +81,23 @@ impl CutProxy {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = cut.wait_for(|c| *c) => {}
+                        _ = reset.wait_for(|g| *g != generation) => {}
                     }
                 });
             }
         });
-        CutProxy { addr, cut }
+        CutProxy { addr, cut, resets }
+    }
+
+    /// `host:port` of the proxy.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+
+    /// Closes every connection open through the proxy now; new ones are let through,
+    /// as after a load balancer's restart.
+    pub fn reset(&self) {
+        self.resets.send_modify(|g| *g += 1);
     }
 
     /// The URL of the test's database, through the proxy.
@@ -96,6 +113,51 @@ impl CutProxy {
     pub fn cut(&self) {
         let _ = self.cut.send(true);
     }
+}
+
+/// `spawn_run` with the external systems at the simulator's `sim_url`, the log
+/// uncoloured.
+pub fn spawn_run_on_sim(
+    kubeconfig: &std::path::Path,
+    pool: &impl AsDb,
+    args: &[&str],
+    sim_url: &str,
+) -> tokio::process::Child {
+    spawn_run(
+        kubeconfig,
+        free_port(),
+        pool,
+        args,
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", sim_url),
+            ("AUTOAPPROVAL_STORE_URL", sim_url),
+            ("AUTOAPPROVAL_AD_URL", sim_url),
+            ("NO_COLOR", "1"),
+        ],
+    )
+}
+
+/// The lines a child writes to its standard error, gathered as they come (the
+/// child's stderr must be piped, as `spawn_run` has it).
+pub fn capture_stderr(
+    child: &mut tokio::process::Child,
+) -> std::sync::Arc<std::sync::Mutex<String>> {
+    let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let stderr = child.stderr.take().expect("stderr piped");
+    tokio::spawn({
+        let log = log.clone();
+        async move {
+            use tokio::io::AsyncBufReadExt;
+            let mut lines = tokio::io::BufReader::new(stderr).lines();
+            while let Ok(Some(line)) = lines.next_line().await {
+                let mut log = log.lock().expect("log");
+                log.push_str(&line);
+                log.push('\n');
+            }
+        }
+    });
+    log
 }
 
 /// A port nothing listens on now.
