@@ -685,6 +685,59 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
     );
 }
 
+on_both!(an_in_progress_status_write_that_hangs_holds_up_no_chain);
+/// The InProgress status is written while the chain goes on: with that
+/// write hanging (an API server slower than any wait here), the chain still
+/// runs its calls, heartbeats and shard checks, and approves. Before, the
+/// attempt was not polled during the write: no heartbeat, no shard check,
+/// no progress until the API server answered.
+async fn an_in_progress_status_write_that_hangs_holds_up_no_chain(db: Db) {
+    let mut settings = test_settings();
+    settings.reconcile.in_progress_after = Duration::from_millis(500);
+    let cluster = Cluster::with_faults(
+        db.clone(),
+        settings,
+        Faults {
+            latency: Duration::from_secs(2),
+            system: Some(autoapproval_sim::SimSystem::Esign),
+            ..Faults::default()
+        },
+    )
+    .await;
+    cluster.wait_listening().await;
+    owner_now(1).insert(&db).await;
+    eventually(
+        "the chain of request 1 to be asking the e-sign system",
+        || async { (cluster.sim.stats().in_flight.esign > 0).then_some(()) },
+    )
+    .await;
+    // From now on (the InProgress write comes 500 ms into the chain), every
+    // status write hangs for longer than `eventually` waits.
+    cluster.server.faults().add_latency(
+        Duration::from_secs(120),
+        Match::any()
+            .verb("patch")
+            .resource("autoapprovals")
+            .path_contains("/status"),
+    );
+
+    eventually(
+        "request 1 to be approved while its status write hangs",
+        || async { (request_status(&db, 1).await == "APPROVED").then_some(()) },
+    )
+    .await;
+    let stats = cluster.sim.stats();
+    assert_eq!(
+        (
+            stats.calls_to("POST /owners"),
+            stats.calls_to("POST /stores")
+        ),
+        (1, 1),
+        "{:?}",
+        stats.calls
+    );
+}
+
 on_both!(a_change_notified_while_its_shard_changes_hands_is_not_lost);
 /// A change notified while its shard is held by no replica that works it
 /// (here: taken by another holder) is not lost: the database wake is
