@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use tracing::{debug, info};
 
 use super::{Coordinator, FIELD_MANAGER, MEMBER_LEASE_PREFIX, ROLE_LABEL, SHARD_LEASE_PREFIX};
@@ -36,6 +36,10 @@ impl Coordinator {
         let result = match existing {
             Some(mut lease) => {
                 lease.spec = Some(spec);
+                // Taken now: a failed fence's note has served its purpose.
+                if let Some(annotations) = lease.metadata.annotations.as_mut() {
+                    annotations.remove(super::acquire::TAKEN_FROM_ANNOTATION);
+                }
                 mark_protocol(&mut lease);
                 self.api.replace(name, &post_params(), &lease).await
             }
@@ -150,6 +154,21 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Deletes `lease` only as it was read: when it was written since (a
+/// member renewed just after it was judged departed), the API server
+/// answers 409 and the Lease stays.
+pub async fn delete_unchanged(api: &Api<Lease>, lease: &Lease) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: lease.metadata.resource_version.clone(),
+            uid: lease.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    api.delete(name, &params).await.map(drop)
 }
 
 /// Whether a write failed because the Lease changed or went meanwhile.

@@ -685,6 +685,49 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
     );
 }
 
+#[tokio::test]
+/// The leader deletes a departed replica's member Lease as it judged it:
+/// when the member renewed between the leader's list and its delete, the
+/// delete is refused (409) and the live member keeps its Lease. Before, it
+/// was deleted, and the renewing replica lost every shard at its next renew.
+async fn a_member_lease_renewed_after_it_was_judged_departed_is_not_deleted() {
+    use autoapproval::coordination::delete_unchanged;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let leases: Api<Lease> = Api::namespaced(client_for(&server), NS);
+    const NAME: &str = "autoapproval-member-ghost";
+    let judged = leases
+        .create(
+            &PostParams::default(),
+            &foreign_lease(NAME, "member", "ghost"),
+        )
+        .await
+        .expect("member Lease");
+    let mut renewed = judged.clone();
+    renewed.spec.as_mut().expect("spec").renew_time =
+        Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    leases
+        .replace(NAME, &PostParams::default(), &renewed)
+        .await
+        .expect("renewed");
+
+    let refused = delete_unchanged(&leases, &judged).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 409),
+        "{refused:?}"
+    );
+    let current = leases.get_opt(NAME).await.expect("get");
+    assert!(current.is_some(), "the renewed member Lease stays");
+    delete_unchanged(&leases, &current.expect("current"))
+        .await
+        .expect("the Lease as it is now can be deleted");
+    assert!(leases.get_opt(NAME).await.expect("get").is_none());
+}
+
 on_both!(an_in_progress_status_write_that_hangs_holds_up_no_chain);
 /// The InProgress status is written while the chain goes on: with that
 /// write hanging (an API server slower than any wait here), the chain still
@@ -857,6 +900,85 @@ async fn a_stuck_fence_of_one_shard_holds_up_no_other(db: Db) {
             .then_some(())
     })
     .await;
+    cluster.stop().await;
+}
+
+on_both!(a_failover_whose_first_fence_failed_is_still_counted_as_a_failover);
+/// A shard taken from a dead holder whose fence then fails (the database
+/// slow or locked for longer than a retry period) is handed back, and
+/// acquired again later: that later acquisition completes the failover and
+/// is counted as one. Before, the hand-back left the Lease naming nobody, so
+/// it was counted as a free shard: the cause of a loaded run's "each of the
+/// victim's shards failed over once, left: 4.0, right: 5.0".
+async fn a_failover_whose_first_fence_failed_is_still_counted_as_a_failover(db: Db) {
+    use autoapproval::coordination::TAKEN_FROM_ANNOTATION;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    db.exec_at(
+        "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+         VALUES (16, 3, 0, 'ghost', $1)",
+        Utc::now(),
+    )
+    .await;
+    let blocker = db
+        .business_transaction(
+            "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
+        )
+        .await;
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let client = client_for(&server);
+    install_crd(&client).await;
+    // Shard 3 is held by a replica that is gone (no member Lease).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases
+        .create(
+            &PostParams::default(),
+            &foreign_lease("autoapproval-shard-3", "shard", "ghost"),
+        )
+        .await
+        .expect("the ghost's shard Lease");
+    let mut cluster = Cluster::with_server(db.clone(), quick_leases(), server, client).await;
+    // Taken from the ghost, not fenced (the row is locked), handed back.
+    eventually(
+        "shard 3 to be handed back after its fence failed",
+        || async {
+            let lease = leases.get("autoapproval-shard-3").await.ok()?;
+            let holder = lease
+                .spec
+                .as_ref()?
+                .holder_identity
+                .clone()
+                .unwrap_or_default();
+            (holder.is_empty()).then_some(lease)
+        },
+    )
+    .await;
+    blocker.commit().await;
+    cluster.wait_every_shard().await;
+    let acquisitions = |kind: &str| {
+        metric_sum(
+            &cluster.metrics.encode(),
+            "autoapproval_shard_acquisitions_total",
+            &[&format!("kind=\"{kind}\"")],
+        )
+    };
+    assert_eq!(
+        (acquisitions("failover"), acquisitions("free")),
+        (1.0, 15.0),
+        "shard 3 failed over from the ghost; the others were free"
+    );
+    let lease = leases.get("autoapproval-shard-3").await.expect("Lease");
+    assert!(
+        lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .get(TAKEN_FROM_ANNOTATION)
+            .is_none(),
+        "the note goes once the shard is taken"
+    );
     cluster.stop().await;
 }
 

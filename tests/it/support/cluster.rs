@@ -148,11 +148,35 @@ impl Cluster {
         settings: ControllerConfig,
         faults: Faults,
     ) -> Cluster {
+        let (server, client, sim) = backends().await;
+        sim.set_faults(faults).expect("faults");
+        Self::on(pool, settings, server, client, sim)
+    }
+
+    /// Like `with`, on an API server the test prepared first (Leases left
+    /// by other replicas, say).
+    pub async fn with_server(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        server: TestServer,
+        client: Client,
+    ) -> Cluster {
+        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
+            .await
+            .expect("simulator");
+        Self::on(pool, settings, server, client, sim)
+    }
+
+    fn on(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        server: TestServer,
+        client: Client,
+        sim: SimHandle,
+    ) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
-        let (server, client, sim) = backends().await;
-        sim.set_faults(faults).expect("faults");
         let mut cluster = Cluster {
             server,
             api: Api::namespaced(client.clone(), NS),
@@ -169,24 +193,30 @@ impl Cluster {
 
     /// Starts the replica.
     fn run(&mut self, settings: ControllerConfig) {
-        let external = HttpExternalSystems::build(
-            &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
-        )
-        .expect("external clients");
-        let parts = Parts {
-            client: self.client.clone(),
-            api_server: self.server.url(),
-            store: self.pool.store(),
-            external,
-            clock: Arc::new(SystemClock),
-            metrics: self.metrics.clone(),
-            health: None,
-        };
+        let parts = self.parts(self.metrics.clone());
         let (tx, rx) = oneshot::channel::<()>();
         self.stop = Some(tx);
         self.task = Some(tokio::spawn(run_until(settings, parts, async move {
             let _ = rx.await;
         })));
+    }
+
+    /// What a replica of this cluster runs on (another replica's, with
+    /// `metrics` of its own).
+    pub fn parts(&self, metrics: Metrics) -> Parts {
+        let external = HttpExternalSystems::build(
+            &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
+        )
+        .expect("external clients");
+        Parts {
+            client: self.client.clone(),
+            api_server: self.server.url(),
+            store: self.pool.store(),
+            external,
+            clock: Arc::new(SystemClock),
+            metrics,
+            health: None,
+        }
     }
 
     /// One replica with `quick_leases`, once it holds all 16 shards.
