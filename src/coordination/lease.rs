@@ -171,6 +171,77 @@ pub async fn delete_unchanged(api: &Api<Lease>, lease: &Lease) -> Result<(), kub
     api.delete(name, &params).await.map(drop)
 }
 
+/// Another live replica holds our name: its member Lease is renewed.
+#[derive(Debug, thiserror::Error)]
+pub enum NameInUse {
+    /// Its member Lease changed while we watched it.
+    #[error(
+        "--replica-name {0:?} is the name of another live replica (its member Lease {1} is being renewed): \
+         give each replica its own name (the pod's name, $POD_NAME, is the default)"
+    )]
+    Live(String, String),
+    /// The Lease could not be read.
+    #[error("reading the member Lease {0}: {1}")]
+    Api(String, #[source] kube::Error),
+}
+
+/// Returns once no live replica holds `identity`'s member Lease, or refuses
+/// the name. A Lease naming `identity` that the clock says is older than
+/// `lease_duration`, or that stays unchanged for that long (a former run of
+/// this replica, killed), is free; one that changes meanwhile is renewed by
+/// a live replica of the same name, which would take this one's shards as
+/// its own former run's, and claim under the same holder.
+pub async fn refuse_a_live_namesake(
+    api: &Api<Lease>,
+    identity: &str,
+    lease_duration: Duration,
+    retry_period: Duration,
+) -> Result<(), NameInUse> {
+    let name = member_lease_name(identity);
+    let read = async || {
+        api.get_opt(&name)
+            .await
+            .map_err(|e| NameInUse::Api(name.clone(), e))
+    };
+    let holds = |lease: &Lease| {
+        let spec = lease.spec.as_ref();
+        let holder = spec.and_then(|s| s.holder_identity.as_deref());
+        let renewed = spec
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.as_microsecond());
+        let recent = renewed.is_some_and(|at| {
+            let age_us = Utc::now().timestamp_micros().saturating_sub(at);
+            u128::try_from(age_us).unwrap_or(0) < lease_duration.as_micros()
+        });
+        holder == Some(identity) && recent
+    };
+    let Some(first) = read().await? else {
+        return Ok(());
+    };
+    if !holds(&first) {
+        return Ok(());
+    }
+    info!(
+        lease = %name,
+        "a recently renewed member Lease has this replica's name: watching it for a lease duration"
+    );
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < lease_duration {
+        tokio::time::sleep(retry_period.min(lease_duration)).await;
+        let Some(now) = read().await? else {
+            return Ok(());
+        };
+        if now.metadata.resource_version != first.metadata.resource_version {
+            return if holds(&now) {
+                Err(NameInUse::Live(identity.to_owned(), name))
+            } else {
+                Ok(())
+            };
+        }
+    }
+    Ok(())
+}
+
 /// Whether a write failed because the Lease changed or went meanwhile.
 fn written_by_another(error: &kube::Error) -> bool {
     matches!(error, kube::Error::Api(status) if status.code == 409 || status.code == 404)

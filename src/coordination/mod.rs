@@ -40,7 +40,8 @@ use tracing::{debug, info, warn};
 
 pub use self::acquire::TAKEN_FROM_ANNOTATION;
 pub use self::lease::{
-    PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, shard_lease_name,
+    NameInUse, PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, refuse_a_live_namesake,
+    shard_lease_name,
 };
 pub use self::shards::{ShardGuard, Shards};
 use crate::cleanser::Cleanser;

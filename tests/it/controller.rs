@@ -982,6 +982,42 @@ async fn a_failover_whose_first_fence_failed_is_still_counted_as_a_failover(db: 
     cluster.stop().await;
 }
 
+on_both!(a_replica_named_as_a_live_replica_refuses_to_start);
+/// Two replicas of one name would each take the other's shards as its own
+/// former run's and claim under one holder. The second one sees the first
+/// one's member Lease renewed and refuses to start, naming the flag; the
+/// first keeps every shard. A former run of the same name (its member
+/// Lease no longer renewed) is not refused: a restarted pod starts.
+async fn a_replica_named_as_a_live_replica_refuses_to_start(db: Db) {
+    use autoapproval::controller::{ControllerError, run_until};
+
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
+    let second = run_until(
+        quick_leases(),
+        cluster.parts(Metrics::new()),
+        std::future::pending(),
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("refused within a lease duration or so")
+        .expect_err("a second replica-1 must not run");
+    assert!(
+        matches!(refused, ControllerError::NameInUse(_)),
+        "{refused}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains("--replica-name \"replica-1\""),
+        "{message}"
+    );
+    assert_eq!(
+        metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]),
+        16.0,
+        "the live replica keeps its shards"
+    );
+    cluster.stop().await;
+}
+
 on_both!(a_claim_left_without_a_chain_is_resumed_within_seconds);
 /// A claim this replica holds with no chain running for it (a chain whose
 /// outcome and release both failed while the database was away) is given
