@@ -280,14 +280,16 @@ impl Discovery {
                 // Only new requests (no CR yet, so no state row and no wake
                 // row to apply): one look at them instead of a whole turn.
                 // The poll keeps its time; it remains the safety net.
-                // While a backlog waits, they are the turn's to order
-                // among it: a backlog is served oldest first.
-                if !woken.reconnected
-                    && !backlog
-                    && mine
-                        .iter()
-                        .all(|id| self.cache.get(&self.key(*id)).is_none())
-                {
+                // While a backlog waits, they are the next turn's (due
+                // within the backlog delay) to order among it: a backlog is
+                // served oldest first.
+                let all_new = mine
+                    .iter()
+                    .all(|id| self.cache.get(&self.key(*id)).is_none());
+                if !woken.reconnected && all_new && backlog {
+                    continue;
+                }
+                if !woken.reconnected && all_new {
                     match self.look_at(&mine).await {
                         Ok(summary) => {
                             if summary.full {
