@@ -971,12 +971,11 @@ async fn a_failover_whose_first_fence_failed_is_still_counted_as_a_failover(db: 
     );
     let lease = leases.get("autoapproval-shard-3").await.expect("Lease");
     assert!(
-        lease
+        !lease
             .metadata
             .annotations
             .unwrap_or_default()
-            .get(TAKEN_FROM_ANNOTATION)
-            .is_none(),
+            .contains_key(TAKEN_FROM_ANNOTATION),
         "the note goes once the shard is taken"
     );
     cluster.stop().await;
