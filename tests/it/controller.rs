@@ -861,23 +861,30 @@ async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(db: Db) {
     cluster.stop().await;
 }
 
+/// Shard 3's fence row, last fenced by `holder`, locked by a transaction
+/// until it commits: fencing the shard waits on it.
+async fn fence_row_of_shard_3_locked(db: &Db, holder: &str) -> crate::support::Business {
+    db.exec_at(
+        &format!(
+            "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+             VALUES (16, 3, 0, '{holder}', $1)"
+        ),
+        Utc::now(),
+    )
+    .await;
+    db.business_transaction(
+        "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
+    )
+    .await
+}
+
 on_both!(a_stuck_fence_of_one_shard_holds_up_no_other);
 /// A database call of the Lease loop that does not return (here: fencing
 /// shard 3 waits on a row lock someone holds) is given up after a retry
 /// period, so the same turn still takes and renews every other shard, and
 /// their requests are approved while shard 3 stays blocked.
 async fn a_stuck_fence_of_one_shard_holds_up_no_other(db: Db) {
-    db.exec_at(
-        "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
-         VALUES (16, 3, 0, 'nobody', $1)",
-        Utc::now(),
-    )
-    .await;
-    let blocker = db
-        .business_transaction(
-            "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
-        )
-        .await;
+    let blocker = fence_row_of_shard_3_locked(&db, "nobody").await;
 
     let mut cluster = Cluster::start(db.clone()).await;
     // Request 5 is in shard 5, acquired after shard 3 in the same turn.
@@ -914,17 +921,7 @@ async fn a_failover_whose_first_fence_failed_is_still_counted_as_a_failover(db: 
     use autoapproval::coordination::TAKEN_FROM_ANNOTATION;
     use k8s_openapi::api::coordination::v1::Lease;
 
-    db.exec_at(
-        "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
-         VALUES (16, 3, 0, 'ghost', $1)",
-        Utc::now(),
-    )
-    .await;
-    let blocker = db
-        .business_transaction(
-            "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
-        )
-        .await;
+    let blocker = fence_row_of_shard_3_locked(&db, "ghost").await;
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
