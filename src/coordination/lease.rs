@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use super::{Coordinator, FIELD_MANAGER, MEMBER_LEASE_PREFIX, ROLE_LABEL, SHARD_LEASE_PREFIX};
 
@@ -171,19 +171,14 @@ pub async fn delete_unchanged(api: &Api<Lease>, lease: &Lease) -> Result<(), kub
     api.delete(name, &params).await.map(drop)
 }
 
-/// Another live replica holds our name: its member Lease is renewed.
+/// Another live replica holds our name: its member Lease changed while we
+/// watched it (the name, then the Lease's).
 #[derive(Debug, thiserror::Error)]
-pub enum NameInUse {
-    /// Its member Lease changed while we watched it.
-    #[error(
-        "--replica-name {0:?} is the name of another live replica (its member Lease {1} is being renewed): \
-         give each replica its own name (the pod's name, $POD_NAME, is the default)"
-    )]
-    Live(String, String),
-    /// The Lease could not be read.
-    #[error("reading the member Lease {0}: {1}")]
-    Api(String, #[source] kube::Error),
-}
+#[error(
+    "--replica-name {0:?} is the name of another live replica (its member Lease {1} is being renewed): \
+     give each replica its own name (the pod's name, $POD_NAME, is the default)"
+)]
+pub struct NameInUse(String, String);
 
 /// Returns once no live replica holds `identity`'s member Lease, or refuses
 /// the name. A Lease naming `identity` that the clock says is older than
@@ -198,10 +193,14 @@ pub async fn refuse_a_live_namesake(
     retry_period: Duration,
 ) -> Result<(), NameInUse> {
     let name = member_lease_name(identity);
-    let read = async || {
-        api.get_opt(&name)
-            .await
-            .map_err(|e| NameInUse::Api(name.clone(), e))
+    // An API server that does not answer cannot tell: the start goes on,
+    // and the Lease loop reports the outage.
+    let read = async || match api.get_opt(&name).await {
+        Ok(lease) => lease,
+        Err(error) => {
+            warn!(lease = %name, %error, "cannot read this replica's member Lease to check its name is free");
+            None
+        }
     };
     let holds = |lease: &Lease| {
         let spec = lease.spec.as_ref();
@@ -215,7 +214,7 @@ pub async fn refuse_a_live_namesake(
         });
         holder == Some(identity) && recent
     };
-    let Some(first) = read().await? else {
+    let Some(first) = read().await else {
         return Ok(());
     };
     if !holds(&first) {
@@ -228,12 +227,12 @@ pub async fn refuse_a_live_namesake(
     let started = tokio::time::Instant::now();
     while started.elapsed() < lease_duration {
         tokio::time::sleep(retry_period.min(lease_duration)).await;
-        let Some(now) = read().await? else {
+        let Some(now) = read().await else {
             return Ok(());
         };
         if now.metadata.resource_version != first.metadata.resource_version {
             return if holds(&now) {
-                Err(NameInUse::Live(identity.to_owned(), name))
+                Err(NameInUse(identity.to_owned(), name))
             } else {
                 Ok(())
             };
