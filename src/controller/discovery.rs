@@ -98,6 +98,11 @@ pub struct Discovery {
     pub context: Arc<Context>,
     /// At most this many of those at once (the Controller's concurrency).
     pub concurrency: usize,
+    /// CRs this loop created that the cache has not shown yet, and when: a
+    /// turn that finds their request again (a backlog's whole turn finds
+    /// the same head until it is claimed) does not post them again while
+    /// their watch event is on its way, for at most a poll period.
+    pub created: std::sync::Mutex<std::collections::BTreeMap<i64, Instant>>,
 }
 
 /// Feeds `Controller::reconcile_on`: bounded by [`TRIGGER_CAPACITY`]; a
@@ -749,6 +754,7 @@ impl Discovery {
     async fn ensure(&self, candidate: &Candidate, summary: &mut TurnSummary) -> bool {
         let key = self.key(candidate.request_id);
         if let Some(cr) = self.cache.get(&key) {
+            self.created_list().remove(&candidate.request_id);
             // A CR without status has a reconcile pending from its watch
             // event; one with status and still a candidate needs another.
             if candidate.state_id.is_some() || cr.status.is_some() {
@@ -760,10 +766,22 @@ impl Discovery {
         let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
             return true;
         };
-        match self
-            .create(candidate.request_id, approval_type, false)
-            .await
         {
+            let mut created = self.created_list();
+            let period = self.settings.poll_period;
+            created.retain(|_, at| at.elapsed() < period);
+            if created.contains_key(&candidate.request_id) {
+                return true;
+            }
+        }
+        let creation = self
+            .create(candidate.request_id, approval_type, false)
+            .await;
+        if creation != Creation::Failed {
+            self.created_list()
+                .insert(candidate.request_id, Instant::now());
+        }
+        match creation {
             Creation::Created => {
                 summary.created += 1;
                 true
@@ -771,6 +789,10 @@ impl Discovery {
             Creation::Existed => true,
             Creation::Failed => false,
         }
+    }
+
+    fn created_list(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<i64, Instant>> {
+        self.created.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Creates the CR of a request. An AlreadyExists means the cache lags

@@ -334,6 +334,7 @@ pub async fn run_until(
         shards: shards.clone(),
         context,
         concurrency: usize::from(settings.concurrency),
+        created: Default::default(),
     };
     let discovery = supervise.spawn(
         "discovery",
