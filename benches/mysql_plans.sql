@@ -188,7 +188,8 @@ SET @among = "SELECT r.id AS request_id, r.request_type, s.id AS state_id
    AND r.sort_time >= ?
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+ ORDER BY r.status, r.sort_time, r.id";
 SET @q = CONCAT('ANALYZE ', @among);
 PREPARE among_plan FROM @q;
 EXECUTE among_plan USING 9, 19, 109, 1009, @window, @now, @retry_limit;

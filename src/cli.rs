@@ -70,6 +70,11 @@ pub enum CliError {
         #[source]
         source: std::io::Error,
     },
+    /// No `--replica-name`, and neither the pod's nor the host's name.
+    #[error(
+        "cannot tell this replica's name: set --replica-name (or $POD_NAME), unique among the replicas"
+    )]
+    NoReplicaName,
     /// The SIGTERM and Ctrl-C handlers could not be installed.
     #[error("installing the SIGTERM and Ctrl-C handlers: {0}")]
     Signal(#[source] std::io::Error),
@@ -139,13 +144,10 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         Some(ns) => ns.clone(),
         None => own_namespace().unwrap_or_else(|| client.default_namespace().to_owned()),
     };
-    let replica_name = args
-        .controller
-        .replica_name
-        .clone()
-        .or_else(|| std::env::var("POD_NAME").ok())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "autoapproval".to_owned());
+    let replica_name = match args.controller.replica_name.clone() {
+        Some(name) => name,
+        None => own_name().ok_or(CliError::NoReplicaName)?,
+    };
     let settings = args.controller.config(namespace, replica_name)?;
     let store = Store::connect(&args.database, Some(&args.session)).await?;
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
@@ -207,6 +209,21 @@ async fn kube_client(
         .with_layer(&crate::telemetry::KubeRequestsLayer::new(metrics.clone()))
         .build();
     Ok((client, url))
+}
+
+/// This replica's default name: the pod's (`$POD_NAME`), else the host's
+/// (`$HOSTNAME`, else the kernel's), never one shared by every replica.
+fn own_name() -> Option<String> {
+    let non_empty = |s: String| Some(s.trim().to_owned()).filter(|s| !s.is_empty());
+    std::env::var("POD_NAME")
+        .ok()
+        .and_then(non_empty)
+        .or_else(|| std::env::var("HOSTNAME").ok().and_then(non_empty))
+        .or_else(|| {
+            ["/proc/sys/kernel/hostname", "/etc/hostname"]
+                .iter()
+                .find_map(|path| std::fs::read_to_string(path).ok().and_then(non_empty))
+        })
 }
 
 /// The pod's namespace: `$POD_NAMESPACE`, else the service account's.

@@ -46,7 +46,7 @@ pub struct ControllerArgs {
     /// Namespace of the AutoApproval CRs, Events and Leases [default: the pod's namespace ($POD_NAMESPACE or the service account's), else the kubeconfig's].
     #[arg(long, env = "AUTOAPPROVAL_NAMESPACE")]
     pub namespace: Option<String>,
-    /// This replica's name in claims and Events [default: $POD_NAME, else the host name].
+    /// This replica's name in claims, Leases and Events, unique among the replicas: a replica whose name another live replica's member Lease holds refuses to start [default: $POD_NAME, else the host name].
     #[arg(long, env = "AUTOAPPROVAL_REPLICA_NAME")]
     pub replica_name: Option<String>,
     /// Address of the /healthz, /readyz and /metrics endpoints.

@@ -15,6 +15,13 @@
 //! the held shards, a reconnected listener or lost notifications make the
 //! next turn whole.
 //!
+//! Whichever paths found them (the fresh query, the sweep, a notification),
+//! a turn takes at most each type's limit, in the candidate queries' order:
+//! by status, then oldest `sort_time`. The paths' finds are merged into one
+//! list by [`Store::candidates_among`], which keeps that order; while a
+//! backlog waits (the last turn filled a page), notified new requests are
+//! left to the turn, so that a backlog is served oldest first.
+//!
 //! Until the CR cache's first sync (a restarted replica lists every CR
 //! first: seconds at 100,000), the Controller reconciles nothing, so
 //! discovery attempts the notified new requests of its shards itself, each
@@ -91,6 +98,11 @@ pub struct Discovery {
     pub context: Arc<Context>,
     /// At most this many of those at once (the Controller's concurrency).
     pub concurrency: usize,
+    /// CRs this loop created that the cache has not shown yet, and when: a
+    /// turn that finds their request again (a backlog's whole turn finds
+    /// the same head until it is claimed) does not post them again while
+    /// their watch event is on its way, for at most a poll period.
+    pub created: std::sync::Mutex<std::collections::BTreeMap<i64, Instant>>,
 }
 
 /// Feeds `Controller::reconcile_on`: bounded by [`TRIGGER_CAPACITY`]; a
@@ -239,6 +251,8 @@ impl Discovery {
             "CR cache ready; discovery starts (attempts begun before the sync go on)"
         );
         let mut cursor = Cursor::default();
+        // The last turn filled a page: more candidates wait than it took.
+        let mut backlog = false;
         loop {
             // A closed channel (NOTIFY off, or the listener gone at
             // shutdown) disables its branch; the poll and the stop remain.
@@ -262,7 +276,6 @@ impl Discovery {
             };
             if !woken.ids.is_empty() {
                 self.metrics.notify_wakeup();
-                self.wake(&woken.ids).await;
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
                 let mine = self.mine(&woken.ids);
@@ -272,13 +285,24 @@ impl Discovery {
                 // Only new requests (no CR yet, so no state row and no wake
                 // row to apply): one look at them instead of a whole turn.
                 // The poll keeps its time; it remains the safety net.
-                if !woken.reconnected
-                    && mine
-                        .iter()
-                        .all(|id| self.cache.get(&self.key(*id)).is_none())
-                {
+                // While a backlog waits, they are the next turn's (due
+                // within the backlog delay) to order among it: a backlog is
+                // served oldest first.
+                let all_new = mine
+                    .iter()
+                    .all(|id| self.cache.get(&self.key(*id)).is_none());
+                if !woken.reconnected && all_new && backlog {
+                    continue;
+                }
+                if !woken.reconnected && all_new {
                     match self.look_at(&mine).await {
-                        Ok(_) => continue,
+                        Ok(summary) => {
+                            if summary.full {
+                                backlog = true;
+                                next_turn = Instant::now() + self.settings.backlog_delay;
+                            }
+                            continue;
+                        }
                         Err(error) => {
                             warn!(%error, "looking at new requests failed; a whole turn instead")
                         }
@@ -294,6 +318,9 @@ impl Discovery {
             if let Err(error) = &turn {
                 warn!(%error, "discovery turn failed");
             }
+            // After the turn, which took the woken candidates in order.
+            self.wake(&woken.ids).await;
+            backlog = matches!(&turn, Ok(summary) if summary.full);
             let delay = match turn {
                 Ok(summary) if summary.full => Some(self.settings.backlog_delay),
                 _ if kind == TurnKind::Woken => None,
@@ -432,14 +459,19 @@ impl Discovery {
         if mine.is_empty() {
             return;
         }
+        // In the documented order, at most a turn's worth: the first turn
+        // after the sync takes the rest among whatever else waits.
         let found = match self.candidates_among(&mine).await {
-            Ok(found) => found,
+            Ok(found) => {
+                let new = found.into_iter().filter(|c| c.state_id.is_none()).collect();
+                self.take(new).taken
+            }
             Err(error) => {
                 warn!(%error, "looking at new requests before the CR cache's sync failed; the first turn after it finds them");
                 return;
             }
         };
-        for candidate in found.iter().filter(|c| c.state_id.is_none()) {
+        for candidate in &found {
             let request_id = candidate.request_id;
             let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type)
             else {
@@ -473,27 +505,48 @@ impl Discovery {
         }
     }
 
-    /// Reconciles the CRs of changed requests in our shards. The change's
-    /// transaction already recorded the wake in the database (migration
-    /// 0009), for every request and whoever holds its shard, so a change
-    /// notified while a shard changes hands is found due by the next
-    /// holder's first turn.
+    /// Reconciles the CRs of changed requests in our shards that are not
+    /// candidates (decided, claimed, paused, out of the window: the CR
+    /// shows it). Those that are candidates are the turn's, which ran just
+    /// before: it took them in the documented order, up to its limit, and
+    /// leaves the rest to the next turns; a reconcile for each on arrival
+    /// would run them in whatever order the Controller's queue holds them.
+    /// The change's transaction already recorded the wake in the database
+    /// (migration 0009), for every request and whoever holds its shard, so
+    /// a change notified while a shard changes hands is found due by the
+    /// next holder's first turn.
     async fn wake(&self, changed: &[i64]) {
         let ours = self.ours();
-        for request_id in changed.iter().copied().filter(|id| ours(*id)) {
-            let key = self.key(request_id);
-            if self.cache.get(&key).is_some() {
-                self.reconcile(key).await;
+        let cached: Vec<i64> = changed
+            .iter()
+            .copied()
+            .filter(|id| ours(*id) && self.cache.get(&self.key(*id)).is_some())
+            .collect();
+        if cached.is_empty() {
+            return;
+        }
+        let candidates: BTreeSet<i64> = match self.candidates_among(&cached).await {
+            Ok(found) => found.iter().map(|c| c.request_id).collect(),
+            Err(error) => {
+                warn!(%error, "cannot tell which changed requests are candidates; reconciling them all");
+                BTreeSet::new()
             }
+        };
+        for request_id in cached.into_iter().filter(|id| !candidates.contains(id)) {
+            self.reconcile(self.key(request_id)).await;
         }
     }
 
     /// The notified requests alone, by the candidate queries' conditions in
     /// one statement: a CR for each that is a candidate.
     async fn look_at(&self, request_ids: &[i64]) -> Result<TurnSummary, DiscoveryError> {
-        let found = self.candidates_among(request_ids).await?;
-        let mut summary = TurnSummary::default();
-        for candidate in &found {
+        let found = self.take(self.candidates_among(request_ids).await?);
+        let mut summary = TurnSummary {
+            // More than a turn takes: the next turn, soon, takes the rest.
+            full: !found.left.is_empty(),
+            ..TurnSummary::default()
+        };
+        for candidate in &found.taken {
             self.metrics.candidates(candidate.request_type.as_str(), 1);
             summary.candidates += 1;
             self.ensure(candidate, &mut summary).await;
@@ -539,7 +592,34 @@ impl Discovery {
         }
         // Read before the queries: a request inserted after this is above it.
         let newest = self.store.newest_request_id().await?;
-        let whole = kind == TurnKind::Whole || cursor.since.is_none() || cursor.shards != held;
+        let mut whole = kind == TurnKind::Whole || cursor.since.is_none() || cursor.shards != held;
+        // Every path's candidates, taken as one list in the documented order,
+        // at most each type's limit.
+        let mut found = Vec::new();
+        if !whole {
+            let previous = cursor.since.unwrap_or_default();
+            for request_type in RequestType::AUTO_APPROVABLE {
+                let query = self.settings.turn.query(
+                    request_type,
+                    now,
+                    self.settings.retry_limit,
+                    Some(filter(&held)),
+                );
+                let fresh = self.store.fresh_candidates(&query, previous).await?;
+                self.metrics
+                    .candidates(request_type.as_str(), fresh.len() as u64);
+                summary.candidates += fresh.len();
+                let new = fresh.iter().filter(|c| c.state_id.is_none()).count();
+                // A full page of new requests or of due retries: more wait
+                // than a turn takes, and only the whole query, in its order,
+                // knows which come first (a backlog is served oldest first).
+                if new as i64 >= query.limit || (fresh.len() - new) as i64 >= query.limit {
+                    whole = true;
+                    break;
+                }
+                found.extend(fresh);
+            }
+        }
         if whole {
             *cursor = Cursor {
                 shards: held.clone(),
@@ -550,52 +630,46 @@ impl Discovery {
             cursor.since = complete.then_some(newest);
         } else {
             let mut since = newest;
-            for request_type in RequestType::AUTO_APPROVABLE {
-                let query = self.settings.turn.query(
-                    request_type,
-                    now,
-                    self.settings.retry_limit,
-                    Some(filter(&held)),
-                );
-                let previous = cursor.since.unwrap_or_default();
-                let found = self.store.fresh_candidates(&query, previous).await?;
-                self.metrics
-                    .candidates(request_type.as_str(), found.len() as u64);
-                summary.candidates += found.len();
-                let new: Vec<i64> = found
-                    .iter()
-                    .filter(|c| c.state_id.is_none())
-                    .map(|c| c.request_id)
-                    .collect();
-                // A full page of new requests: the rest is above its last.
-                if new.len() as i64 >= query.limit {
-                    summary.full = true;
-                    since = since.min(new.iter().copied().max().unwrap_or(previous));
-                }
-                summary.full |= (found.len() - new.len()) as i64 >= query.limit;
-                for candidate in &found {
-                    let done = self.ensure(candidate, &mut summary).await;
-                    if !done && candidate.state_id.is_none() {
-                        since = since.min(candidate.request_id - 1);
-                    }
-                }
-            }
-            cursor.since = Some(since.max(cursor.since.unwrap_or_default()));
+            let mut swept = None;
             if kind == TurnKind::Poll {
                 let shards: Vec<u32> = held.iter().copied().collect();
                 let per_turn = shards.len().div_ceil(SWEEP_TURNS);
                 let start = cursor.rotation % shards.len();
-                let swept: BTreeSet<u32> = shards
+                let these: BTreeSet<u32> = shards
                     .iter()
                     .cycle()
                     .skip(start)
                     .take(per_turn)
                     .copied()
                     .collect();
-                // A sweep that filled its page goes on with the same shards.
-                if self.sweep(&filter(&swept), now, &mut summary).await? {
-                    cursor.rotation = (start + per_turn) % shards.len();
+                let (rows, full) = self.sweep_rows(&filter(&these), now, &mut summary).await?;
+                let ids: BTreeSet<i64> = rows.iter().map(|c| c.request_id).collect();
+                found.extend(rows);
+                swept = Some((ids, !full, (start + per_turn) % shards.len()));
+            }
+            let turn = self.in_order(found).await?;
+            summary.full |= !turn.left.is_empty();
+            let mut ensured_all = BTreeSet::new();
+            for candidate in &turn.left {
+                if candidate.state_id.is_none() {
+                    since = since.min(candidate.request_id - 1);
                 }
+            }
+            for candidate in &turn.taken {
+                if self.ensure(candidate, &mut summary).await {
+                    ensured_all.insert(candidate.request_id);
+                } else if candidate.state_id.is_none() {
+                    since = since.min(candidate.request_id - 1);
+                }
+            }
+            cursor.since = Some(since.max(cursor.since.unwrap_or_default()));
+            // A sweep that filled its page, or whose candidates were not all
+            // taken and ensured, goes on with the same shards.
+            if let Some((ids, not_full, next)) = swept
+                && not_full
+                && ids.iter().all(|id| ensured_all.contains(id))
+            {
+                cursor.rotation = next;
             }
         }
         self.metrics
@@ -606,13 +680,30 @@ impl Discovery {
 
     /// The whole candidate query of each type over `shards`; true when it
     /// saw everything: no page was full and every CR it needed is there.
+    /// Each type's page is in the documented order already.
     async fn sweep(
         &self,
         shards: &ShardFilter,
         now: chrono::DateTime<chrono::Utc>,
         summary: &mut TurnSummary,
     ) -> Result<bool, DiscoveryError> {
-        let mut complete = true;
+        let (found, full) = self.sweep_rows(shards, now, summary).await?;
+        let mut complete = !full;
+        for candidate in &found {
+            complete &= self.ensure(candidate, summary).await;
+        }
+        Ok(complete)
+    }
+
+    /// The rows of the whole candidate query of each type over `shards`,
+    /// and whether a page was full.
+    async fn sweep_rows(
+        &self,
+        shards: &ShardFilter,
+        now: chrono::DateTime<chrono::Utc>,
+        summary: &mut TurnSummary,
+    ) -> Result<(Vec<Candidate>, bool), DiscoveryError> {
+        let (mut rows, mut full) = (Vec::new(), false);
         for request_type in RequestType::AUTO_APPROVABLE {
             let query = self.settings.turn.query(
                 request_type,
@@ -623,15 +714,39 @@ impl Discovery {
             let found = self.store.candidates(&query).await?;
             self.metrics
                 .candidates(request_type.as_str(), found.len() as u64);
-            let full = found.len() as i64 >= query.limit;
-            summary.full |= full;
-            complete &= !full;
+            let page_full = found.len() as i64 >= query.limit;
+            summary.full |= page_full;
+            full |= page_full;
             summary.candidates += found.len();
-            for candidate in &found {
-                complete &= self.ensure(candidate, summary).await;
-            }
+            rows.extend(found);
         }
-        Ok(complete)
+        Ok((rows, full))
+    }
+
+    /// The candidates several paths found, as one list in the candidate
+    /// queries' order (status, then oldest `sort_time`: one statement by
+    /// primary key, which also drops those that stopped being candidates),
+    /// at most each type's limit taken; the rest are left to a later turn.
+    async fn in_order(&self, found: Vec<Candidate>) -> Result<Turn, StoreError> {
+        let ids: BTreeSet<i64> = found.iter().map(|c| c.request_id).collect();
+        let ordered = if ids.len() > 1 {
+            let ids: Vec<i64> = ids.into_iter().collect();
+            self.candidates_among(&ids).await?
+        } else {
+            found
+        };
+        Ok(self.take(ordered))
+    }
+
+    /// Of candidates in the documented order, what one turn takes.
+    fn take(&self, ordered: Vec<Candidate>) -> Turn {
+        let now = self.clock.now();
+        take_in_order(ordered, |request_type| {
+            self.settings
+                .turn
+                .query(request_type, now, self.settings.retry_limit, None)
+                .limit
+        })
     }
 
     /// The candidate's CR created or its reconcile asked for; false when
@@ -639,6 +754,7 @@ impl Discovery {
     async fn ensure(&self, candidate: &Candidate, summary: &mut TurnSummary) -> bool {
         let key = self.key(candidate.request_id);
         if let Some(cr) = self.cache.get(&key) {
+            self.created_list().remove(&candidate.request_id);
             // A CR without status has a reconcile pending from its watch
             // event; one with status and still a candidate needs another.
             if candidate.state_id.is_some() || cr.status.is_some() {
@@ -650,10 +766,22 @@ impl Discovery {
         let Some(approval_type) = ApprovalType::from_request_type(candidate.request_type) else {
             return true;
         };
-        match self
-            .create(candidate.request_id, approval_type, false)
-            .await
         {
+            let mut created = self.created_list();
+            let period = self.settings.poll_period;
+            created.retain(|_, at| at.elapsed() < period);
+            if created.contains_key(&candidate.request_id) {
+                return true;
+            }
+        }
+        let creation = self
+            .create(candidate.request_id, approval_type, false)
+            .await;
+        if creation != Creation::Failed {
+            self.created_list()
+                .insert(candidate.request_id, Instant::now());
+        }
+        match creation {
             Creation::Created => {
                 summary.created += 1;
                 true
@@ -661,6 +789,10 @@ impl Discovery {
             Creation::Existed => true,
             Creation::Failed => false,
         }
+    }
+
+    fn created_list(&self) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<i64, Instant>> {
+        self.created.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Creates the CR of a request. An AlreadyExists means the cache lags
@@ -707,6 +839,38 @@ impl Discovery {
     fn api_namespace(&self) -> String {
         self.api.namespace().unwrap_or("default").to_owned()
     }
+}
+
+/// What a turn takes of the candidates its paths found.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Turn {
+    /// In the documented order, at most each type's limit.
+    taken: Vec<Candidate>,
+    /// Beyond a type's limit: a later turn takes them.
+    left: Vec<Candidate>,
+}
+
+/// Takes, of `ordered` (in the documented order), at most `limit` of each
+/// type, keeping the order; the rest are left.
+fn take_in_order(ordered: Vec<Candidate>, limit: impl Fn(RequestType) -> i64) -> Turn {
+    let mut turn = Turn::default();
+    let mut seen = BTreeSet::new();
+    for candidate in ordered {
+        if !seen.insert(candidate.request_id) {
+            continue;
+        }
+        let of_type = turn
+            .taken
+            .iter()
+            .filter(|c| c.request_type == candidate.request_type)
+            .count() as i64;
+        if of_type < limit(candidate.request_type) {
+            turn.taken.push(candidate);
+        } else {
+            turn.left.push(candidate);
+        }
+    }
+    turn
 }
 
 /// The deleted CRs' request ids already waiting in the channel.
@@ -861,6 +1025,27 @@ mod tests {
         let only_changes = drain(RequestChange::Changed(8), &mut rx);
         assert_eq!(only_changes.ids, [8, 9]);
         assert!(!only_changes.reconnected);
+    }
+
+    #[test]
+    fn a_turn_takes_each_types_limit_in_the_order_given() {
+        let owner = |id| Candidate {
+            request_id: id,
+            request_type: RequestType::OwnerContract,
+            state_id: None,
+        };
+        let ad = |id| Candidate {
+            request_type: RequestType::AdContract,
+            ..owner(id)
+        };
+        // As the candidate queries order them, one path's find repeated.
+        let ordered = vec![owner(102), ad(7), owner(103), owner(102), ad(9), owner(101)];
+        let turn = take_in_order(ordered, |t| match t {
+            RequestType::AdContract => 1,
+            _ => 2,
+        });
+        assert_eq!(turn.taken, [owner(102), ad(7), owner(103)]);
+        assert_eq!(turn.left, [ad(9), owner(101)]);
     }
 
     #[test]

@@ -92,6 +92,9 @@ pub enum ControllerError {
     /// The start-up check of the shard count could not read the database.
     #[error("checking the number of shards: {0}")]
     Layout(#[source] StoreError),
+    /// Another live replica has this replica's name.
+    #[error(transparent)]
+    NameInUse(#[from] crate::coordination::NameInUse),
     /// One of the replica's own tasks died; the replica stopped rather than
     /// run half alive (its claims and Leases were released first).
     #[error("the {task} task stopped unexpectedly: {reason}")]
@@ -140,6 +143,13 @@ pub async fn run_until(
     let api: Api<AutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
     crd_installed(&api).await?;
     shards_agree(&store, &settings).await?;
+    crate::coordination::refuse_a_live_namesake(
+        &Api::namespaced(client.clone(), &settings.namespace),
+        &settings.replica_name,
+        settings.coordination.lease_duration,
+        settings.coordination.retry_period,
+    )
+    .await?;
     let approver = Arc::new(Approver::new(
         store.clone(),
         external,
@@ -324,6 +334,7 @@ pub async fn run_until(
         shards: shards.clone(),
         context,
         concurrency: usize::from(settings.concurrency),
+        created: Default::default(),
     };
     let discovery = supervise.spawn(
         "discovery",

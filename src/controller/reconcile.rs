@@ -403,7 +403,10 @@ impl Reconcile<'_> {
     }
 
     /// Runs the attempt; a chain slower than `in_progress_after` shows
-    /// InProgress meanwhile.
+    /// InProgress meanwhile. The attempt is polled while that status is
+    /// written, so its heartbeats and its shard check go on however slow
+    /// the API server is; the outcome waits for the write, so the final
+    /// status is never overwritten by a late InProgress.
     async fn attempt(
         &self,
         candidate: &Candidate,
@@ -422,10 +425,11 @@ impl Reconcile<'_> {
                     holder: Some(self.ctx.shards.identity().to_owned()),
                     ..Observed::phase(Phase::InProgress, None)
                 };
-                if let Err(error) = self.write(view).await {
+                let (written, outcome) = tokio::join!(self.write(view), &mut attempt);
+                if let Err(error) = written {
                     debug!(request_id = self.request_id(), %error, "could not show InProgress");
                 }
-                attempt.await
+                outcome
             }
         };
         outcome.map_err(self.store_err())

@@ -33,6 +33,29 @@ enum MemberState<'l> {
     Gone(Option<&'l Lease>),
 }
 
+/// On a shard Lease handed back because its fence failed: the holder it
+/// had been taken from, whose failover the next acquisition completes.
+pub const TAKEN_FROM_ANNOTATION: &str = "autoapproval.io/taken-from";
+
+/// The holder a shard Lease is taken from: the one it names, or the one a
+/// hand-back after a failed fence kept ([`TAKEN_FROM_ANNOTATION`]).
+fn taken_from(lease: &Lease) -> Option<String> {
+    let named = lease
+        .spec
+        .as_ref()
+        .and_then(|s| s.holder_identity.clone())
+        .filter(|h| !h.is_empty());
+    named.or_else(|| {
+        lease
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(TAKEN_FROM_ANNOTATION)
+            .filter(|h| !h.is_empty())
+            .cloned()
+    })
+}
+
 // === impl Coordinator ===
 
 impl Coordinator {
@@ -281,6 +304,21 @@ impl Coordinator {
         }
     }
 
+    /// Hands back a shard Lease taken but not fenced. The holder it was
+    /// taken from is kept on it ([`TAKEN_FROM_ANNOTATION`]): the next
+    /// acquisition, ours or another replica's, is that holder's failover,
+    /// and is counted and reported as one.
+    async fn hand_back_unfenced(&mut self, name: &str, previous: Option<&str>, now: DateTime<Utc>) {
+        if let (Some(previous), Some(lease)) = (previous, self.mine.get_mut(name)) {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(TAKEN_FROM_ANNOTATION.to_owned(), previous.to_owned());
+        }
+        let _ = self.release(name, now).await;
+    }
+
     pub(super) async fn acquire_shard(
         &mut self,
         shard: u32,
@@ -288,11 +326,7 @@ impl Coordinator {
         sent: Instant,
         now: DateTime<Utc>,
     ) {
-        let previous = existing
-            .as_ref()
-            .and_then(|l| l.spec.as_ref())
-            .and_then(|s| s.holder_identity.clone())
-            .filter(|h| !h.is_empty());
+        let previous = existing.as_ref().and_then(taken_from);
         let db_token = match self.db_token(shard).await {
             Ok(token) => token,
             Err(error) => {
@@ -335,11 +369,13 @@ impl Coordinator {
                     shard,
                     generation, "the shard was fenced at a later generation; handing it back"
                 );
-                let _ = self.release(&name, now).await;
+                self.hand_back_unfenced(&name, previous.as_deref(), now)
+                    .await;
             }
             Err(error) => {
                 warn!(shard, %error, "cannot fence the shard; handing it back");
-                let _ = self.release(&name, now).await;
+                self.hand_back_unfenced(&name, previous.as_deref(), now)
+                    .await;
             }
         }
     }

@@ -4,12 +4,13 @@
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::DeleteParams;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use super::fence::next_generation;
-use super::lease::{is_member, member_lease_name, micro_time, post_params, shard_lease_name};
+use super::lease::{
+    delete_unchanged, is_member, member_lease_name, micro_time, post_params, shard_lease_name,
+};
 use super::{Coordinator, LEADER_LEASE};
 
 // === impl Coordinator ===
@@ -180,13 +181,8 @@ impl Coordinator {
                 .seen
                 .get(name)
                 .is_some_and(|seen| seen.changed.elapsed() > gone_for);
-            if stale
-                && self
-                    .api
-                    .delete(name, &DeleteParams::default())
-                    .await
-                    .is_ok()
-            {
+            // Deleted only as judged: a renew since makes it answer 409.
+            if stale && delete_unchanged(&self.api, lease).await.is_ok() {
                 info!(
                     lease = name,
                     "deleted the member Lease of a departed replica"

@@ -7,8 +7,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use kube::api::{ObjectMeta, PostParams};
-use tracing::{debug, info};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
+use tracing::{debug, info, warn};
 
 use super::{Coordinator, FIELD_MANAGER, MEMBER_LEASE_PREFIX, ROLE_LABEL, SHARD_LEASE_PREFIX};
 
@@ -36,6 +36,10 @@ impl Coordinator {
         let result = match existing {
             Some(mut lease) => {
                 lease.spec = Some(spec);
+                // Taken now: a failed fence's note has served its purpose.
+                if let Some(annotations) = lease.metadata.annotations.as_mut() {
+                    annotations.remove(super::acquire::TAKEN_FROM_ANNOTATION);
+                }
                 mark_protocol(&mut lease);
                 self.api.replace(name, &post_params(), &lease).await
             }
@@ -150,6 +154,91 @@ impl Coordinator {
             }
         }
     }
+}
+
+/// Deletes `lease` only as it was read: when it was written since (a
+/// member renewed just after it was judged departed), the API server
+/// answers 409 and the Lease stays.
+pub async fn delete_unchanged(api: &Api<Lease>, lease: &Lease) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: lease.metadata.resource_version.clone(),
+            uid: lease.metadata.uid.clone(),
+        }),
+        ..DeleteParams::default()
+    };
+    let name = lease.metadata.name.as_deref().unwrap_or_default();
+    api.delete(name, &params).await.map(drop)
+}
+
+/// Another live replica holds our name: its member Lease changed while we
+/// watched it (the name, then the Lease's).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "--replica-name {0:?} is the name of another live replica (its member Lease {1} is being renewed): \
+     give each replica its own name (the pod's name, $POD_NAME, is the default)"
+)]
+pub struct NameInUse(String, String);
+
+/// Returns once no live replica holds `identity`'s member Lease, or refuses
+/// the name. A Lease naming `identity` that the clock says is older than
+/// `lease_duration`, or that stays unchanged for that long (a former run of
+/// this replica, killed), is free; one that changes meanwhile is renewed by
+/// a live replica of the same name, which would take this one's shards as
+/// its own former run's, and claim under the same holder.
+pub async fn refuse_a_live_namesake(
+    api: &Api<Lease>,
+    identity: &str,
+    lease_duration: Duration,
+    retry_period: Duration,
+) -> Result<(), NameInUse> {
+    let name = member_lease_name(identity);
+    // An API server that does not answer cannot tell: the start goes on,
+    // and the Lease loop reports the outage.
+    let read = async || match api.get_opt(&name).await {
+        Ok(lease) => lease,
+        Err(error) => {
+            warn!(lease = %name, %error, "cannot read this replica's member Lease to check its name is free");
+            None
+        }
+    };
+    let holds = |lease: &Lease| {
+        let spec = lease.spec.as_ref();
+        let holder = spec.and_then(|s| s.holder_identity.as_deref());
+        let renewed = spec
+            .and_then(|s| s.renew_time.as_ref())
+            .map(|t| t.0.as_microsecond());
+        let recent = renewed.is_some_and(|at| {
+            let age_us = Utc::now().timestamp_micros().saturating_sub(at);
+            u128::try_from(age_us).unwrap_or(0) < lease_duration.as_micros()
+        });
+        holder == Some(identity) && recent
+    };
+    let Some(first) = read().await else {
+        return Ok(());
+    };
+    if !holds(&first) {
+        return Ok(());
+    }
+    info!(
+        lease = %name,
+        "a recently renewed member Lease has this replica's name: watching it for a lease duration"
+    );
+    let started = tokio::time::Instant::now();
+    while started.elapsed() < lease_duration {
+        tokio::time::sleep(retry_period.min(lease_duration)).await;
+        let Some(now) = read().await else {
+            return Ok(());
+        };
+        if now.metadata.resource_version != first.metadata.resource_version {
+            return if holds(&now) {
+                Err(NameInUse(identity.to_owned(), name))
+            } else {
+                Ok(())
+            };
+        }
+    }
+    Ok(())
 }
 
 /// Whether a write failed because the Lease changed or went meanwhile.

@@ -38,7 +38,11 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-pub use self::lease::{PROTOCOL_ANNOTATION, member_lease_name, shard_lease_name};
+pub use self::acquire::TAKEN_FROM_ANNOTATION;
+pub use self::lease::{
+    NameInUse, PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, refuse_a_live_namesake,
+    shard_lease_name,
+};
 pub use self::shards::{ShardGuard, Shards};
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
@@ -414,26 +418,7 @@ impl Coordinator {
             .filter(|last| at.duration_since(*last) <= self.settings.retry_period.mul_f64(1.5))
             .unwrap_or(at);
         self.last_list = Some(at);
-        for lease in leases {
-            let name = lease.metadata.name.clone().unwrap_or_default();
-            let version = lease.metadata.resource_version.clone().unwrap_or_default();
-            match self.seen.get_mut(&name) {
-                Some(seen) if seen.version == version => {}
-                Some(seen) => {
-                    seen.version = version;
-                    seen.changed = since;
-                }
-                None => {
-                    self.seen.insert(
-                        name,
-                        Seen {
-                            version,
-                            changed: at,
-                        },
-                    );
-                }
-            }
-        }
+        record_changes(&mut self.seen, leases, at, since);
     }
 
     /// The holder of a Lease unless it is released or expired.
@@ -501,9 +486,72 @@ impl Coordinator {
     }
 }
 
+/// Records in `seen` the Leases of a list taken at `at` whose version
+/// changed (at `since`; a Lease new to us at `at`), and forgets the Leases
+/// the list no longer has: a departed replica's member Lease, deleted, is
+/// not remembered for the life of the process.
+fn record_changes(seen: &mut HashMap<String, Seen>, leases: &[Lease], at: Instant, since: Instant) {
+    for lease in leases {
+        let name = lease.metadata.name.clone().unwrap_or_default();
+        let version = lease.metadata.resource_version.clone().unwrap_or_default();
+        match seen.get_mut(&name) {
+            Some(seen) if seen.version == version => {}
+            Some(seen) => {
+                seen.version = version;
+                seen.changed = since;
+            }
+            None => {
+                seen.insert(
+                    name,
+                    Seen {
+                        version,
+                        changed: at,
+                    },
+                );
+            }
+        }
+    }
+    let listed: std::collections::HashSet<&str> = leases
+        .iter()
+        .filter_map(|l| l.metadata.name.as_deref())
+        .collect();
+    seen.retain(|name, _| listed.contains(name.as_str()));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn listed(name: &str, version: &str) -> Lease {
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.to_owned()),
+                resource_version: Some(version.to_owned()),
+                ..Default::default()
+            },
+            spec: None,
+        }
+    }
+
+    #[test]
+    fn a_lease_gone_from_the_list_is_forgotten() {
+        let mut seen = HashMap::new();
+        let (first, second) = (Instant::now(), Instant::now() + Duration::from_secs(2));
+        let leases = [
+            listed("autoapproval-member-a", "1"),
+            listed("autoapproval-member-b", "1"),
+        ];
+        record_changes(&mut seen, &leases, first, first);
+        assert_eq!(seen.len(), 2);
+        let leases = [listed("autoapproval-member-a", "2")];
+        record_changes(&mut seen, &leases, second, first);
+        assert_eq!(seen.keys().collect::<Vec<_>>(), ["autoapproval-member-a"]);
+        assert_eq!(seen["autoapproval-member-a"].version, "2");
+        assert_eq!(
+            seen["autoapproval-member-a"].changed, first,
+            "changed since the last list"
+        );
+    }
 
     fn timings(renew_deadline_ms: u64, retry_period_ms: u64) -> CoordinationConfig {
         CoordinationConfig {

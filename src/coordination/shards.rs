@@ -20,6 +20,9 @@ struct Held {
     draining: bool,
     /// Reconciles running under a guard.
     in_flight: usize,
+    /// Which hold of the shard this is (see [`Inner::holds`]): a guard
+    /// taken in an earlier hold leaves this one's count alone.
+    hold: u64,
 }
 
 impl Held {
@@ -34,6 +37,8 @@ impl Held {
 struct Inner {
     held: BTreeMap<u32, Held>,
     stopping: bool,
+    /// Holds begun so far, over every shard: each acquisition's number.
+    holds: u64,
 }
 
 /// The shards held by this replica.
@@ -52,6 +57,8 @@ pub struct ShardGuard {
     shards: Arc<Shards>,
     shard: u32,
     fence: Fence,
+    /// The hold the guard was taken in.
+    hold: u64,
 }
 
 impl ShardGuard {
@@ -60,22 +67,26 @@ impl ShardGuard {
         &self.fence
     }
 
-    /// Whether the shard is still held at this guard's token and renewed
+    /// Whether the shard is still held in this guard's hold, at its token, and renewed
     /// within the renew deadline: once false, another replica may take the
     /// shard when its Lease expires, so work under the guard must stop.
     /// Draining and shutdown do not end it: both wait for running chains.
     pub fn holds(&self) -> bool {
-        self.shards
-            .lock()
-            .held
-            .get(&self.shard)
-            .is_some_and(|h| h.token == self.fence.token && h.fresh(self.shards.renew_deadline))
+        self.shards.lock().held.get(&self.shard).is_some_and(|h| {
+            h.hold == self.hold
+                && h.token == self.fence.token
+                && h.fresh(self.shards.renew_deadline)
+        })
     }
 }
 
 impl Drop for ShardGuard {
     fn drop(&mut self) {
-        if let Some(held) = self.shards.lock().held.get_mut(&self.shard) {
+        // The shard may have been lost and acquired again meanwhile: the
+        // new hold's reconciles are not this guard's to uncount.
+        if let Some(held) = self.shards.lock().held.get_mut(&self.shard)
+            && held.hold == self.hold
+        {
             held.in_flight = held.in_flight.saturating_sub(1);
         }
     }
@@ -128,12 +139,13 @@ impl Shards {
             return None;
         }
         held.in_flight += 1;
-        let token = held.token;
+        let (token, hold) = (held.token, held.hold);
         drop(inner);
         Some(ShardGuard {
             shards: self.clone(),
             shard,
             fence: Fence::sharded(self.identity.clone(), token, self.shard_count),
+            hold,
         })
     }
 
@@ -186,13 +198,17 @@ impl Shards {
 
     /// Records a shard acquired at generation `token`, renewed at `at`.
     pub(super) fn insert(&self, shard: u32, token: i64, at: Instant) {
-        self.lock().held.insert(
+        let mut inner = self.lock();
+        inner.holds += 1;
+        let hold = inner.holds;
+        inner.held.insert(
             shard,
             Held {
                 token,
                 renewed: at,
                 draining: false,
                 in_flight: 0,
+                hold,
             },
         );
     }
@@ -280,5 +296,24 @@ mod tests {
         shards.insert(2, 1, Instant::now());
         assert!(shards.guard(2).is_none(), "no claims while stopping");
         assert_eq!(shards.tokens(), vec![1, 1]);
+    }
+
+    #[tokio::test]
+    async fn a_guard_of_an_earlier_hold_leaves_the_new_holds_count_alone() {
+        let shards = Shards::new("r1", 16, Duration::from_secs(10));
+        shards.insert(4, 1, Instant::now());
+        let earlier = shards.guard(4).expect("held");
+        // Lost, then acquired again (even at the same token) while the
+        // earlier chain still runs.
+        shards.remove(4);
+        shards.insert(4, 1, Instant::now());
+        let current = shards.guard(4).expect("held again");
+        assert!(!earlier.holds(), "its hold ended");
+        assert!(current.holds());
+        drop(earlier);
+        assert_eq!(shards.in_flight(), 1, "the new hold's chain still runs");
+        assert_eq!(shards.drain(4), 1, "its hand-back waits for that chain");
+        drop(current);
+        assert_eq!(shards.draining(), vec![(4, 0)]);
     }
 }

@@ -45,6 +45,10 @@ pub use config::{ConfigError, ExternalArgs, Secret};
 /// Header carrying the idempotency key of a mutation.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
 
+/// The largest answer body read from an external system: 1 MiB, far above
+/// any answer of the wire format below (tens of bytes).
+pub const MAX_ANSWER_BODY: usize = 1024 * 1024;
+
 /// How much of an error body goes into an error message.
 const ERROR_BODY_PREVIEW: usize = 200;
 
@@ -270,11 +274,7 @@ impl Endpoint {
             .map_err(|e| self.transport_error(operation, &e))?;
         let status = response.status();
         tracing::Span::current().record("http.response.status_code", status.as_u16());
-        let body = response
-            .bytes()
-            .await
-            .map_err(|e| self.transport_error(operation, &e))?
-            .to_vec();
+        let body = self.read_body(operation, status, response).await?;
         debug!(
             system = %self.system,
             operation,
@@ -284,6 +284,42 @@ impl Endpoint {
             "external call answered"
         );
         Ok(Answer { status, body })
+    }
+
+    /// The answer's body, at most [`MAX_ANSWER_BODY`] bytes: a larger one
+    /// (announced or read) is a bad answer, retried like a malformed one,
+    /// instead of memory spent on whatever the downstream sends.
+    async fn read_body(
+        &self,
+        operation: &'static str,
+        status: StatusCode,
+        mut response: reqwest::Response,
+    ) -> Result<Vec<u8>, ExternalError> {
+        let too_large = |size: String| {
+            let message = format!(
+                "answer too large: HTTP {status} with a body of {size}, over the {} KiB limit",
+                MAX_ANSWER_BODY / 1024
+            );
+            debug!(system = %self.system, operation, %message, "external call refused");
+            self.error(operation, ErrorKind::Transient, message)
+        };
+        if let Some(announced) = response.content_length()
+            && announced > MAX_ANSWER_BODY as u64
+        {
+            return Err(too_large(format!("{announced} bytes")));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response
+            .chunk()
+            .await
+            .map_err(|e| self.transport_error(operation, &e))?
+        {
+            if body.len() + chunk.len() > MAX_ANSWER_BODY {
+                return Err(too_large(format!("more than {} bytes", MAX_ANSWER_BODY)));
+            }
+            body.extend_from_slice(&chunk);
+        }
+        Ok(body)
     }
 
     fn transport_error(&self, operation: &'static str, e: &reqwest::Error) -> ExternalError {

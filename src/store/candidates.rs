@@ -50,6 +50,7 @@ interface! {
         /// conditions (window, retry due and under the limit, not paused, an ad
         /// contract's store), in one statement on the read pool; the window,
         /// `now` and the limit come from `query`, its type and shards are not used.
+        /// In the candidate queries' order: status, then oldest `sort_time`.
         fn candidates_among(
             &self,
             request_ids: &[i64],

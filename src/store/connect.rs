@@ -15,10 +15,10 @@ use crate::flags::parse_duration;
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseArgs {
     /// URL of the primary, postgres:// or mysql:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
-    #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub database_url: DatabaseUrl,
     /// URL of a read replica for the candidate queries, of the primary's kind [default: the primary].
-    #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true)]
+    #[arg(long, env = "AUTOAPPROVAL_READ_DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub read_database_url: Option<DatabaseUrl>,
     /// Connections per pool, primary and replica each; `run` needs at least --concurrency / 2 + 2. The listener and the Lease loop have connections of their own.
     #[arg(long, env = "AUTOAPPROVAL_DB_MAX_CONNECTIONS", default_value_t = 10)]
@@ -50,12 +50,24 @@ pub struct SessionArgs {
 pub struct DatabaseUrl {
     url: String,
     shown: String,
+    /// The password as given, in the userinfo or the query: masked in any
+    /// text about the URL (a driver's error may quote it).
+    secrets: Vec<String>,
 }
 
 impl DatabaseUrl {
     /// The URL itself, for the one place that connects with it.
     pub fn expose(&self) -> &str {
         &self.url
+    }
+
+    /// `text` (a driver's message about this URL) with its password masked.
+    pub fn redact(&self, text: &str) -> String {
+        let mut text = text.replace(&self.url, &self.shown);
+        for secret in &self.secrets {
+            text = text.replace(secret.as_str(), "***");
+        }
+        text
     }
 
     /// Whether it names a MySQL 8 / MariaDB server (`mysql://`).
@@ -75,14 +87,71 @@ impl FromStr for DatabaseUrl {
                 parsed.scheme()
             ));
         }
-        if parsed.password().is_some() {
+        let mut secrets = Vec::new();
+        if let Some(password) = parsed.password() {
+            secrets.push(password.to_owned());
             // Cannot fail: a URL with a password has a host.
             let _ = parsed.set_password(Some("***"));
         }
+        // Both drivers also take the password as a query parameter
+        // (`?password=`, `?sslpassword=`): masked the same way.
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(key, value)| (key.into_owned(), value.into_owned()))
+            .collect();
+        if pairs.iter().any(|(key, _)| is_secret_parameter(key)) {
+            let mut query = parsed.query_pairs_mut();
+            query.clear();
+            for (key, value) in &pairs {
+                if is_secret_parameter(key) {
+                    secrets.push(value.clone());
+                    query.append_pair(key, "***");
+                } else {
+                    query.append_pair(key, value);
+                }
+            }
+        }
+        secrets.retain(|secret| !secret.is_empty());
         Ok(Self {
             url: s.to_owned(),
             shown: parsed.to_string(),
+            secrets,
         })
+    }
+}
+
+/// A query parameter that carries a credential.
+fn is_secret_parameter(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key.contains("password") || key.contains("passwd") || key == "pwd"
+}
+
+/// Parses `--database-url` and `--read-database-url` without echoing a
+/// refused value, as clap's own message would: it may hold a password.
+#[derive(Clone, Copy, Debug)]
+pub struct DatabaseUrlParser;
+
+impl clap::builder::TypedValueParser for DatabaseUrlParser {
+    type Value = DatabaseUrl;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<DatabaseUrl, clap::Error> {
+        let flag = arg
+            .and_then(clap::Arg::get_long)
+            .map_or_else(|| "the database URL".to_owned(), |long| format!("--{long}"));
+        let refused = |reason: &str| {
+            clap::Error::raw(
+                clap::error::ErrorKind::ValueValidation,
+                format!("invalid value for {flag} (not shown: it may hold a password): {reason}\n"),
+            )
+            .with_cmd(cmd)
+        };
+        let text = value.to_str().ok_or_else(|| refused("not UTF-8"))?;
+        text.parse().map_err(|reason: String| refused(&reason))
     }
 }
 
@@ -159,6 +228,59 @@ mod tests {
         );
         let plain: DatabaseUrl = "postgres://app@db/contracts".parse().unwrap();
         assert_eq!(plain.to_string(), "postgres://app@db/contracts");
+    }
+
+    #[test]
+    fn a_password_in_the_query_is_masked_too() {
+        let url: DatabaseUrl =
+            "postgres://app@db:5432/x?sslmode=require&password=hunter2&sslpassword=s3cret"
+                .parse()
+                .unwrap();
+        let shown = url.to_string();
+        assert_eq!(
+            shown,
+            "postgres://app@db:5432/x?sslmode=require&password=***&sslpassword=***"
+        );
+        assert_eq!(format!("{url:?}"), shown);
+        let mysql: DatabaseUrl = "mysql://app:pw1@db/x?PASSWORD=pw2".parse().unwrap();
+        assert_eq!(mysql.to_string(), "mysql://app:***@db/x?PASSWORD=***");
+        // A driver's message quoting the URL or the password is masked.
+        let quoted = format!("bad option in {}: near hunter2", url.expose());
+        let masked = url.redact(&quoted);
+        assert!(
+            !masked.contains("hunter2") && !masked.contains("s3cret"),
+            "{masked}"
+        );
+        assert!(masked.contains("password=***"), "{masked}");
+    }
+
+    #[test]
+    fn a_refused_database_url_is_not_echoed() {
+        use clap::Parser;
+
+        #[derive(Parser, Debug)]
+        struct Flags {
+            #[command(flatten)]
+            database: DatabaseArgs,
+        }
+        for url in [
+            "sqlite://app:hunter2@db/x",
+            "sqlite://db/x?password=hunter2",
+        ] {
+            let error = Flags::try_parse_from(["t", "--database-url", url]).unwrap_err();
+            let message = error.to_string();
+            assert!(!message.contains("hunter2"), "{message}");
+            assert!(message.contains("--database-url"), "{message}");
+        }
+        let error = Flags::try_parse_from([
+            "t",
+            "--database-url",
+            "postgres://db/x",
+            "--read-database-url",
+            "redis://app:hunter2@db/0?password=hunter2",
+        ])
+        .unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
     }
 
     #[test]

@@ -1,10 +1,15 @@
 //! The thin candidate query against the seed's reference rows.
 
+use autoapproval::controller::crd::Phase;
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
+use autoapproval::external::ContractStatus;
 use autoapproval::store::ShardFilter;
-use chrono::Duration;
+use chrono::{Duration, Utc};
 
-use crate::support::{Db, NewRequest, defaults, insert_state, on_both, seed_reference_rows, t0};
+use crate::support::{
+    Cluster, Db, NewRequest, defaults, eventually, insert_state, metric_sum, on_both, request_view,
+    seed_reference_rows, seed_reference_rows_at, t0, test_settings,
+};
 
 fn query(
     request_type: RequestType,
@@ -358,5 +363,115 @@ fn the_turn_benchmark_scripts_prepare_the_store_queries_verbatim() {
             mysql.contains(&format!("\"{sql}\"")),
             "benches/mysql_turn_plans.sql lacks, as a double-quoted string:\n{sql}"
         );
+    }
+}
+
+on_both!(the_seed_rows_are_approved_in_the_documented_order_when_notified_at_once);
+/// The three wait for their documents; one statement releases them all, so
+/// all three are woken, notified and due at once.
+async fn the_seed_rows_are_approved_in_the_documented_order_when_notified_at_once(db: Db) {
+    seed_reference_rows_at(&db, Utc::now()).await;
+    db.exec("UPDATE approval_request SET documents_released = false WHERE id IN (101, 102, 103)")
+        .await;
+    let mut cluster = one_per_turn(&db, true).await;
+    waiting(&cluster).await;
+    db.exec("UPDATE approval_request SET documents_released = true WHERE id IN (101, 102, 103)")
+        .await;
+    assert_approved_in_the_documented_order(&db).await;
+    cluster.stop().await;
+}
+
+on_both!(the_seed_rows_are_approved_in_the_documented_order_when_due_polling_only);
+/// The three wait for their e-contract's signature (the e-sign system's:
+/// nothing in the database changes); then they fall due in another order
+/// than the documented one, 101 first, then 103, then 102, all before the
+/// next poll.
+async fn the_seed_rows_are_approved_in_the_documented_order_when_due_polling_only(db: Db) {
+    let mut cluster = one_per_turn(&db, false).await;
+    for id in [101, 102, 103] {
+        cluster
+            .sim
+            .set_contract_status(&format!("EC-{id}"), ContractStatus::Pending);
+    }
+    seed_reference_rows_at(&db, Utc::now()).await;
+    waiting(&cluster).await;
+    // A turn that finds nothing: the next ones read only what is fresh.
+    let empty_turns = || {
+        metric_sum(
+            &cluster.metrics.encode(),
+            "autoapproval_discovery_turn_candidates_bucket",
+            &["le=\"0.0\""],
+        )
+    };
+    let before = empty_turns();
+    eventually("a discovery turn that finds nothing", || async {
+        (empty_turns() > before).then_some(())
+    })
+    .await;
+    for id in [101, 102, 103] {
+        cluster
+            .sim
+            .set_contract_status(&format!("EC-{id}"), ContractStatus::Signed);
+    }
+    let seconds_ago = "CASE request_id WHEN 101 THEN 3 WHEN 103 THEN 2 ELSE 1 END";
+    db.exec(&match db.name() {
+        "postgres" => format!(
+            "UPDATE auto_approve_state SET next_retry_time = now() - ({seconds_ago}) * interval '1 second'
+              WHERE request_id IN (101, 102, 103)"
+        ),
+        _ => format!(
+            "UPDATE auto_approve_state SET next_retry_time = UTC_TIMESTAMP(6) - INTERVAL ({seconds_ago}) SECOND
+              WHERE request_id IN (101, 102, 103)"
+        ),
+    })
+    .await;
+    assert_approved_in_the_documented_order(&db).await;
+    cluster.stop().await;
+}
+
+/// A replica under `--owner-limit 1 --concurrency 1`, polling every 500 ms.
+async fn one_per_turn(db: &Db, notify: bool) -> Cluster {
+    let mut settings = test_settings();
+    settings.concurrency = 1;
+    settings.discovery.turn.owner_limit = 1;
+    settings.discovery.turn.concurrency = 1;
+    settings.discovery.notify = notify;
+    settings.discovery.poll_period = std::time::Duration::from_millis(500);
+    Cluster::with(db.clone(), settings).await
+}
+
+/// Waits until 101–103 were attempted once and wait.
+async fn waiting(cluster: &Cluster) {
+    for id in [101, 102, 103] {
+        cluster.wait_phase(id, Phase::RetryWaiting).await;
+    }
+}
+
+/// Under `--owner-limit 1 --concurrency 1` a turn takes one request,
+/// whichever path found it (the whole query, the fresh one's due retries,
+/// a notification), so the seed's rows are served in the documented order,
+/// by status then oldest `sort_time`: 102 (ING), then the PENDING ones
+/// oldest first, 103 (two hours), 101 (one minute); 104 is claimed
+/// elsewhere, 105 not due, 106 at the limit, 107 approved. The order shows
+/// in the simulator's owner numbers, given one chain at a time.
+async fn assert_approved_in_the_documented_order(db: &Db) {
+    let approved = eventually("the due requests to be approved", || async {
+        let mut approved = Vec::new();
+        for id in [101, 102, 103] {
+            let view = request_view(db, id).await;
+            if view.status == "APPROVED" {
+                approved.push((view.owner_number?, id));
+            }
+        }
+        (approved.len() == 3).then_some(approved)
+    })
+    .await
+    .expect("approved");
+    let mut by_owner = approved;
+    by_owner.sort();
+    let order: Vec<i64> = by_owner.into_iter().map(|(_, id)| id).collect();
+    assert_eq!(order, [102, 103, 101]);
+    for id in [104, 105, 106] {
+        assert_ne!(request_view(db, id).await.status, "APPROVED", "{id}");
     }
 }

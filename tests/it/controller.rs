@@ -686,6 +686,102 @@ async fn the_crd_schema_rejects_a_cr_without_request_id_or_with_an_unknown_type(
     );
 }
 
+#[tokio::test]
+/// The leader deletes a departed replica's member Lease as it judged it:
+/// when the member renewed between the leader's list and its delete, the
+/// delete is refused (409) and the live member keeps its Lease. Before, it
+/// was deleted, and the renewing replica lost every shard at its next renew.
+async fn a_member_lease_renewed_after_it_was_judged_departed_is_not_deleted() {
+    use autoapproval::coordination::delete_unchanged;
+    use k8s_openapi::api::coordination::v1::Lease;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let leases: Api<Lease> = Api::namespaced(client_for(&server), NS);
+    const NAME: &str = "autoapproval-member-ghost";
+    let judged = leases
+        .create(
+            &PostParams::default(),
+            &foreign_lease(NAME, "member", "ghost"),
+        )
+        .await
+        .expect("member Lease");
+    let mut renewed = judged.clone();
+    renewed.spec.as_mut().expect("spec").renew_time =
+        Some(MicroTime(k8s_openapi::jiff::Timestamp::now()));
+    leases
+        .replace(NAME, &PostParams::default(), &renewed)
+        .await
+        .expect("renewed");
+
+    let refused = delete_unchanged(&leases, &judged).await;
+    assert!(
+        matches!(&refused, Err(kube::Error::Api(s)) if s.code == 409),
+        "{refused:?}"
+    );
+    let current = leases.get_opt(NAME).await.expect("get");
+    assert!(current.is_some(), "the renewed member Lease stays");
+    delete_unchanged(&leases, &current.expect("current"))
+        .await
+        .expect("the Lease as it is now can be deleted");
+    assert!(leases.get_opt(NAME).await.expect("get").is_none());
+}
+
+on_both!(an_in_progress_status_write_that_hangs_holds_up_no_chain);
+/// The InProgress status is written while the chain goes on: with that
+/// write hanging (an API server slower than any wait here), the chain still
+/// runs its calls, heartbeats and shard checks, and approves. Before, the
+/// attempt was not polled during the write: no heartbeat, no shard check,
+/// no progress until the API server answered.
+async fn an_in_progress_status_write_that_hangs_holds_up_no_chain(db: Db) {
+    let mut settings = test_settings();
+    settings.reconcile.in_progress_after = Duration::from_millis(500);
+    let cluster = Cluster::with_faults(
+        db.clone(),
+        settings,
+        Faults {
+            latency: Duration::from_secs(2),
+            system: Some(autoapproval_sim::SimSystem::Esign),
+            ..Faults::default()
+        },
+    )
+    .await;
+    cluster.wait_listening().await;
+    owner_now(1).insert(&db).await;
+    eventually(
+        "the chain of request 1 to be asking the e-sign system",
+        || async { (cluster.sim.stats().in_flight.esign > 0).then_some(()) },
+    )
+    .await;
+    // From now on (the InProgress write comes 500 ms into the chain), every
+    // status write hangs for longer than `eventually` waits.
+    cluster.server.faults().add_latency(
+        Duration::from_secs(120),
+        Match::any()
+            .verb("patch")
+            .resource("autoapprovals")
+            .path_contains("/status"),
+    );
+
+    eventually(
+        "request 1 to be approved while its status write hangs",
+        || async { (request_status(&db, 1).await == "APPROVED").then_some(()) },
+    )
+    .await;
+    let stats = cluster.sim.stats();
+    assert_eq!(
+        (
+            stats.calls_to("POST /owners"),
+            stats.calls_to("POST /stores")
+        ),
+        (1, 1),
+        "{:?}",
+        stats.calls
+    );
+}
+
 on_both!(a_change_notified_while_its_shard_changes_hands_is_not_lost);
 /// A change notified while its shard is held by no replica that works it
 /// (here: taken by another holder) is not lost: the database wake is
@@ -766,23 +862,30 @@ async fn a_change_notified_while_its_shard_changes_hands_is_not_lost(db: Db) {
     cluster.stop().await;
 }
 
+/// Shard 3's fence row, last fenced by `holder`, locked by a transaction
+/// until it commits: fencing the shard waits on it.
+async fn fence_row_of_shard_3_locked(db: &Db, holder: &str) -> crate::support::Business {
+    db.exec_at(
+        &format!(
+            "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
+             VALUES (16, 3, 0, '{holder}', $1)"
+        ),
+        Utc::now(),
+    )
+    .await;
+    db.business_transaction(
+        "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
+    )
+    .await
+}
+
 on_both!(a_stuck_fence_of_one_shard_holds_up_no_other);
 /// A database call of the Lease loop that does not return (here: fencing
 /// shard 3 waits on a row lock someone holds) is given up after a retry
 /// period, so the same turn still takes and renews every other shard, and
 /// their requests are approved while shard 3 stays blocked.
 async fn a_stuck_fence_of_one_shard_holds_up_no_other(db: Db) {
-    db.exec_at(
-        "INSERT INTO shard_fence (shard_count, shard, token, holder, fenced_at)
-         VALUES (16, 3, 0, 'nobody', $1)",
-        Utc::now(),
-    )
-    .await;
-    let blocker = db
-        .business_transaction(
-            "SELECT token FROM shard_fence WHERE shard_count = 16 AND shard = 3 FOR UPDATE",
-        )
-        .await;
+    let blocker = fence_row_of_shard_3_locked(&db, "nobody").await;
 
     let mut cluster = Cluster::start(db.clone()).await;
     // Request 5 is in shard 5, acquired after shard 3 in the same turn.
@@ -805,6 +908,110 @@ async fn a_stuck_fence_of_one_shard_holds_up_no_other(db: Db) {
             .then_some(())
     })
     .await;
+    cluster.stop().await;
+}
+
+on_both!(a_failover_whose_first_fence_failed_is_still_counted_as_a_failover);
+/// A shard taken from a dead holder whose fence then fails (the database
+/// slow or locked for longer than a retry period) is handed back, and
+/// acquired again later: that later acquisition completes the failover and
+/// is counted as one. Before, the hand-back left the Lease naming nobody, so
+/// it was counted as a free shard: the cause of a loaded run's "each of the
+/// victim's shards failed over once, left: 4.0, right: 5.0".
+async fn a_failover_whose_first_fence_failed_is_still_counted_as_a_failover(db: Db) {
+    use autoapproval::coordination::TAKEN_FROM_ANNOTATION;
+    use k8s_openapi::api::coordination::v1::Lease;
+
+    let blocker = fence_row_of_shard_3_locked(&db, "ghost").await;
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    let client = client_for(&server);
+    install_crd(&client).await;
+    // Shard 3 is held by a replica that is gone (no member Lease).
+    let leases: Api<Lease> = Api::namespaced(client.clone(), NS);
+    leases
+        .create(
+            &PostParams::default(),
+            &foreign_lease("autoapproval-shard-3", "shard", "ghost"),
+        )
+        .await
+        .expect("the ghost's shard Lease");
+    let mut cluster = Cluster::with_server(db.clone(), quick_leases(), server, client).await;
+    // Taken from the ghost, not fenced (the row is locked), handed back.
+    eventually(
+        "shard 3 to be handed back after its fence failed",
+        || async {
+            let lease = leases.get("autoapproval-shard-3").await.ok()?;
+            let holder = lease
+                .spec
+                .as_ref()?
+                .holder_identity
+                .clone()
+                .unwrap_or_default();
+            (holder.is_empty()).then_some(lease)
+        },
+    )
+    .await;
+    blocker.commit().await;
+    cluster.wait_every_shard().await;
+    let acquisitions = |kind: &str| {
+        metric_sum(
+            &cluster.metrics.encode(),
+            "autoapproval_shard_acquisitions_total",
+            &[&format!("kind=\"{kind}\"")],
+        )
+    };
+    assert_eq!(
+        (acquisitions("failover"), acquisitions("free")),
+        (1.0, 15.0),
+        "shard 3 failed over from the ghost; the others were free"
+    );
+    let lease = leases.get("autoapproval-shard-3").await.expect("Lease");
+    assert!(
+        !lease
+            .metadata
+            .annotations
+            .unwrap_or_default()
+            .contains_key(TAKEN_FROM_ANNOTATION),
+        "the note goes once the shard is taken"
+    );
+    cluster.stop().await;
+}
+
+on_both!(a_replica_named_as_a_live_replica_refuses_to_start);
+/// Two replicas of one name would each take the other's shards as its own
+/// former run's and claim under one holder. The second one sees the first
+/// one's member Lease renewed and refuses to start, naming the flag; the
+/// first keeps every shard. A former run of the same name (its member
+/// Lease no longer renewed) is not refused: a restarted pod starts.
+async fn a_replica_named_as_a_live_replica_refuses_to_start(db: Db) {
+    use autoapproval::controller::{ControllerError, run_until};
+
+    let mut cluster = Cluster::holding_every_shard(db.clone()).await;
+    let second = run_until(
+        quick_leases(),
+        cluster.parts(Metrics::new()),
+        std::future::pending(),
+    );
+    let refused = tokio::time::timeout(Duration::from_secs(30), second)
+        .await
+        .expect("refused within a lease duration or so")
+        .expect_err("a second replica-1 must not run");
+    assert!(
+        matches!(refused, ControllerError::NameInUse(_)),
+        "{refused}"
+    );
+    let message = refused.to_string();
+    assert!(
+        message.contains("--replica-name \"replica-1\""),
+        "{message}"
+    );
+    assert_eq!(
+        metric_sum(&cluster.metrics.encode(), "autoapproval_shards_held", &[]),
+        16.0,
+        "the live replica keeps its shards"
+    );
     cluster.stop().await;
 }
 

@@ -244,6 +244,36 @@ async fn a_malformed_answer_is_transient_on_every_operation() {
 }
 
 #[tokio::test]
+/// An answer whose body is larger than the client reads (a misrouted call
+/// answered by a file server, a downstream gone wrong) is a named bad
+/// answer, retried as transient; the owner it made is replayed by the
+/// retry. Before, the whole body was read, however large.
+async fn an_answer_larger_than_the_limit_is_a_transient_bad_answer() {
+    use autoapproval::external::http::MAX_ANSWER_BODY;
+
+    let sim = sim(SimConfig::default()).await;
+    let ext = clients(&sim, |_| {});
+    sim.set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Oversized))
+        .unwrap();
+    let key = IdempotencyKey::new(14, "owner");
+
+    let err = ext.owner.create_owner(&key, &owner(14)).await.unwrap_err();
+    assert_eq!(err.kind, ErrorKind::Transient, "{err}");
+    assert!(err.message.contains("answer too large"), "{err}");
+    assert!(
+        err.message
+            .contains(&format!("{} KiB limit", MAX_ANSWER_BODY / 1024)),
+        "{err}"
+    );
+    assert_eq!(sim.stats().faults_injected.oversized, 1);
+
+    let number = ext.owner.create_owner(&key, &owner(14)).await.unwrap();
+    assert!(number > 0);
+    assert_eq!(sim.stats().created.owners, 1, "the retry replays the owner");
+    sim.shutdown().await.unwrap();
+}
+
+#[tokio::test]
 async fn a_refused_input_is_permanent_and_a_missing_store_is_none() {
     let sim = sim(SimConfig::default()).await;
     let ext = clients(&sim, |_| {});

@@ -23,6 +23,8 @@ use super::state::{FaultKind, Faults, Idempotency, Refused, SimSystem, State as 
 
 /// Largest handler body the malformed-answer fault will read back.
 const MAX_BODY: usize = 1 << 20;
+/// What an oversized answer adds to the real one: twice the client's limit.
+const OVERSIZED_PADDING: usize = 2 << 20;
 
 /// What every handler shares.
 pub(crate) struct Shared {
@@ -223,6 +225,20 @@ async fn serve_system_call(
             drop(_working);
             ctx.shared.pause(plan.hang).await;
             error(StatusCode::GATEWAY_TIMEOUT, "injected timeout")
+        }
+        Some(FaultKind::Oversized) => {
+            let served = next.run(request).await;
+            let mut body = to_bytes(served.into_body(), MAX_BODY)
+                .await
+                .unwrap_or_default()
+                .to_vec();
+            body.resize(body.len() + OVERSIZED_PADDING, b' ');
+            (
+                StatusCode::OK,
+                [(CONTENT_TYPE, "application/json")],
+                Body::from(body),
+            )
+                .into_response()
         }
         Some(FaultKind::Malformed) => {
             let served = next.run(request).await;

@@ -120,6 +120,10 @@ pub enum FaultKind {
     /// Answer 422 before doing anything: the downstream refuses the input
     /// (only through `failNext`; no rate draws it).
     Refused,
+    /// Do the work, then answer 200 with its JSON followed by 2 MiB of
+    /// spaces (still valid JSON): a body larger than a client should read
+    /// (only through `failNext`).
+    Oversized,
 }
 
 /// Fail the next `count` matching calls with `kind`, for deterministic tests.
@@ -287,6 +291,9 @@ pub struct FaultCounts {
     /// Answered 422 (`failNext` with `refused`).
     #[serde(default)]
     pub refused: u64,
+    /// Answered with a 2-MiB body (`failNext` with `oversized`).
+    #[serde(default)]
+    pub oversized: u64,
 }
 
 /// Everything the simulator counted since start or the last reset
@@ -555,6 +562,7 @@ impl State {
             Some(FaultKind::Timeout) => counts.timeout += 1,
             Some(FaultKind::Malformed) => counts.malformed += 1,
             Some(FaultKind::Refused) => counts.refused += 1,
+            Some(FaultKind::Oversized) => counts.oversized += 1,
             None => {}
         }
         FaultPlan {

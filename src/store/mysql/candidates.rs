@@ -111,8 +111,10 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
     ))
 }
 
-/// The same conditions for given requests of both types, by primary key.
-/// The look at notified requests, for `n` of them.
+/// The same conditions for given requests of both types, by primary key,
+/// in the candidate queries' order (status, then oldest sort_time): the
+/// look at notified requests, and the order of a turn's candidates found
+/// by several paths; for `n` of them.
 pub fn candidates_among_sql(n: usize) -> String {
     format!(
         "SELECT r.id AS request_id, r.request_type, s.id AS state_id
@@ -125,7 +127,8 @@ pub fn candidates_among_sql(n: usize) -> String {
    AND r.sort_time >= ?
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)",
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+ ORDER BY r.status, r.sort_time, r.id",
         placeholders(n)
     )
 }

@@ -269,7 +269,7 @@ async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<MySqlConnectOpti
     let refused = |reason: String| StoreError::Connect {
         role,
         url: url.to_string(),
-        reason,
+        reason: url.redact(&reason),
     };
     let options: MySqlConnectOptions = url
         .expose()

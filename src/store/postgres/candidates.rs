@@ -44,7 +44,9 @@ SELECT r.id AS request_id, s.id AS state_id
  LIMIT $4";
 
 // The same conditions, for given requests of both types at once: the ones a
-// notification named. Read by primary key, so no order and no limit.
+// notification named, or a turn found by several paths. Read by primary
+// key, in the candidate queries' order (status, then oldest sort_time), so
+// that a turn takes them in that order; no limit.
 const CANDIDATES_AMONG: &str = "\
 SELECT r.id AS request_id, r.request_type, s.id AS state_id
   FROM approval_request r
@@ -56,7 +58,8 @@ SELECT r.id AS request_id, r.request_type, s.id AS state_id
    AND r.sort_time >= $1
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
-   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)";
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+ ORDER BY r.status, r.sort_time, r.id";
 
 /// The fresh candidates of a type ($8): two branches that each read only
 /// rows that can be candidates. New requests: a primary-key range above the

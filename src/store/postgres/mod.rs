@@ -167,7 +167,7 @@ async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<PgConnectOptions
     let refused = |reason: String| StoreError::Connect {
         role,
         url: url.to_string(),
-        reason,
+        reason: url.redact(&reason),
     };
     let options = PgConnectOptions::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
     match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {

@@ -199,11 +199,32 @@ impl Cluster {
         settings: ControllerConfig,
         faults: Faults,
     ) -> Cluster {
+        let (server, client, sim) = backends().await;
+        sim.set_faults(faults).expect("faults");
+        Self::on_test_server(pool, settings, server, client, sim)
+    }
+
+    /// Like `with`, on an API server the test prepared first (Leases left
+    /// by other replicas, say).
+    pub async fn with_server(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        server: TestServer,
+        client: Client,
+    ) -> Cluster {
+        Self::on_test_server(pool, settings, server, client, simulator().await)
+    }
+
+    fn on_test_server(
+        pool: impl AsDb,
+        settings: ControllerConfig,
+        server: TestServer,
+        client: Client,
+        sim: SimHandle,
+    ) -> Cluster {
         if std::env::var_os("RUST_LOG").is_some() {
             let _ = autoapproval::telemetry::init_tracing(false, "info", None);
         }
-        let (server, client, sim) = backends().await;
-        sim.set_faults(faults).expect("faults");
         let controller = client.clone();
         Self::started(
             ApiServer::Test(server),
@@ -295,24 +316,30 @@ impl Cluster {
     /// Starts the replica.
     fn run(&mut self, mut settings: ControllerConfig) {
         settings.namespace = self.ns.clone();
-        let external = HttpExternalSystems::build(
-            &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
-        )
-        .expect("external clients");
-        let parts = Parts {
-            client: self.controller_client.clone(),
-            api_server: self.server.url(),
-            store: self.pool.store(),
-            external,
-            clock: Arc::new(SystemClock),
-            metrics: self.metrics.clone(),
-            health: None,
-        };
+        let parts = self.parts(self.metrics.clone());
         let (tx, rx) = oneshot::channel::<()>();
         self.stop = Some(tx);
         self.task = Some(tokio::spawn(run_until(settings, parts, async move {
             let _ = rx.await;
         })));
+    }
+
+    /// What a replica of this cluster runs on (another replica's, with
+    /// `metrics` of its own).
+    pub fn parts(&self, metrics: Metrics) -> Parts {
+        let external = HttpExternalSystems::build(
+            &ExternalArgs::all_at(self.sim.base_url()).expect("defaults"),
+        )
+        .expect("external clients");
+        Parts {
+            client: self.controller_client.clone(),
+            api_server: self.server.url(),
+            store: self.pool.store(),
+            external,
+            clock: Arc::new(SystemClock),
+            metrics,
+            health: None,
+        }
     }
 
     /// One replica with `quick_leases`, once it holds all 16 shards.

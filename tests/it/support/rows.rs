@@ -173,7 +173,12 @@ pub fn waiting_owner_now(id: i64) -> NewRequest {
 /// Rows 101–107 of the seed: new; first retry due; twelfth retry due;
 /// IN_PROGRESS elsewhere; retry not yet due; retry limit reached; approved.
 pub async fn seed_reference_rows(pool: &impl AsDb) {
-    let now = t0();
+    seed_reference_rows_at(pool, t0()).await;
+}
+
+/// `seed_reference_rows` placed around `now` (the wall clock, for a
+/// running controller).
+pub async fn seed_reference_rows_at(pool: &impl AsDb, now: DateTime<Utc>) {
     NewRequest::ready_owner(101)
         .sorted_at(now - Duration::minutes(1))
         .insert(pool)
