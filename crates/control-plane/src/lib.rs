@@ -2,6 +2,8 @@
 //! (scripts/install-control-plane.sh builds them) on free loopback ports, with TLS and
 //! RBAC, an admin identity and, per namespace, the controller's ServiceAccount.
 
+mod procs;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
