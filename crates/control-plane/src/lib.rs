@@ -4,6 +4,8 @@
 
 mod procs;
 
+pub use procs::check_binaries;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};

@@ -7,6 +7,14 @@ use crate::{ControlPlane, Error};
 /// The metric of the size etcd's bbolt file has allocated, in bytes.
 const DB_SIZE_METRIC: &str = "etcd_mvcc_db_total_size_in_bytes";
 
+/// Fails, naming the script that builds it, when etcd or kube-apiserver is missing:
+/// for a caller that wants to know before it starts anything else.
+pub fn check_binaries() -> Result<(), Error> {
+    crate::binary("etcd", "ETCD")?;
+    crate::binary("kube-apiserver", "KUBE_APISERVER")?;
+    Ok(())
+}
+
 impl ControlPlane {
     /// The pid of kube-apiserver, while it runs.
     pub fn apiserver_pid(&self) -> Option<u32> {

@@ -205,6 +205,9 @@ impl Stack {
                 controller_bin.display().to_string(),
             ));
         }
+        if args.control_plane == ControlPlaneKind::Real {
+            control_plane::check_binaries()?;
+        }
         let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         let dir = base.join(format!(
             "autoapproval-{purpose}-{}-{:08x}",
