@@ -18,17 +18,19 @@ pub fn check_binaries() -> Result<(), Error> {
 impl ControlPlane {
     /// The pid of kube-apiserver, while it runs.
     pub fn apiserver_pid(&self) -> Option<u32> {
-        self.process("kube-apiserver").map(|(pid, _)| pid)
+        let cert_dir = format!("--cert-dir={}", self.dir.join("pki").display());
+        self.process("kube-apiserver", &cert_dir)
+            .map(|(pid, _)| pid)
     }
 
     /// The pid of etcd, while it runs.
     pub fn etcd_pid(&self) -> Option<u32> {
-        self.process("etcd").map(|(pid, _)| pid)
+        self.etcd().map(|(pid, _)| pid)
     }
 
     /// etcd's client URL (`http://127.0.0.1:<port>`), while it runs.
     pub fn etcd_url(&self) -> Option<String> {
-        let (_, args) = self.process("etcd")?;
+        let (_, args) = self.etcd()?;
         args.iter()
             .find_map(|a| a.strip_prefix("--listen-client-urls="))
             .map(str::to_owned)
@@ -56,10 +58,15 @@ impl ControlPlane {
         })
     }
 
-    /// The process named `name` (its executable's file name) whose arguments name this
-    /// control plane's directory, and those arguments.
-    fn process(&self, name: &str) -> Option<(u32, Vec<String>)> {
-        let dir = self.dir.display().to_string();
+    fn etcd(&self) -> Option<(u32, Vec<String>)> {
+        let data_dir = format!("--data-dir={}", self.dir.join("etcd").display());
+        self.process("etcd", &data_dir)
+    }
+
+    /// The process named `name` (its executable's file name) with the argument `arg`
+    /// (exactly: another plane's directory may begin with this one's), and its
+    /// arguments.
+    fn process(&self, name: &str, arg: &str) -> Option<(u32, Vec<String>)> {
         std::fs::read_dir("/proc")
             .ok()?
             .flatten()
@@ -71,8 +78,7 @@ impl ControlPlane {
                     .map(|a| String::from_utf8_lossy(a).into_owned())
                     .collect();
                 let exe = std::path::Path::new(args.first()?).file_name()?;
-                (exe == name && args.iter().skip(1).any(|a| a.contains(&dir)))
-                    .then_some((pid, args))
+                (exe == name && args.iter().skip(1).any(|a| a == arg)).then_some((pid, args))
             })
     }
 }

@@ -120,10 +120,16 @@ impl RealServer {
 
     /// kube-apiserver's and etcd's CPU so far; `None` when either is not running.
     pub fn cpu_seconds(&self) -> Option<ServerCpu> {
-        let of = |pid: Option<u32>| super::replicas::cpu_seconds(pid?);
+        let of = |name: &str, pid: Option<u32>| {
+            let seconds = pid.and_then(super::replicas::cpu_seconds);
+            if seconds.is_none() {
+                tracing::warn!(?pid, "{name}'s CPU not found in /proc: its row stays empty");
+            }
+            seconds
+        };
         Some(ServerCpu {
-            apiserver: of(self.plane.apiserver_pid())?,
-            etcd: of(self.plane.etcd_pid())?,
+            apiserver: of("kube-apiserver", self.plane.apiserver_pid())?,
+            etcd: of("etcd", self.plane.etcd_pid())?,
         })
     }
 

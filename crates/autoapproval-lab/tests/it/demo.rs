@@ -279,24 +279,12 @@ async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_pl
 
 #[tokio::test]
 async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes_no_status() {
-    let dir = work_dir("at-rest");
-    let report = dir.join("at-rest.json");
-    let stack_dir = dir.join("stack");
-    std::fs::create_dir_all(&stack_dir).expect("stack dir");
-    crate::assert_controller_built();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
-        .args(["bench", "--at-rest", "--waiting", "60", "--window", "4s"])
-        .args(["--replicas", "2", "--shards", "4"])
-        .arg("--report")
-        .arg(&report)
-        .arg("--work-dir")
-        .arg(&stack_dir)
-        .output()
-        .await
-        .expect("bench runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (stdout, json) = bench(
+        "at-rest",
+        &["--at-rest", "--waiting", "60", "--window", "4s"],
+        &["--replicas", "2", "--shards", "4"],
+    )
+    .await;
     for row in [
         "kube API writes / s",
         "RSS per waiting CR",
@@ -304,8 +292,6 @@ async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes
     ] {
         assert!(stdout.contains(row), "missing {row:?} in\n{stdout}");
     }
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
     assert_eq!(json["waiting"], 60);
     // At rest nothing but Lease renewals is written: the member and leader
     // Leases, every 6 s, so the window holds one round or two.
@@ -329,20 +315,20 @@ async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes
         json["restart"]["first_approval_s"].as_f64() > Some(0.0),
         "{json:#}"
     );
-    assert_eq!(leftovers(&stack_dir), Vec::<String>::new(), "stack removed");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// `autoapproval-lab bench <args> --control-plane real`: its stdout and JSON report.
-async fn bench_on_the_real_control_plane(name: &str, args: &[&str]) -> (String, serde_json::Value) {
+/// `autoapproval-lab bench <args> <more>`: its stdout and JSON report, once it
+/// succeeded and removed its stack.
+async fn bench(name: &str, args: &[&str], more: &[&str]) -> (String, serde_json::Value) {
     let dir = work_dir(name);
     let report = dir.join("report.json");
     let stack_dir = dir.join("stack");
     std::fs::create_dir_all(&stack_dir).expect("stack dir");
     crate::assert_controller_built();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
-        .args(["bench", "--control-plane", "real"])
+        .arg("bench")
         .args(args)
+        .args(more)
         .arg("--report")
         .arg(&report)
         .arg("--work-dir")
@@ -362,9 +348,10 @@ async fn bench_on_the_real_control_plane(name: &str, args: &[&str]) -> (String, 
 
 #[tokio::test]
 async fn bench_on_the_real_control_plane_adds_kube_apiserver_and_etcd_costs_per_approval() {
-    let (stdout, json) = bench_on_the_real_control_plane(
+    let (stdout, json) = bench(
         "bench-real",
         &["--requests", "20", "--rate", "20", "--replicas", "2"],
+        &["--control-plane", "real"],
     )
     .await;
     for row in [
@@ -399,9 +386,10 @@ async fn bench_on_the_real_control_plane_adds_kube_apiserver_and_etcd_costs_per_
 
 #[tokio::test]
 async fn bench_at_rest_on_the_real_control_plane_adds_kube_apiserver_and_etcd_at_rest() {
-    let (stdout, json) = bench_on_the_real_control_plane(
+    let (stdout, json) = bench(
         "at-rest-real",
         &["--at-rest", "--waiting", "30", "--window", "3s"],
+        &["--control-plane", "real"],
     )
     .await;
     for row in ["kube-apiserver CPU", "etcd DB growth per waiting CR"] {
