@@ -51,12 +51,14 @@ fi
 pinned() {
   [[ -x "$bin/kube-apiserver" && -x "$bin/etcd" ]] &&
     [[ "$("$bin/kube-apiserver" --version 2>/dev/null)" == "Kubernetes $KUBE_VERSION" ]] &&
-    "$bin/etcd" --version 2>/dev/null | grep -qx "etcd Version: $ETCD_VERSION"
+    # Captured whole, not piped into grep -q: under pipefail grep's early exit made etcd
+    # die of SIGPIPE now and then, and the pinned binaries were rebuilt for nothing.
+    [[ "$("$bin/etcd" --version 2>/dev/null)" == "etcd Version: $ETCD_VERSION"$'\n'* ]]
 }
 
 if pinned; then
   "$bin/kube-apiserver" --version >&2
-  "$bin/etcd" --version | head -n 1 >&2
+  "$bin/etcd" --version 2>/dev/null | sed -n 1p >&2
   echo "$bin"
   exit 0
 fi

@@ -8,7 +8,7 @@ use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
 
 use crate::harness::{NewRequest, RequestEnd};
-use crate::stack::{NAMESPACE, Program, Stack, StackArgs, StackError, install_termination};
+use crate::stack::{ControlPlaneKind, Program, Stack, StackArgs, StackError, install_termination};
 use autoapproval::controller::crd::{AutoApproval, Phase};
 use autoapproval::domain::RequestType;
 use autoapproval::external::System;
@@ -160,8 +160,14 @@ pub async fn run(args: DemoArgs) -> Result<(), DemoError> {
     let mut interrupt = install_termination()?;
     let out = Out::new();
     let database = args.stack.database.name();
+    let server = match args.stack.control_plane {
+        ControlPlaneKind::Memory => "the test API server",
+        ControlPlaneKind::Real => {
+            "kube-apiserver and etcd (RBAC: the replicas run as the chart's ServiceAccount)"
+        }
+    };
     out.line(&format!(
-        "starting {database}, the test API server and the simulator..."
+        "starting {database}, {server} and the simulator..."
     ));
     // Not raced against Ctrl-C: a start cut short would leave its directory.
     let mut stack = Stack::start(&args.stack, "demo", SimConfig::default()).await?;
@@ -366,7 +372,7 @@ impl<'a> View<'a> {
             .into_iter()
             .map(|e| (e.request_id, e))
             .collect();
-        let crs = kube::Api::<AutoApproval>::namespaced(client.clone(), NAMESPACE)
+        let crs = kube::Api::<AutoApproval>::default_namespaced(client.clone())
             .list(&kube::api::ListParams::default())
             .await
             .map_err(|e| StackError::Kube(format!("listing AutoApprovals: {e}")))?

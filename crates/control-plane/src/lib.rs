@@ -2,6 +2,10 @@
 //! (scripts/install-control-plane.sh builds them) on free loopback ports, with TLS and
 //! RBAC, an admin identity and, per namespace, the controller's ServiceAccount.
 
+mod procs;
+
+pub use procs::check_binaries;
+
 use std::io::Write;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};

@@ -48,8 +48,25 @@ pub struct AtRestReport {
     /// Mean duration of a discovery turn per replica over the window, in
     /// milliseconds (`autoapproval_discovery_turn_duration_seconds`).
     pub discovery_turn_ms: Vec<f64>,
+    /// With `--control-plane real`: what kube-apiserver and etcd spent at rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<ControlPlaneAtRest>,
     /// One replica stopped with SIGTERM and started again.
     pub restart: Restart,
+}
+
+/// kube-apiserver and etcd at rest.
+#[derive(Debug, Serialize)]
+pub struct ControlPlaneAtRest {
+    /// kube-apiserver's CPU over the window, in percent of one core.
+    pub apiserver_cpu_percent: f64,
+    /// etcd's CPU over the window, in percent of one core.
+    pub etcd_cpu_percent: f64,
+    /// etcd's database size with every request waiting, in bytes.
+    pub etcd_db_bytes: u64,
+    /// What etcd's database grew by from before the inserts until every request
+    /// waited with its CR, per waiting CR, in bytes.
+    pub etcd_db_bytes_per_waiting_cr: f64,
 }
 
 /// One replica's restart with nothing changed.
@@ -103,24 +120,18 @@ pub async fn run(args: &BenchArgs, interrupt: &mut Termination) -> Result<(), Be
 }
 
 /// API writes so far, by verb and resource.
-fn writes(stack: &Stack) -> BTreeMap<String, u64> {
-    stack
-        .apiserver()
-        .map(|s| s.request_counts())
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(key, _)| {
-            matches!(
-                key.split(' ').next().unwrap_or_default(),
-                "create" | "update" | "patch" | "delete" | "deletecollection"
-            )
-        })
-        .collect()
+async fn writes(stack: &Stack) -> Result<BTreeMap<String, u64>, StackError> {
+    stack.api_writes().await
 }
 
 fn since(now: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
     now.iter()
-        .map(|(k, n)| (k.clone(), n - before.get(k).copied().unwrap_or(0)))
+        .map(|(k, n)| {
+            (
+                k.clone(),
+                n.saturating_sub(before.get(k).copied().unwrap_or(0)),
+            )
+        })
         .filter(|(_, n)| *n > 0)
         .collect()
 }
@@ -219,6 +230,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
     // Requests that wait: their documents are not released, so each attempt
     // schedules a retry 10 minutes out.
     let harness = stack.harness()?.clone();
+    let etcd_empty = super::etcd_db_bytes(stack).await?;
     let inserted = Instant::now();
     for i in 0..args.waiting {
         super::insert_owner(&harness, format!("Waiting shop {i}"), false).await?;
@@ -230,6 +242,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
         stack.check_replicas()?;
         let waiting = harness.waiting().await.map_err(StackError::from)?;
         let crs = writes(stack)
+            .await?
             .get("create autoapprovals")
             .copied()
             .unwrap_or(0);
@@ -256,7 +269,9 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
             .await
             .map_err(StackError::from)?;
     }
-    let writes_before = writes(stack);
+    let writes_before = writes(stack).await?;
+    let etcd_waiting = super::etcd_db_bytes(stack).await?;
+    let server_before = stack.real().and_then(|r| r.cpu_seconds());
     let cpu_before: Vec<f64> = stack
         .replicas()
         .iter()
@@ -268,7 +283,18 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
     tokio::time::sleep(args.window).await;
     stack.check_replicas()?;
     let window = started.elapsed().as_secs_f64();
-    let by_kind = since(&writes(stack), &writes_before);
+    let by_kind = since(&writes(stack).await?, &writes_before);
+    let control_plane = stack
+        .real()
+        .and_then(|r| r.cpu_seconds())
+        .zip(server_before)
+        .zip(etcd_empty.zip(etcd_waiting))
+        .map(|((after, before), (empty, waiting))| ControlPlaneAtRest {
+            apiserver_cpu_percent: (after.apiserver - before.apiserver) / window * 100.0,
+            etcd_cpu_percent: (after.etcd - before.etcd) / window * 100.0,
+            etcd_db_bytes: waiting,
+            etcd_db_bytes_per_waiting_cr: (waiting as f64 - empty as f64) / f64::from(args.waiting),
+        });
     let statements = if counting {
         Some(
             harness
@@ -306,7 +332,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
     // One replica restarts; the database changed nothing meanwhile but for
     // the approvable requests inserted to see its first approval.
     let name = names[0].clone();
-    let before_restart = writes(stack);
+    let before_restart = writes(stack).await?;
     stack.stop_replica(&name, Duration::from_secs(30)).await;
     let argv = replica_args(stack, &name);
     stack.spawn(Program::Controller, &name, &argv).await?;
@@ -324,7 +350,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
         }
     }
     let reconciled_s = (quiet_since - restarted).as_secs_f64();
-    let restart_writes = since(&writes(stack), &before_restart);
+    let restart_writes = since(&writes(stack).await?, &before_restart);
 
     // Once more, now with approvable requests coming in: its first approval.
     stack.stop_replica(&name, Duration::from_secs(30)).await;
@@ -356,6 +382,7 @@ async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, Be
             .collect(),
         settle_s,
         discovery_turn_ms,
+        control_plane,
         restart: Restart {
             first_approval_s,
             ready_s,
@@ -404,6 +431,15 @@ fn table(r: &AtRestReport) -> String {
         "| discovery turn, mean per replica | {} ms |\n",
         list(&r.discovery_turn_ms, 1)
     );
+    if let Some(c) = &r.control_plane {
+        out += &format!(
+            "| kube-apiserver CPU | {:.2} % |\n| etcd CPU | {:.2} % |\n| etcd DB size | {:.1} MiB |\n| etcd DB growth per waiting CR | {:.0} bytes |\n",
+            c.apiserver_cpu_percent,
+            c.etcd_cpu_percent,
+            c.etcd_db_bytes as f64 / 1_048_576.0,
+            c.etcd_db_bytes_per_waiting_cr
+        );
+    }
     out += &format!(
         "| restart: first approval | {} |\n",
         r.restart

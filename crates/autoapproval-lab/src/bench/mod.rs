@@ -16,12 +16,13 @@ pub mod seed_redis;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use report::{DesignReport, Percentiles, Report, duplicate_creations};
+use report::{ControlPlaneCost, DesignReport, Percentiles, Report, duplicate_creations};
 use seed_designs::SeedDesign;
 
 use crate::harness::{Harness, NewRequest};
 use crate::stack::{
-    Database, Program, Stack, StackArgs, StackError, WORKER_ROLE, install_termination,
+    ControlPlaneKind, Database, Program, Stack, StackArgs, StackError, WORKER_ROLE,
+    install_termination,
 };
 use autoapproval::domain::RequestType;
 use autoapproval::flags::parse_duration;
@@ -237,7 +238,7 @@ impl BenchArgs {
 
     /// The parameters as the report records them.
     fn parameters(&self) -> serde_json::Value {
-        serde_json::json!({
+        let mut parameters = serde_json::json!({
             "requests": self.requests,
             "rate_per_s": self.rate,
             "replicas": self.replicas,
@@ -252,7 +253,12 @@ impl BenchArgs {
             "database": self.stack.database.name(),
             "wake_poll_interval_ms": (self.stack.database == Database::Mysql).then_some(250),
             "read_replica": false,
-        })
+        });
+        // The in-memory run's report stays as it was.
+        if self.stack.control_plane == ControlPlaneKind::Real {
+            parameters["control_plane"] = "kube-apiserver + etcd".into();
+        }
+        parameters
     }
 }
 
@@ -494,7 +500,9 @@ async fn measure(
         .collect();
     let database_before = stack.database_cpu_seconds();
     let lab_before = crate::stack::replicas::cpu_seconds(std::process::id());
-    let writes_before = stack.apiserver().map_or(0, |s| s.write_count());
+    let writes_before = write_count(stack).await?;
+    let server_before = stack.real().and_then(|r| r.cpu_seconds());
+    let etcd_before = etcd_db_bytes(stack).await?;
     let calls_before = sim_calls(stack);
     let failed_before = stack.failed_claims(&http).await;
     let harness = stack.harness()?.clone();
@@ -552,7 +560,13 @@ async fn measure(
     let lab_cpu = crate::stack::replicas::cpu_seconds(std::process::id())
         .zip(lab_before)
         .map(|(after, before)| after - before);
-    let writes = stack.apiserver().map_or(0, |s| s.write_count()) - writes_before;
+    let writes = write_count(stack).await?.saturating_sub(writes_before);
+    let server_cpu = stack
+        .real()
+        .and_then(|r| r.cpu_seconds())
+        .zip(server_before)
+        .map(|(after, before)| (after.apiserver - before.apiserver, after.etcd - before.etcd));
+    let etcd_after = etcd_db_bytes(stack).await?;
     let calls = sim_calls(stack) - calls_before;
     let failed = stack.failed_claims(&http).await;
     let span = harness
@@ -585,6 +599,14 @@ async fn measure(
         db_statements_per_approval: statements.map(|s| per(s as f64)),
         db_statements_top: top,
         kube_writes_per_approval: per(writes as f64),
+        control_plane: server_cpu.zip(etcd_before.zip(etcd_after)).map(
+            |((apiserver, etcd), (before, after))| ControlPlaneCost {
+                apiserver_cpu_seconds_per_1000: per(apiserver) * 1000.0,
+                etcd_cpu_seconds_per_1000: per(etcd) * 1000.0,
+                etcd_db_growth_bytes_per_1000: per(after as f64 - before as f64) * 1000.0,
+                etcd_db_bytes: after,
+            },
+        ),
         external_calls_per_approval: per(calls as f64),
         duplicate_creations: stack.sim().map_or(0, |s| duplicate_creations(&s.stats())),
         overlapping_creations: stack.sim().map_or(0, |s| s.stats().overlapping_creations),
@@ -614,6 +636,19 @@ fn ours_argv(stack: &Stack, args: &BenchArgs, name: &str, poll: Duration) -> Vec
         ],
     ]
     .concat()
+}
+
+/// API writes so far, every kind.
+async fn write_count(stack: &Stack) -> Result<u64, StackError> {
+    Ok(stack.api_writes().await?.values().sum())
+}
+
+/// etcd's database size now, on the real control plane.
+async fn etcd_db_bytes(stack: &Stack) -> Result<Option<u64>, StackError> {
+    match stack.real() {
+        Some(real) => Ok(Some(real.etcd_db_bytes().await?)),
+        None => Ok(None),
+    }
 }
 
 fn sim_calls(stack: &Stack) -> u64 {

@@ -201,6 +201,7 @@ mod tests {
             db_statements_per_approval: None,
             db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
+            control_plane: None,
             external_calls_per_approval: 0.0,
             duplicate_creations: 0,
             overlapping_creations: 0,

@@ -86,6 +86,9 @@ pub struct DesignReport {
     pub db_statements_top: Vec<crate::harness::StatementCount>,
     /// Writes to the Kubernetes API per approval.
     pub kube_writes_per_approval: f64,
+    /// With `--control-plane real`: what kube-apiserver and etcd spent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control_plane: Option<ControlPlaneCost>,
     /// Calls to the external systems per approval.
     pub external_calls_per_approval: f64,
     /// Creations beyond the first per request and kind.
@@ -98,6 +101,22 @@ pub struct DesignReport {
     /// lock), `stale candidate` (the writer's re-check refused a candidate
     /// read before another replica's claim) and `redis unavailable`.
     pub failed_claims: BTreeMap<String, u64>,
+}
+
+/// What the real control plane spent on a run, per 1,000 approvals: CPU seconds
+/// per 1,000 are milliseconds per approval.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ControlPlaneCost {
+    /// kube-apiserver's CPU seconds (utime + stime, `/proc`) per 1,000 approvals.
+    pub apiserver_cpu_seconds_per_1000: f64,
+    /// etcd's CPU seconds per 1,000 approvals.
+    pub etcd_cpu_seconds_per_1000: f64,
+    /// Growth of etcd's database (`etcd_mvcc_db_total_size_in_bytes`) per 1,000
+    /// approvals, in bytes; bbolt allocates in pages and keeps freed ones, so it grows
+    /// in steps and never shrinks without a defragmentation.
+    pub etcd_db_growth_bytes_per_1000: f64,
+    /// etcd's database size at the end of the run, in bytes.
+    pub etcd_db_bytes: u64,
 }
 
 impl DesignReport {
@@ -190,10 +209,36 @@ impl Report {
             "  database CPU s / 1,000".into(),
             get(&|d| d.database_cpu_seconds_per_1000.map_or("n/a".into(), f)),
         ));
+        let real = self.designs.iter().any(|d| d.control_plane.is_some());
         rows.push((
-            "  API server + sim CPU s / 1,000".into(),
+            if real {
+                "  lab (sim, inserts) CPU s / 1,000".into()
+            } else {
+                "  API server + sim CPU s / 1,000".into()
+            },
             get(&|d| d.lab_cpu_seconds_per_1000.map_or("n/a".into(), f)),
         ));
+        if real {
+            let cost = |pick: fn(&ControlPlaneCost) -> f64| {
+                get(&|d| {
+                    d.control_plane
+                        .as_ref()
+                        .map_or("n/a".into(), |c| f(pick(c)))
+                })
+            };
+            rows.push((
+                "  kube-apiserver CPU s / 1,000".into(),
+                cost(|c| c.apiserver_cpu_seconds_per_1000),
+            ));
+            rows.push((
+                "  etcd CPU s / 1,000".into(),
+                cost(|c| c.etcd_cpu_seconds_per_1000),
+            ));
+            rows.push((
+                "etcd DB growth KiB / 1,000".into(),
+                cost(|c| c.etcd_db_growth_bytes_per_1000 / 1024.0),
+            ));
+        }
         rows.push((
             "DB statements / approval".into(),
             get(&|d| d.db_statements_per_approval.map_or("n/a".into(), f)),
@@ -313,6 +358,7 @@ mod tests {
             db_statements_per_approval: None,
             db_statements_top: Vec::new(),
             kube_writes_per_approval: 0.0,
+            control_plane: None,
             external_calls_per_approval: 3.0,
             duplicate_creations: 0,
             overlapping_creations: 0,

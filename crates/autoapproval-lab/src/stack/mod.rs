@@ -1,12 +1,13 @@
 //! The throwaway stack the demo and the benchmark run on, in one process
 //! tree: a PostgreSQL (or, with `--database mysql`, a MariaDB) of their
-//! own, the in-memory test API server with the
-//! CRD, the simulator of the external systems, and replicas started as child
+//! own, the in-memory test API server (or, with `--control-plane real`,
+//! kube-apiserver and etcd, RBAC enforced) with the CRD, the simulator of the external systems, and replicas started as child
 //! processes: the shipped `autoapproval` binary, or this one for the seed's
 //! designs. Everything is removed again by [`Stack::shutdown`].
 
 pub mod postgres;
 pub mod process;
+pub mod real;
 pub mod replicas;
 
 use std::collections::BTreeMap;
@@ -27,6 +28,7 @@ use kube::api::{Api, PostParams};
 
 use crate::harness::Harness;
 use postgres::Postgres;
+use real::RealServer;
 use replicas::Replica;
 
 /// The role the replicas connect as; the harness's own statements run as
@@ -34,7 +36,7 @@ use replicas::Replica;
 pub const WORKER_ROLE: &str = "autoapproval";
 /// The database the stack creates.
 pub const DATABASE: &str = "autoapproval";
-/// The namespace of the CRs and Leases.
+/// The namespace of the CRs and Leases on the in-memory API server.
 pub const NAMESPACE: &str = "default";
 
 /// The database a stack runs on.
@@ -56,6 +58,16 @@ impl Database {
     }
 }
 
+/// The Kubernetes API server a stack runs on.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlPlaneKind {
+    /// The in-memory test API server (crates/kube-testserver), in the lab's process.
+    Memory,
+    /// kube-apiserver and etcd (scripts/install-control-plane.sh builds them), the
+    /// replicas as the chart's ServiceAccount under its Role.
+    Real,
+}
+
 /// Settings of the stack shared by `demo` and `bench`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct StackArgs {
@@ -67,6 +79,14 @@ pub struct StackArgs {
         default_value = "postgres"
     )]
     pub database: Database,
+    /// The Kubernetes API server: the in-memory test server, or the real kube-apiserver and etcd (built once by scripts/install-control-plane.sh; found by $KUBE_APISERVER and $ETCD, else .tools/bin, else PATH).
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_LAB_CONTROL_PLANE",
+        value_enum,
+        default_value = "memory"
+    )]
+    pub control_plane: ControlPlaneKind,
     /// Directory of PostgreSQL's `initdb` and `postgres` [default: the newest /usr/lib/postgresql/*/bin, else PATH].
     #[arg(long, env = "AUTOAPPROVAL_PG_BINDIR")]
     pub pg_bindir: Option<PathBuf>,
@@ -116,6 +136,9 @@ pub enum StackError {
     /// The test API server or a Kubernetes call failed.
     #[error("Kubernetes: {0}")]
     Kube(String),
+    /// The real control plane could not be started or read.
+    #[error("the real control plane: {0}")]
+    ControlPlane(#[from] control_plane::Error),
     /// The simulator failed.
     #[error(transparent)]
     Sim(#[from] SimError),
@@ -149,6 +172,9 @@ pub struct Stack {
     postgres: Option<Postgres>,
     mariadb: Option<MariaDb>,
     apiserver: Option<TestServer>,
+    real: Option<RealServer>,
+    /// The lab's own client (the admin on the real server), namespace [`Stack::namespace`].
+    client: Option<kube::Client>,
     sim: Option<SimHandle>,
     kubeconfig: PathBuf,
     controller_bin: PathBuf,
@@ -179,6 +205,9 @@ impl Stack {
                 controller_bin.display().to_string(),
             ));
         }
+        if args.control_plane == ControlPlaneKind::Real {
+            control_plane::check_binaries()?;
+        }
         let base = args.work_dir.clone().unwrap_or_else(std::env::temp_dir);
         let dir = base.join(format!(
             "autoapproval-{purpose}-{}-{:08x}",
@@ -193,6 +222,8 @@ impl Stack {
             postgres: None,
             mariadb: None,
             apiserver: None,
+            real: None,
+            client: None,
             sim: None,
             harness: None,
             counts_statements: false,
@@ -217,18 +248,40 @@ impl Stack {
         harness.install_probes(WORKER_ROLE).await?;
         self.harness = Some(harness);
 
+        match args.control_plane {
+            ControlPlaneKind::Memory => self.bring_up_test_server().await?,
+            ControlPlaneKind::Real => {
+                let real = RealServer::start().await?;
+                self.kubeconfig = real.kubeconfig().to_path_buf();
+                self.client = Some(real.admin());
+                self.real = Some(real);
+            }
+        }
+        self.sim = Some(Simulator::start(([127, 0, 0, 1], 0).into(), sim).await?);
+        Ok(())
+    }
+
+    /// The in-memory test API server with the CRD.
+    async fn bring_up_test_server(&mut self) -> Result<(), StackError> {
         let apiserver = TestServer::start(Options::default())
             .await
             .map_err(|e| StackError::Kube(format!("starting the test API server: {e}")))?;
         apiserver
             .write_kubeconfig(&self.kubeconfig)
             .map_err(|e| StackError::Kube(format!("writing the kubeconfig: {e}")))?;
+        let url = apiserver.url();
         self.apiserver = Some(apiserver);
-        Api::<CustomResourceDefinition>::all(self.client()?)
+        let uri = url
+            .parse()
+            .map_err(|e| StackError::Kube(format!("{url}: {e}")))?;
+        let mut config = kube::Config::new(uri);
+        config.default_namespace = NAMESPACE.into();
+        let client = kube::Client::try_from(config).map_err(|e| StackError::Kube(e.to_string()))?;
+        Api::<CustomResourceDefinition>::all(client.clone())
             .create(&PostParams::default(), &AutoApproval::crd())
             .await
             .map_err(|e| StackError::Kube(format!("applying the CRD: {e}")))?;
-        self.sim = Some(Simulator::start(([127, 0, 0, 1], 0).into(), sim).await?);
+        self.client = Some(client);
         Ok(())
     }
 
@@ -291,30 +344,51 @@ impl Stack {
         &self.dir
     }
 
-    /// The kubeconfig of the test API server.
+    /// The kubeconfig the replicas run with: the test API server's, or on the real
+    /// one the chart's ServiceAccount's.
     pub fn kubeconfig(&self) -> &Path {
         &self.kubeconfig
     }
 
-    /// A client of the test API server, namespace [`NAMESPACE`].
-    pub fn client(&self) -> Result<kube::Client, StackError> {
-        let Some(server) = &self.apiserver else {
-            return Err(StackError::Kube(
-                "the test API server is not running".into(),
-            ));
-        };
-        let url = server.url();
-        let uri = url
-            .parse()
-            .map_err(|e| StackError::Kube(format!("{url}: {e}")))?;
-        let mut config = kube::Config::new(uri);
-        config.default_namespace = NAMESPACE.into();
-        kube::Client::try_from(config).map_err(|e| StackError::Kube(e.to_string()))
+    /// The namespace of the CRs and Leases.
+    pub fn namespace(&self) -> &str {
+        self.real.as_ref().map_or(NAMESPACE, RealServer::namespace)
     }
 
-    /// The test API server.
+    /// The lab's own client (the admin on the real server), default namespace
+    /// [`Stack::namespace`].
+    pub fn client(&self) -> Result<kube::Client, StackError> {
+        self.client
+            .clone()
+            .ok_or_else(|| StackError::Kube("no API server is running".into()))
+    }
+
+    /// The test API server, when the stack runs on it.
     pub fn apiserver(&self) -> Option<&TestServer> {
         self.apiserver.as_ref()
+    }
+
+    /// The real control plane, when the stack runs on it.
+    pub fn real(&self) -> Option<&RealServer> {
+        self.real.as_ref()
+    }
+
+    /// API writes so far, by verb and resource (`"create autoapprovals"`).
+    pub async fn api_writes(&self) -> Result<BTreeMap<String, u64>, StackError> {
+        let counts = match (&self.apiserver, &self.real) {
+            (Some(server), _) => server.request_counts(),
+            (None, Some(real)) => real.writes().await?,
+            (None, None) => BTreeMap::new(),
+        };
+        Ok(counts
+            .into_iter()
+            .filter(|(key, _)| {
+                matches!(
+                    key.split(' ').next().unwrap_or_default(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+            })
+            .collect())
     }
 
     /// The simulator.
@@ -370,7 +444,7 @@ impl Stack {
             "--kubeconfig",
             &self.kubeconfig.display().to_string(),
             "--namespace",
-            NAMESPACE,
+            self.namespace(),
             "--replica-name",
             name,
         ]
@@ -510,6 +584,8 @@ impl Stack {
         if let Some(server) = self.apiserver.take() {
             server.shutdown().await;
         }
+        // Its drop ends etcd and kube-apiserver and removes their directory.
+        drop(self.real.take());
         if let Some(harness) = self.harness.take() {
             harness.close().await;
         }

@@ -84,18 +84,28 @@ async fn interrupt(child: &mut tokio::process::Child) -> std::process::ExitStatu
 
 #[tokio::test]
 async fn the_demo_ends_every_request_where_it_should_and_removes_its_stack() {
-    demo_ends_every_request(&[], "PostgreSQL").await;
+    demo_ends_every_request(&[], "PostgreSQL", "the test API server").await;
+}
+
+#[tokio::test]
+async fn the_demo_on_the_real_control_plane_ends_every_request_where_it_should() {
+    demo_ends_every_request(
+        &["--control-plane", "real"],
+        "PostgreSQL",
+        "kube-apiserver and etcd (RBAC: the replicas run as the chart's ServiceAccount)",
+    )
+    .await;
 }
 
 #[tokio::test]
 async fn the_demo_on_mariadb_ends_every_request_where_it_should() {
-    demo_ends_every_request(&["--database", "mysql"], "MariaDB").await;
+    demo_ends_every_request(&["--database", "mysql"], "MariaDB", "the test API server").await;
 }
 
 /// `demo --requests 10 <args>` ends every request where it should, on
-/// `database`, and leaves nothing behind.
-async fn demo_ends_every_request(args: &[&str], database: &str) {
-    let dir = work_dir(&format!("demo-{database}"));
+/// `database` and `server`, and leaves nothing behind.
+async fn demo_ends_every_request(args: &[&str], database: &str, server: &str) {
+    let dir = work_dir(&format!("demo-{database}{}", args.concat()));
     crate::assert_controller_built();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
         .args(["demo", "--requests", "10"])
@@ -123,7 +133,7 @@ async fn demo_ends_every_request(args: &[&str], database: &str) {
         "failed claims across replicas: 0",
         "pickup latency, eligible → claimed (",
         "get autoapprovals",
-        &format!("starting {database}, the test API server"),
+        &format!("starting {database}, {server} and the simulator"),
         &format!("16 shards, {database})"),
     ] {
         assert!(stdout.contains(line), "missing {line:?} in\n{stdout}");
@@ -246,6 +256,7 @@ async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_pl
         for p in ["p50", "p95", "p99", "max"] {
             assert!(d["pickup_ms"][p].as_f64().is_some(), "{name} {p}");
         }
+        assert!(d.get("control_plane").is_none(), "{name}: in memory");
     }
     assert_eq!(
         designs[0]["failed_claims"]["claim lost"], 0,
@@ -268,24 +279,12 @@ async fn bench_compare_runs_three_designs_on_equal_work_and_writes_report_and_pl
 
 #[tokio::test]
 async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes_no_status() {
-    let dir = work_dir("at-rest");
-    let report = dir.join("at-rest.json");
-    let stack_dir = dir.join("stack");
-    std::fs::create_dir_all(&stack_dir).expect("stack dir");
-    crate::assert_controller_built();
-    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
-        .args(["bench", "--at-rest", "--waiting", "60", "--window", "4s"])
-        .args(["--replicas", "2", "--shards", "4"])
-        .arg("--report")
-        .arg(&report)
-        .arg("--work-dir")
-        .arg(&stack_dir)
-        .output()
-        .await
-        .expect("bench runs");
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let (stdout, json) = bench(
+        "at-rest",
+        &["--at-rest", "--waiting", "60", "--window", "4s"],
+        &["--replicas", "2", "--shards", "4"],
+    )
+    .await;
     for row in [
         "kube API writes / s",
         "RSS per waiting CR",
@@ -293,8 +292,6 @@ async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes
     ] {
         assert!(stdout.contains(row), "missing {row:?} in\n{stdout}");
     }
-    let json: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
     assert_eq!(json["waiting"], 60);
     // At rest nothing but Lease renewals is written: the member and leader
     // Leases, every 6 s, so the window holds one round or two.
@@ -318,7 +315,117 @@ async fn bench_at_rest_counts_writes_statements_memory_and_a_restart_that_writes
         json["restart"]["first_approval_s"].as_f64() > Some(0.0),
         "{json:#}"
     );
+}
+
+/// `autoapproval-lab bench <args> <more>`: its stdout and JSON report, once it
+/// succeeded and removed its stack.
+async fn bench(name: &str, args: &[&str], more: &[&str]) -> (String, serde_json::Value) {
+    let dir = work_dir(name);
+    let report = dir.join("report.json");
+    let stack_dir = dir.join("stack");
+    std::fs::create_dir_all(&stack_dir).expect("stack dir");
+    crate::assert_controller_built();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
+        .arg("bench")
+        .args(args)
+        .args(more)
+        .arg("--report")
+        .arg(&report)
+        .arg("--work-dir")
+        .arg(&stack_dir)
+        .output()
+        .await
+        .expect("bench runs");
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).expect("report")).expect("JSON");
     assert_eq!(leftovers(&stack_dir), Vec::<String>::new(), "stack removed");
+    let _ = std::fs::remove_dir_all(&dir);
+    (stdout, json)
+}
+
+#[tokio::test]
+async fn bench_on_the_real_control_plane_adds_kube_apiserver_and_etcd_costs_per_approval() {
+    let (stdout, json) = bench(
+        "bench-real",
+        &["--requests", "20", "--rate", "20", "--replicas", "2"],
+        &["--control-plane", "real"],
+    )
+    .await;
+    for row in [
+        "kube-apiserver CPU s / 1,000",
+        "etcd CPU s / 1,000",
+        "etcd DB growth KiB / 1,000",
+    ] {
+        assert!(stdout.contains(row), "missing {row:?} in\n{stdout}");
+    }
+    assert_eq!(json["parameters"]["control_plane"], "kube-apiserver + etcd");
+    let ours = &json["designs"][0];
+    assert_eq!(ours["approved"], 20, "{json:#}");
+    // The CR, its status and the Event at least, counted by kube-apiserver itself.
+    assert!(
+        ours["kube_writes_per_approval"].as_f64() >= Some(3.0),
+        "{json:#}"
+    );
+    let cost = &ours["control_plane"];
+    for part in [
+        "apiserver_cpu_seconds_per_1000",
+        "etcd_cpu_seconds_per_1000",
+    ] {
+        assert!(cost[part].as_f64() > Some(0.0), "{part} measured: {json:#}");
+    }
+    // bbolt grows in steps: twenty approvals may fit in the pages it has.
+    assert!(
+        cost["etcd_db_growth_bytes_per_1000"].as_f64() >= Some(0.0),
+        "{json:#}"
+    );
+    assert!(cost["etcd_db_bytes"].as_u64() > Some(0), "{json:#}");
+}
+
+#[tokio::test]
+async fn bench_at_rest_on_the_real_control_plane_adds_kube_apiserver_and_etcd_at_rest() {
+    let (stdout, json) = bench(
+        "at-rest-real",
+        &["--at-rest", "--waiting", "30", "--window", "3s"],
+        &["--control-plane", "real"],
+    )
+    .await;
+    for row in ["kube-apiserver CPU", "etcd DB growth per waiting CR"] {
+        assert!(stdout.contains(row), "missing {row:?} in\n{stdout}");
+    }
+    let cost = &json["control_plane"];
+    for part in ["apiserver_cpu_percent", "etcd_cpu_percent"] {
+        assert!(cost[part].as_f64() > Some(0.0), "{part} measured: {json:#}");
+    }
+    assert!(cost["etcd_db_bytes"].as_u64() > Some(0), "{json:#}");
+    assert!(
+        cost["etcd_db_bytes_per_waiting_cr"].as_f64() >= Some(0.0),
+        "{json:#}"
+    );
+    assert_eq!(json["restart"]["status_patches"], 0, "{json:#}");
+}
+
+#[tokio::test]
+async fn a_missing_kube_apiserver_is_named_with_the_script_that_builds_it() {
+    let dir = work_dir("real-missing");
+    crate::assert_controller_built();
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
+        .args(["demo", "--control-plane", "real", "--work-dir"])
+        .arg(&dir)
+        .env("KUBE_APISERVER", dir.join("no-kube-apiserver"))
+        .output()
+        .await
+        .expect("demo runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("kube-apiserver not found")
+            && stderr.contains("scripts/install-control-plane.sh"),
+        "{stderr}"
+    );
+    assert_nothing_left(&dir);
     let _ = std::fs::remove_dir_all(&dir);
 }
 

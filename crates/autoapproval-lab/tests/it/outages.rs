@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use autoapproval::domain::RequestType;
 use autoapproval_lab::harness::{Harness, NewRequest};
-use autoapproval_lab::stack::{Database, Program, Stack, StackArgs, WORKER_ROLE};
+use autoapproval_lab::stack::{ControlPlaneKind, Database, Program, Stack, StackArgs, WORKER_ROLE};
 use autoapproval_sim::{Faults, SimConfig};
 use tokio::time::Instant;
 
@@ -39,6 +39,7 @@ async fn start_stack() -> Stack {
     let lab = Path::new(env!("CARGO_BIN_EXE_autoapproval-lab"));
     let args = StackArgs {
         database: Database::Postgres,
+        control_plane: ControlPlaneKind::Memory,
         pg_bindir: None,
         work_dir: None,
         controller_bin: Some(lab.with_file_name("autoapproval")),
