@@ -511,7 +511,14 @@ fn resource(
                     s(last, "/metadata/namespace"),
                     s(last, "/metadata/name")
                 ));
-                meta["remainingItemCount"] = json!(remaining);
+                // kube-apiserver counts what is left only for an unfiltered list: with a
+                // selector it would have to read every object to know.
+                let selected = ["labelSelector", "fieldSelector"]
+                    .iter()
+                    .any(|k| q.get(*k).is_some_and(|v| !v.trim().is_empty()));
+                if !selected {
+                    meta["remainingItemCount"] = json!(remaining);
+                }
             }
             let items: Vec<Value> = items
                 .into_iter()
