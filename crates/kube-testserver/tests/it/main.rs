@@ -5,6 +5,7 @@
 mod server;
 
 mod faults;
+mod fidelity;
 mod kube_rs;
 mod kubectl;
 mod protobuf;
