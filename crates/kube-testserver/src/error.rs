@@ -111,6 +111,29 @@ impl ApiError {
             ),
         )
     }
+    /// 415 for a strategic merge patch of a custom resource, which has no patch strategies.
+    pub fn unsupported_custom_patch() -> Self {
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
+        )
+    }
+    /// 422 for a PUT of a custom resource without the resourceVersion it replaces.
+    pub fn resource_version_required(group: &str, plural: &str, name: &str) -> Self {
+        let message = "Invalid value: 0: must be specified for an update";
+        let mut e = Self::new(
+            422,
+            "Invalid",
+            format!("{plural}.{group} \"{name}\" is invalid: metadata.resourceVersion: {message}"),
+        );
+        e.details = Some(
+            json!({"name": name, "group": group, "kind": plural, "causes": [
+                {"reason": "FieldValueInvalid", "message": message, "field": "metadata.resourceVersion"}
+            ]}),
+        );
+        e
+    }
     /// 404 NotFound for a named object.
     pub fn not_found(w: &What, name: &str) -> Self {
         let mut e = Self::new(

@@ -3,7 +3,53 @@
 //! writes the former; `kubectl describe` lists the latter with an
 //! `involvedObject.*` field selector.
 
+use crate::error::Cause;
 use serde_json::{Map, Value};
+
+/// What kube-apiserver refuses in a new `events.k8s.io/v1` Event in namespace `ns` (the
+/// rules of its `ValidateEventCreate` a controller can break): a missing `eventTime`, the
+/// regarded object's namespace not the event's, and, with an `eventTime`, a missing reporting
+/// controller, instance, action or reason.
+pub fn refused_new(event: &Value, ns: &str) -> Vec<Cause> {
+    let text = |p: &str| event.pointer(p).and_then(Value::as_str).unwrap_or("");
+    let regarding_ns = text("/regarding/namespace");
+    let timed = !text("/eventTime").is_empty();
+    let mut causes = vec![];
+    let namespace_mismatch = if timed {
+        regarding_ns.is_empty() && ns != "kube-system"
+    } else if regarding_ns.is_empty() {
+        !ns.is_empty() && ns != "default"
+    } else {
+        regarding_ns != ns
+    };
+    if namespace_mismatch {
+        causes.push(Cause {
+            reason: "FieldValueInvalid",
+            field: "involvedObject.namespace".into(),
+            message: format!("Invalid value: {regarding_ns:?}: does not match event.namespace"),
+        });
+    }
+    let required = |field: &str| Cause {
+        reason: "FieldValueRequired",
+        field: field.into(),
+        message: "Required value".into(),
+    };
+    if timed {
+        for (pointer, field) in [
+            ("/reportingController", "reportingController"),
+            ("/reportingInstance", "reportingInstance"),
+            ("/action", "action"),
+            ("/reason", "reason"),
+        ] {
+            if text(pointer).is_empty() {
+                causes.push(required(field));
+            }
+        }
+    } else {
+        causes.push(required("eventTime"));
+    }
+    causes
+}
 
 /// The core/v1 Event fields a field selector may name besides metadata.name
 /// and metadata.namespace (kube-apiserver's `EventToSelectableFields`).

@@ -269,6 +269,21 @@ struct Entry {
     fields: BTreeSet<FieldPath>,
 }
 
+impl Entry {
+    /// The manager as kube-apiserver names it in a conflict: quoted, with its subresource,
+    /// and for an update the API version it wrote with.
+    fn described(&self) -> String {
+        let mut out = format!("{:?}", self.manager);
+        if !self.subresource.is_empty() {
+            out.push_str(&format!(" with subresource {:?}", self.subresource));
+        }
+        if self.operation == "Update" {
+            out.push_str(&format!(" using {}", self.api_version));
+        }
+        out
+    }
+}
+
 fn read_managed(obj: &Value) -> Vec<Entry> {
     obj.pointer("/metadata/managedFields")
         .and_then(Value::as_array)
@@ -300,7 +315,17 @@ fn read_managed(obj: &Value) -> Vec<Entry> {
         .collect()
 }
 
-fn write_managed(obj: &mut Value, entries: Vec<Entry>, now: &str) {
+fn write_managed(obj: &mut Value, mut entries: Vec<Entry>, now: &str) {
+    // kube-apiserver's order: Apply entries before Update ones, then by manager, API version
+    // and subresource (each entry's time being now here).
+    entries.sort_by(|a, b| {
+        (&a.operation, &a.manager, &a.api_version, &a.subresource).cmp(&(
+            &b.operation,
+            &b.manager,
+            &b.api_version,
+            &b.subresource,
+        ))
+    });
     let arr: Vec<Value> = entries
         .into_iter()
         .filter(|e| !e.fields.is_empty())
@@ -422,7 +447,7 @@ pub fn apply(
             }
             for e in entries.iter().filter(|e| e.manager != manager) {
                 if e.fields.contains(p) {
-                    conflicts.push((e.manager.clone(), p.clone()));
+                    conflicts.push((e.described(), p.clone()));
                 }
             }
         }
@@ -432,13 +457,13 @@ pub fn apply(
                 .iter()
                 .map(|(m, p)| Cause {
                     reason: "FieldManagerConflict",
-                    message: format!("conflict with \"{m}\""),
+                    message: format!("conflict with {m}"),
                     field: dotted(p),
                 })
                 .collect();
             let list: Vec<String> = conflicts
                 .iter()
-                .map(|(m, p)| format!("conflict with \"{m}\": {}", dotted(p)))
+                .map(|(m, p)| format!("conflict with {m}: {}", dotted(p)))
                 .collect();
             let mut err = ApiError::new(
                 409,

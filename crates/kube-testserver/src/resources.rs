@@ -211,11 +211,19 @@ pub fn from_crd(crd: &Value) -> Option<ResourceType> {
             .into_iter()
             .flatten()
         {
+            // kube-apiserver describes an undescribed column by its JSONPath.
+            let description = match str_of(c, "/description") {
+                d if d.is_empty() => format!(
+                    "Custom resource definition column (in JSONPath format): {}",
+                    str_of(c, "/jsonPath")
+                ),
+                d => d,
+            };
             cols.push(PrinterColumn {
                 name: str_of(c, "/name"),
                 type_: str_of(c, "/type"),
                 format: str_of(c, "/format"),
-                description: str_of(c, "/description"),
+                description,
                 priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
                 json_path: str_of(c, "/jsonPath"),
             });

@@ -511,7 +511,14 @@ fn resource(
                     s(last, "/metadata/namespace"),
                     s(last, "/metadata/name")
                 ));
-                meta["remainingItemCount"] = json!(remaining);
+                // kube-apiserver counts what is left only for an unfiltered list: with a
+                // selector it would have to read every object to know.
+                let selected = ["labelSelector", "fieldSelector"]
+                    .iter()
+                    .any(|k| q.get(*k).is_some_and(|v| !v.trim().is_empty()));
+                if !selected {
+                    meta["remainingItemCount"] = json!(remaining);
+                }
             }
             let items: Vec<Value> = items
                 .into_iter()
@@ -527,6 +534,22 @@ fn resource(
                     &table::table(&rt, &version, &items, inc, meta),
                 ));
             }
+            // In JSON, kube-apiserver's lists of built-in kinds carry no apiVersion and kind
+            // on their items (custom resources' items keep theirs); protobuf encodes by them.
+            let items = if rt.flavor == Flavor::Custom || reply.protobuf {
+                items
+            } else {
+                items
+                    .into_iter()
+                    .map(|mut o| {
+                        if let Some(m) = o.as_object_mut() {
+                            m.remove("apiVersion");
+                            m.remove("kind");
+                        }
+                        o
+                    })
+                    .collect()
+            };
             Ok(reply.object(
                 200,
                 &json!({"kind": rt.list_kind, "apiVersion": rt.api_version(&version), "metadata": meta, "items": items}),
@@ -557,10 +580,16 @@ fn resource(
         }
         ("update", Some(name)) => {
             let obj = decode_body(body, content_type)?;
-            let o = app
-                .store
-                .lock()
-                .update(&rt, &version, &ns, name, obj, status_sub, &ctx)?;
+            let mut st = app.store.lock();
+            // Custom resources allow no unconditional update, as in kube-apiserver: a PUT
+            // names the resourceVersion it replaces.
+            if rt.flavor == Flavor::Custom && s(&obj, "/metadata/resourceVersion").is_empty() {
+                st.get(&rt, &ns, name)?;
+                return Err(ApiError::resource_version_required(
+                    &rt.group, &rt.plural, name,
+                ));
+            }
+            let o = st.update(&rt, &version, &ns, name, obj, status_sub, &ctx)?;
             Ok(reply.object(200, &with_version(&rt, &version, o)))
         }
         ("patch", Some(name)) => {
@@ -611,6 +640,12 @@ fn resource(
                     ..ctx.clone()
                 };
                 let (code, o) = match cur {
+                    // An apply that creates names its object, as kube-apiserver requires.
+                    None if !status_sub && pname.is_empty() => {
+                        return Err(ApiError::bad_request(format!(
+                            "the name of the object ({name} based on URL) was undeterminable: name must be provided"
+                        )));
+                    }
                     None if !status_sub => {
                         let mut m = merged;
                         m["metadata"]["name"] = json!(name);
@@ -637,13 +672,11 @@ fn resource(
             match ct.as_str() {
                 "application/merge-patch+json" => patch::merge(&mut cur, &p),
                 "application/json-patch+json" => patch::json_patch(&mut cur, &p)?,
-                "application/strategic-merge-patch+json" => {
-                    if rt.flavor == Flavor::Custom {
-                        patch::merge(&mut cur, &p)
-                    } else {
-                        patch::strategic(&mut cur, &p)?
-                    }
+                // Custom resources have no patch strategies: kube-apiserver refuses the type.
+                "application/strategic-merge-patch+json" if rt.flavor == Flavor::Custom => {
+                    return Err(ApiError::unsupported_custom_patch());
                 }
+                "application/strategic-merge-patch+json" => patch::strategic(&mut cur, &p)?,
                 other => return Err(ApiError::unsupported_media(other)),
             }
             let o = st.update(&rt, &version, &ns, name, cur, status_sub, &ctx)?;
@@ -660,7 +693,9 @@ fn resource(
             };
             let pre = opts.as_ref().and_then(|o| o.get("preconditions"));
             let (o, gone) = app.store.lock().delete(&rt, &ns, name, pre, ctx.dry_run)?;
-            if gone && rt.flavor != Flavor::Custom && rt.flavor != Flavor::Crd {
+            // kube-apiserver answers an immediate deletion with a Status, custom resources
+            // included; a CRD (held by its cleanup finalizer there) comes back as the object.
+            if gone && rt.flavor != Flavor::Crd {
                 let mut details =
                     json!({"name": name, "kind": rt.plural, "uid": s(&o, "/metadata/uid")});
                 if !rt.group.is_empty() {

@@ -450,6 +450,18 @@ impl Store {
             obj["metadata"]["name"] = json!(name);
         }
         self.check_namespace(rt, ns)?;
+        if rt.group == "events.k8s.io" {
+            let causes = crate::events::refused_new(&obj, ns);
+            if !causes.is_empty() {
+                // Validated as the core Event it is stored as: no group in the message.
+                let core = What {
+                    group: "",
+                    plural: "events",
+                    kind: "Event",
+                };
+                return Err(ApiError::invalid(&core, &name, causes));
+            }
+        }
         if rt.status_subresource
             && rt.flavor == Flavor::Custom
             && let Some(m) = obj.as_object_mut()
@@ -717,11 +729,17 @@ impl Store {
         if let Some(p) = preconditions {
             let uid = p.get("uid").and_then(Value::as_str).unwrap_or("");
             if !uid.is_empty() && uid != s(&cur, "/metadata/uid") {
+                // kube-apiserver's words, naming the kind.
+                let kind = What {
+                    group: &rt.group,
+                    plural: &rt.kind,
+                    kind: &rt.kind,
+                };
                 return Err(ApiError::conflict_msg(
-                    &what(rt),
+                    &kind,
                     name,
                     &format!(
-                        "Precondition failed: UID in precondition: {uid}, UID in object meta: {}",
+                        "the UID in the precondition ({uid}) does not match the UID in record ({}). The object might have been deleted and then recreated",
                         s(&cur, "/metadata/uid")
                     ),
                 ));
@@ -754,6 +772,10 @@ impl Store {
             }
             let mut n = cur;
             n["metadata"]["deletionTimestamp"] = json!(util::now());
+            // kube-apiserver counts the deletion as a change of the desired state.
+            if let Some(g) = n.pointer("/metadata/generation").and_then(Value::as_i64) {
+                n["metadata"]["generation"] = json!(g + 1);
+            }
             n["metadata"]["deletionGracePeriodSeconds"] = json!(0);
             return Ok((self.commit(rt, ns, name, n, "MODIFIED"), false));
         }

@@ -7,6 +7,8 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Client, Config};
 use kube_testserver::{Match, Options, TestServer};
+
+use crate::server::{Under, eventually, install_crd, on_both_servers};
 use serde_json::{Value, json};
 use std::time::Duration;
 
@@ -27,10 +29,8 @@ async fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-#[tokio::test]
-async fn configmap_crud_conflict_and_errors() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+async fn configmap_crud_conflict_and_errors(s: &Under) {
+    let api: Api<ConfigMap> = Api::default_namespaced(s.client());
     let cm: ConfigMap = serde_json::from_value(
         json!({"metadata": {"name": "c1", "labels": {"a": "1"}}, "data": {"k": "v"}}),
     )
@@ -98,7 +98,7 @@ async fn configmap_crud_conflict_and_errors() {
         matches!(&err, kube::Error::Api(s) if s.code == 404 && s.reason == "NotFound"),
         "{err:?}"
     );
-    let missing: Api<ConfigMap> = Api::namespaced(client(&server), "nope");
+    let missing: Api<ConfigMap> = Api::namespaced(s.client(), "nope");
     let err = missing
         .create(&PostParams::default(), &cm)
         .await
@@ -109,11 +109,11 @@ async fn configmap_crud_conflict_and_errors() {
     );
 }
 
-#[tokio::test]
-async fn lease_race_exactly_one_wins() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let a: Api<Lease> = Api::default_namespaced(client(&server));
-    let b: Api<Lease> = Api::default_namespaced(client(&server));
+on_both_servers!(configmap_crud_conflict_and_errors);
+
+async fn lease_race_exactly_one_wins(s: &Under) {
+    let a: Api<Lease> = Api::namespaced(s.client(), s.namespace());
+    let b: Api<Lease> = Api::default_namespaced(s.client());
     let lease: Lease = serde_json::from_value(
         json!({"metadata": {"name": "leader"}, "spec": {"holderIdentity": "none"}}),
     )
@@ -137,45 +137,15 @@ async fn lease_race_exactly_one_wins() {
     );
 }
 
-async fn install_crd(client: &Client) {
-    let crd: Value = serde_yaml::from_str(
-        &std::fs::read_to_string(format!(
-            "{}/tests/fixtures/autoapproval-crd.yaml",
-            env!("CARGO_MANIFEST_DIR")
-        ))
-        .unwrap(),
-    )
-    .unwrap();
-    let api: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(crd).unwrap(),
-    )
-    .await
-    .unwrap();
-}
-
-fn aa_api(client: &Client) -> Api<kube::api::DynamicObject> {
-    let ar = kube::api::ApiResource {
-        group: "autoapproval.io".into(),
-        version: "v1alpha1".into(),
-        api_version: "autoapproval.io/v1alpha1".into(),
-        kind: "AutoApproval".into(),
-        plural: "autoapprovals".into(),
-    };
-    Api::namespaced_with(client.clone(), "default", &ar)
-}
+on_both_servers!(lease_race_exactly_one_wins);
 
 fn aa(name: &str, id: i64) -> kube::api::DynamicObject {
     serde_json::from_value(json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "metadata": {"name": name}, "spec": {"requestId": id, "requestType": "AD_CONTRACT"}})).unwrap()
 }
 
-#[tokio::test]
-async fn custom_resource_status_generation_validation() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let c = client(&server);
-    install_crd(&c).await;
-    let api = aa_api(&c);
+async fn custom_resource_status_generation_validation(s: &Under) {
+    s.install_crd().await;
+    let api = s.autoapprovals();
     let o = api
         .create(&PostParams::default(), &aa("x", 5))
         .await
@@ -249,21 +219,20 @@ async fn custom_resource_status_generation_validation() {
     assert_eq!(applied.data["spec"]["requestId"], 7);
 }
 
+on_both_servers!(custom_resource_status_generation_validation);
+
 /// An apply to the status subresource is a managed-fields entry of its own (subresource
 /// `status`), as in kube-apiserver: the manager owns what it applied there, a field it stops
 /// applying is removed, and its apply to the main resource is kept beside it.
-#[tokio::test]
-async fn a_status_apply_owns_its_fields_and_drops_those_it_stops_applying() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let c = client(&server);
-    install_crd(&c).await;
-    let api = aa_api(&c);
+async fn a_status_apply_owns_its_fields_and_drops_those_it_stops_applying(s: &Under) {
+    s.install_crd().await;
+    let api = s.autoapprovals();
     api.create(&PostParams::default(), &aa("y", 8))
         .await
         .unwrap();
-    let status = |s: Value| {
+    let status = |status: Value| {
         Patch::Apply(
-            json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "status": s}),
+            json!({"apiVersion": "autoapproval.io/v1alpha1", "kind": "AutoApproval", "status": status}),
         )
     };
     let ctl = PatchParams::apply("ctl").force();
@@ -312,6 +281,9 @@ async fn a_status_apply_owns_its_fields_and_drops_those_it_stops_applying() {
     );
 }
 
+on_both_servers!(a_status_apply_owns_its_fields_and_drops_those_it_stops_applying);
+
+/// Fault injection (closed watch streams, 410 Gone on demand): in-memory only.
 #[tokio::test]
 async fn watcher_survives_closed_stream_and_410() {
     let server = TestServer::start(Options {
@@ -364,10 +336,8 @@ async fn watcher_survives_closed_stream_and_410() {
     task.abort();
 }
 
-#[tokio::test]
-async fn streaming_list_watcher() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+async fn streaming_list_watcher(s: &Under) {
+    let api: Api<ConfigMap> = Api::default_namespaced(s.client());
     for n in ["s1", "s2"] {
         api.create(
             &PostParams::default(),
@@ -396,10 +366,12 @@ async fn streaming_list_watcher() {
     task.abort();
 }
 
-/// Legacy and aggregated discovery describe the same resources, and a CRD
-/// appears in both the moment it is created and leaves when it is deleted.
-#[tokio::test]
-async fn legacy_and_aggregated_discovery_agree() {
+on_both_servers!(streaming_list_watcher);
+
+/// Legacy and aggregated discovery describe the same resources, and a CRD appears in both
+/// once established and leaves when it is deleted. The CRD is the test's own (its own group):
+/// the shared one of the real server stays.
+async fn legacy_and_aggregated_discovery_agree(s: &Under) {
     use kube::discovery::{Discovery, Scope};
     use std::collections::BTreeSet;
     fn resources(d: &Discovery) -> BTreeSet<(String, String, String, String, bool, Vec<String>)> {
@@ -427,15 +399,20 @@ async fn legacy_and_aggregated_discovery_agree() {
             })
             .collect()
     }
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let c = client(&server);
-    install_crd(&c).await;
-    let legacy = resources(&Discovery::new(c.clone()).run().await.unwrap());
-    let aggregated = resources(&Discovery::new(c.clone()).run_aggregated().await.unwrap());
+    const GROUP: &str = "discovery.autoapproval.io";
+    let c = s.client();
+    install_crd(c.clone(), GROUP).await;
+    let (legacy, aggregated) = eventually("the CRD in both discoveries", || async {
+        let legacy = resources(&Discovery::new(c.clone()).run().await.unwrap());
+        let aggregated = resources(&Discovery::new(c.clone()).run_aggregated().await.unwrap());
+        (legacy.iter().any(|r| r.0 == GROUP) && aggregated.iter().any(|r| r.0 == GROUP))
+            .then_some((legacy, aggregated))
+    })
+    .await;
     assert_eq!(legacy, aggregated);
     let aa = aggregated
         .iter()
-        .find(|r| r.0 == "autoapproval.io")
+        .find(|r| r.0 == GROUP)
         .expect("the CRD is discovered");
     assert_eq!(
         (aa.1.as_str(), aa.2.as_str(), aa.3.as_str(), aa.4),
@@ -503,17 +480,20 @@ async fn legacy_and_aggregated_discovery_agree() {
 
     let crds: Api<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> =
         Api::all(c.clone());
-    crds.delete("autoapprovals.autoapproval.io", &DeleteParams::default())
+    crds.delete(&format!("autoapprovals.{GROUP}"), &DeleteParams::default())
         .await
         .unwrap();
-    let after = resources(&Discovery::new(c).run_aggregated().await.unwrap());
-    assert!(!after.iter().any(|r| r.0 == "autoapproval.io"), "{after:?}");
+    eventually("the CRD gone from discovery", || async {
+        let after = resources(&Discovery::new(c.clone()).run_aggregated().await.unwrap());
+        (!after.iter().any(|r| r.0 == GROUP)).then_some(())
+    })
+    .await;
 }
 
-#[tokio::test]
-async fn a_paged_list_returns_each_object_once_in_order_with_the_count_left() {
-    let server = TestServer::start(Options::default()).await.unwrap();
-    let api: Api<ConfigMap> = Api::default_namespaced(client(&server));
+on_both_servers!(legacy_and_aggregated_discovery_agree);
+
+async fn a_paged_list_returns_each_object_once_in_order_with_the_count_left(s: &Under) {
+    let api: Api<ConfigMap> = Api::default_namespaced(s.client());
     for i in 0..25 {
         let labels = if i % 2 == 0 {
             json!({"even": "yes"})
@@ -534,9 +514,10 @@ async fn a_paged_list_returns_each_object_once_in_order_with_the_count_left() {
             params.continue_token = token.clone();
             let page = api.list(&params).await.unwrap();
             let left = expected - names.len() - page.items.len();
+            // As kube-apiserver: no count of what is left on a filtered list.
+            let counted = (left > 0 && selector.is_empty()).then_some(left as i64);
             assert_eq!(
-                page.metadata.remaining_item_count,
-                (left > 0).then_some(left as i64),
+                page.metadata.remaining_item_count, counted,
                 "{selector:?} after {names:?}"
             );
             names.extend(page.items.into_iter().filter_map(|c| c.metadata.name));
@@ -552,3 +533,5 @@ async fn a_paged_list_returns_each_object_once_in_order_with_the_count_left() {
         assert_eq!(names.len(), expected, "{selector:?}: {names:?}");
     }
 }
+
+on_both_servers!(a_paged_list_returns_each_object_once_in_order_with_the_count_left);
