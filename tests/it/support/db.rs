@@ -251,6 +251,14 @@ impl MysqlScratch {
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
+        // The name holds our pid, so a database of that name is a dead run's
+        // (a test binary killed before its finish, a pid used again): ours to drop.
+        admin
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE IF EXISTS {name}"
+            )))
+            .await
+            .expect("drop a dead run's scratch database");
         admin
             .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
             .await
