@@ -80,6 +80,29 @@ struct Fleet {
     downstream: Downstream,
 }
 
+/// Each claim the victim held when it died was memoed as interrupted on it by
+/// its new holder, and every chain has finished (no state row left).
+async fn assert_orphans_recovered(
+    fleet: &Fleet,
+    db: &impl AsDb,
+    orphaned: &[i64],
+    victim_name: &str,
+) {
+    for request_id in orphaned {
+        let history = memos(db, *request_id).await;
+        assert!(
+            history
+                .iter()
+                .any(|m| m.contains(&format!("interrupted on {victim_name}"))),
+            "request {request_id}: {history:?}"
+        );
+    }
+    eventually("the state table to empty", || async {
+        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
+    })
+    .await;
+}
+
 impl Fleet {
     async fn start(pool: impl AsDb, n: usize, lease_duration: Duration) -> Fleet {
         Self::with(pool, n, lease_duration, Downstream::Keyed).await
@@ -606,19 +629,7 @@ async fn killed_hard_mid_run(pool: Db, downstream: Downstream) {
     assert_role_grants_what_was_used(&fleet.server);
     // The claims the victim held were recovered by the new holders' cleanser
     // pass at takeover, and finished.
-    for request_id in &orphaned {
-        let history = memos(&pool, *request_id).await;
-        assert!(
-            history
-                .iter()
-                .any(|m| m.contains(&format!("interrupted on {victim_name}"))),
-            "request {request_id}: {history:?}"
-        );
-    }
-    eventually("the state table to empty", || async {
-        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
-    })
-    .await;
+    assert_orphans_recovered(&fleet, &pool, &orphaned, &victim_name).await;
     let failovers = fleet.failovers_except(victim).await - failovers_before;
     assert_eq!(
         failovers,
@@ -1137,19 +1148,7 @@ async fn a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_noth
     wait_approved(&fleet, N).await;
     eprintln!("all {N} approved {:?} after the kill", killed_at.elapsed());
     assert_each_created_once(&fleet.sim, N);
-    for request_id in &orphaned {
-        let history = memos(&db, *request_id).await;
-        assert!(
-            history
-                .iter()
-                .any(|m| m.contains(&format!("interrupted on {victim_name}"))),
-            "request {request_id}: {history:?}"
-        );
-    }
-    eventually("the state table to empty", || async {
-        (fleet.count("SELECT count(*) FROM auto_approve_state").await == 0).then_some(())
-    })
-    .await;
+    assert_orphans_recovered(&fleet, &db, &orphaned, &victim_name).await;
     let failed_over = events_of(&fleet, "ShardFailover").await;
     for shard in &victim_shards {
         let lease = autoapproval::coordination::shard_lease_name(*shard);
