@@ -20,14 +20,16 @@ const RELEASE: &str = "autoapproval";
 /// The request the chart's replica approves.
 const APPROVED: i64 = 701;
 
-/// The commands of the README block marked `<!-- tested: {name} ... -->`, continuation lines
-/// joined as the shell joins them.
+/// The commands of the block marked `<!-- tested: {name} ... -->` in README.md (the install)
+/// or docs/INSTALL.md (the rest), continuation lines joined as the shell joins them.
 fn readme_block(name: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = ["README.md", "docs/INSTALL.md"]
+        .map(|file| std::fs::read_to_string(repo().join(file)).unwrap())
+        .join("\n");
     let marker = format!("<!-- tested: {name}");
-    let at = readme
-        .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no block marked {marker} -->"));
+    let at = readme.find(&marker).unwrap_or_else(|| {
+        panic!("neither README.md nor docs/INSTALL.md has a block marked {marker} -->")
+    });
     let block = &readme[at..];
     let start = block
         .find("```sh\n")
