@@ -9,6 +9,7 @@ mod claims;
 mod cleanser;
 mod controller;
 mod deploy;
+mod docs;
 mod external;
 mod fencing;
 mod helm;
