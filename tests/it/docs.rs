@@ -235,3 +235,51 @@ fn anchors_follow_githubs_rules() {
     );
     assert_eq!(link_targets("[label]: docs/X.md#y"), ["docs/X.md#y"]);
 }
+
+/// The long flags a `--help` output lists.
+fn flags_of(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .filter_map(|line| {
+            let line = line
+                .trim_start()
+                .trim_start_matches("-h, ")
+                .trim_start_matches("-V, ");
+            let flag = line.strip_prefix("--")?;
+            let end = flag
+                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+                .unwrap_or(flag.len());
+            Some(format!("--{}", &flag[..end]))
+        })
+        .filter(|flag| flag != "--help" && flag != "--version")
+        .collect()
+}
+
+#[test]
+fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
+    let reference = std::fs::read_to_string(repo().join("docs/REFERENCE.md")).expect("REFERENCE");
+    let mut missing = vec![];
+    for command in [&[][..], &["run"], &["migrate"], &["crd"], &["request"]] {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(command)
+            .arg("--help")
+            .output()
+            .expect("the binary runs");
+        assert!(out.status.success(), "{command:?} --help");
+        let help = String::from_utf8_lossy(&out.stdout);
+        let flags = flags_of(&help);
+        assert!(
+            !flags.is_empty() || command.is_empty(),
+            "{command:?}: {help}"
+        );
+        missing.extend(
+            flags
+                .into_iter()
+                .filter(|flag| !reference.contains(&format!("`{flag}`")))
+                .map(|flag| format!("autoapproval {} {flag}", command.join(" "))),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/REFERENCE.md lacks a row (`--flag`) for: {missing:?}"
+    );
+}
