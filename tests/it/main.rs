@@ -5,6 +5,7 @@ mod business;
 mod candidates;
 mod census;
 mod chain;
+mod chart_values;
 mod claims;
 mod cleanser;
 mod controller;
