@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::chart_values::DIGEST;
 use crate::support::{
     CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
     as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
@@ -61,8 +62,15 @@ struct Step {
 
 /// Runs a README block from `work`, each command required to succeed.
 fn run_block(cli: &Cli, name: &str, work: &Path) -> Vec<Step> {
+    run_amended(cli, name, work, |command| command)
+}
+
+/// Runs a README block from `work` with each command passed through `amend` first (to add a
+/// flag an operator would add), each required to succeed.
+fn run_amended(cli: &Cli, name: &str, work: &Path, amend: impl Fn(String) -> String) -> Vec<Step> {
     readme_block(name)
         .into_iter()
+        .map(amend)
         .map(|command| {
             let out = cli.shell(&command, work);
             let step = Step {
@@ -179,8 +187,27 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         ])
     };
 
-    // Install.
-    let steps = run_block(cli, "install", &work);
+    let image = || {
+        cli.kubectl(&[
+            "-n",
+            NAMESPACE,
+            "get",
+            "deployment",
+            RELEASE,
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].image}",
+        ])
+    };
+    let pinned = format!("registry.example.com/autoapproval@{DIGEST}");
+
+    // Install, the image pinned by digest as a production install pins it.
+    let steps = run_amended(cli, "install", &work, |command| {
+        if command.starts_with("helm install") {
+            format!("{command} --set image.digest={DIGEST}")
+        } else {
+            command
+        }
+    });
     assert_eq!(
         step(&steps, "kubectl create namespace").stdout,
         "namespace/autoapproval created\n"
@@ -265,6 +292,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         .collect();
     assert_eq!(stored, by_name(&manifest).into_keys().collect());
     assert_eq!(replicas(), "3");
+    assert_eq!(image(), pinned, "the digest, not the tag");
 
     // From here the namespace enforces the Pod Security Standard `restricted`, as a hardened
     // cluster's do: kube-apiserver's PodSecurity admission refuses the test Pod and warns of the
@@ -353,6 +381,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         "the pre-upgrade hook ran"
     );
     assert_eq!(replicas(), "2");
+    assert_eq!(image(), pinned, "--reuse-values kept the digest");
     let history = revisions(&step(&steps, "helm -n autoapproval history").stdout);
     assert_eq!(
         history,
