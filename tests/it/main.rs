@@ -14,6 +14,7 @@ mod external;
 mod fencing;
 mod helm;
 mod inputs;
+mod least_privilege;
 mod malformed;
 mod manual;
 mod migrate;

@@ -53,7 +53,17 @@ async fn the_status_is_the_service_accounts_by_server_side_apply(db: Db) {
 /// rule on `resource`, with request `id` waiting; its log once a line says the
 /// ServiceAccount `refused` (e.g. `cannot list resource "leases"`).
 async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) -> String {
-    let real = real_namespace(|role| without_rule(role, resource)).await;
+    log_with_role(db, |role| without_rule(role, resource), id, refused).await
+}
+
+/// Like `log_with_rule_removed`, the chart's Role changed by `edit`.
+pub(crate) async fn log_with_role(
+    db: &Db,
+    edit: impl FnOnce(&mut k8s_openapi::api::rbac::v1::Role),
+    id: i64,
+    refused: &str,
+) -> String {
+    let real = real_namespace(edit).await;
     let sim = simulator().await;
     let sim_url = sim.base_url();
     // No --namespace: the kubeconfig's, as a pod's own namespace would be.
