@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-use crate::support::{Cli, parse_yaml_stream, repo, tool};
+use crate::support::{Cli, parse_yaml_stream, repo, stdout_of, tool};
 
 const RELEASE: &str = "autoapproval";
 const NAMESPACE: &str = "autoapproval";
@@ -180,7 +180,7 @@ fn log_level_extra_env_env_from_and_args_reach_the_controller_after_the_charts_o
 }
 
 #[test]
-fn the_binary_reads_the_rendered_log_filter_and_extra_args() {
+fn the_binary_takes_the_rendered_extra_args_and_refuses_a_misspelt_one() {
     // `autoapproval run` takes the rendered args (its parser refuses an unknown flag).
     let objects = render(&["--set", "extraArgs[0]=--poll-period=5s"]);
     let args: Vec<String> =
@@ -280,6 +280,24 @@ fn a_monitor_is_rendered_only_where_its_crd_is_served_and_only_one_of_the_two() 
     assert_eq!(
         monitor["spec"]["namespaceSelector"]["matchNames"],
         json!([NAMESPACE])
+    );
+
+    // An enabled monitor the cluster cannot take is named in the NOTES, not silently dropped.
+    let minimal = format!("{}/ci/minimal-values.yaml", chart());
+    let mut dry = Command::new(tool("helm"));
+    dry.args([
+        "install",
+        RELEASE,
+        &chart(),
+        "--dry-run=client",
+        "-f",
+        &minimal,
+    ])
+    .args(pm);
+    let notes = stdout_of(dry, "helm install --dry-run=client");
+    assert!(
+        notes.contains("WARNING: PodMonitor enabled, but this cluster serves no monitoring.coreos.com/v1 PodMonitor"),
+        "{notes}"
     );
 
     let both = helm_template(
@@ -580,37 +598,55 @@ fn kept_crd(cli: &Cli) {
         "",
         "refused before a release record"
     );
-    cli.kubectl(&["delete", "crd", "autoapprovals.autoapproval.io"]);
-    let out = install(&["--skip-crds"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    const CRD: &str =
+        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io\n";
+    assert_eq!(crds(), CRD, "the crds/ copy, not the release's");
+    let succeeded = |out: Output, what: &str| {
+        assert!(
+            out.status.success(),
+            "{what}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let owned = || {
+        let manifest = cli.helm_output(&["get", "manifest", RELEASE, "-n", NAMESPACE]);
+        String::from_utf8_lossy(&manifest.stdout).contains("kind: CustomResourceDefinition")
+    };
+    // Marked as the release's (docs/CHART.md), a CRD applied before is taken over.
+    let name = "autoapprovals.autoapproval.io";
+    cli.kubectl(&["label", "crd", name, "app.kubernetes.io/managed-by=Helm"]);
+    let release = format!("meta.helm.sh/release-name={RELEASE}");
+    let namespace = format!("meta.helm.sh/release-namespace={NAMESPACE}");
+    cli.kubectl(&["annotate", "crd", name, &release, &namespace]);
+    succeeded(install(&["--skip-crds"]), "install over the marked CRD");
+    assert!(owned(), "the CRD is the release's");
+    // Kept on uninstall, and taken back by the same release.
+    let uninstall = || cli.helm_output(&["uninstall", RELEASE, "-n", NAMESPACE]);
+    succeeded(uninstall(), "uninstall");
+    assert_eq!(crds(), CRD, "kept on uninstall");
+    succeeded(install(&["--skip-crds"]), "install again");
+    assert!(owned());
+    // crds.keep=false: the uninstall deletes it; a new install creates it from the template.
+    succeeded(
+        cli.helm_output(&[
+            "upgrade",
+            RELEASE,
+            &chart,
+            "-n",
+            NAMESPACE,
+            "--no-hooks",
+            "--reuse-values",
+            "--set",
+            "crds.keep=false",
+        ]),
+        "upgrade to crds.keep=false",
     );
-    assert_eq!(
-        crds(),
-        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io\n"
+    succeeded(uninstall(), "uninstall without keep");
+    assert_eq!(crds(), "", "deleted without crds.keep");
+    succeeded(
+        install(&["--skip-crds"]),
+        "install on a cluster without the CRD",
     );
-    let manifest = cli.helm_output(&["get", "manifest", RELEASE, "-n", NAMESPACE]);
-    assert!(
-        String::from_utf8_lossy(&manifest.stdout).contains("kind: CustomResourceDefinition"),
-        "the CRD is the release's"
-    );
-    let out = cli.helm_output(&["uninstall", RELEASE, "-n", NAMESPACE]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(
-        String::from_utf8_lossy(&out.stdout).contains("kept due to the resource policy")
-            || crds().contains("autoapprovals.autoapproval.io"),
-        "{}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert_eq!(
-        crds(),
-        "customresourcedefinition.apiextensions.k8s.io/autoapprovals.autoapproval.io\n",
-        "kept on uninstall"
-    );
+    assert_eq!(crds(), CRD);
+    assert!(owned());
 }
