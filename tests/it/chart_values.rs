@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-use crate::support::{Cli, parse_yaml_stream, repo, stdout_of, tool};
+use crate::support::{Cli, parse_yaml_stream, repo, stdout_of, tool, with_cli_on_test_server};
 
 const RELEASE: &str = "autoapproval";
 const NAMESPACE: &str = "autoapproval";
@@ -24,22 +24,31 @@ fn chart() -> String {
         .to_owned()
 }
 
-/// `helm template` of the chart with the required URLs and `args` (`--set`, `--api-versions`),
-/// the `helm test` Pod included.
-fn helm_template(args: &[&str]) -> Output {
-    let minimal = format!("{}/ci/minimal-values.yaml", chart());
+/// `helm <command> autoapproval <chart> -n autoapproval -f ci/minimal-values.yaml <args>`: the
+/// chart with the required URLs.
+fn helm_on_chart(command: &str, args: &[&str]) -> Command {
+    let chart = chart();
+    let minimal = format!("{chart}/ci/minimal-values.yaml");
     let mut cmd = Command::new(tool("helm"));
     cmd.args([
-        "template",
+        command,
         RELEASE,
-        &chart(),
+        &chart,
         "--namespace",
         NAMESPACE,
         "-f",
+        &minimal,
     ])
-    .arg(&minimal)
     .args(args);
-    cmd.output().expect("run helm template")
+    cmd
+}
+
+/// `helm template` of the chart with the required URLs and `args` (`--set`, `--api-versions`),
+/// the `helm test` Pod included.
+fn helm_template(args: &[&str]) -> Output {
+    helm_on_chart("template", args)
+        .output()
+        .expect("run helm template")
 }
 
 /// The objects `helm template` renders with `args`, which must be accepted.
@@ -283,17 +292,8 @@ fn a_monitor_is_rendered_only_where_its_crd_is_served_and_only_one_of_the_two() 
     );
 
     // An enabled monitor the cluster cannot take is named in the NOTES, not silently dropped.
-    let minimal = format!("{}/ci/minimal-values.yaml", chart());
-    let mut dry = Command::new(tool("helm"));
-    dry.args([
-        "install",
-        RELEASE,
-        &chart(),
-        "--dry-run=client",
-        "-f",
-        &minimal,
-    ])
-    .args(pm);
+    let mut dry = helm_on_chart("install", &["--dry-run=client"]);
+    dry.args(pm);
     let notes = stdout_of(dry, "helm install --dry-run=client");
     assert!(
         notes.contains("WARNING: PodMonitor enabled, but this cluster serves no monitoring.coreos.com/v1 PodMonitor"),
@@ -555,14 +555,7 @@ fn a_bad_value_of_each_new_kind_is_refused_by_name() {
 /// the template, `helm uninstall` leaves it (and so every AutoApproval) behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_with_crds_enabled_installs_the_crd_and_uninstall_keeps_it() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let cli = Cli::new(&server);
-    tokio::task::spawn_blocking(move || kept_crd(&cli))
-        .await
-        .expect("helm with crds.enabled");
-    server.shutdown().await;
+    with_cli_on_test_server(kept_crd).await;
 }
 
 fn kept_crd(cli: &Cli) {

@@ -14,6 +14,7 @@ use crate::chart_values::DIGEST;
 use crate::support::{
     CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
     as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+    with_cli_on_test_server,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -175,29 +176,12 @@ fn finished(kubelet: &Kubelet) -> Vec<String> {
 
 fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let work = working_copy(&cli.dir);
-    let replicas = || {
-        cli.kubectl(&[
-            "-n",
-            NAMESPACE,
-            "get",
-            "deployment",
-            RELEASE,
-            "-o",
-            "jsonpath={.spec.replicas}",
-        ])
+    let deployment = |jsonpath: &str| {
+        let output = format!("jsonpath={jsonpath}");
+        cli.kubectl(&["-n", NAMESPACE, "get", "deployment", RELEASE, "-o", &output])
     };
-
-    let image = || {
-        cli.kubectl(&[
-            "-n",
-            NAMESPACE,
-            "get",
-            "deployment",
-            RELEASE,
-            "-o",
-            "jsonpath={.spec.template.spec.containers[0].image}",
-        ])
-    };
+    let replicas = || deployment("{.spec.replicas}");
+    let image = || deployment("{.spec.template.spec.containers[0].image}");
     let pinned = format!("registry.example.com/autoapproval@{DIGEST}");
 
     // Install, the image pinned by digest as a production install pins it.
@@ -439,14 +423,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
 /// One bad value of each kind: helm refuses the install before storing anything, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_refuses_a_bad_value_of_each_kind_by_name_before_storing_anything() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let cli = Cli::new(&server);
-    tokio::task::spawn_blocking(move || refusals(&cli))
-        .await
-        .expect("helm refusals");
-    server.shutdown().await;
+    with_cli_on_test_server(refusals).await;
 }
 
 fn refusals(cli: &Cli) {

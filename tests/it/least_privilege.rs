@@ -119,9 +119,9 @@ on_both!(leases_cannot_be_narrowed_to_the_leader_and_shard_names);
 /// ServiceAccount.
 async fn leases_cannot_be_narrowed_to_the_leader_and_shard_names(db: Db) {
     let member = autoapproval::coordination::member_lease_name("rbac-1");
-    let refused = format!(r#"cannot get resource "leases" in API group "coordination.k8s.io""#);
+    let refused = r#"cannot get resource "leases" in API group "coordination.k8s.io""#;
     let log =
-        crate::real_server::log_with_role(&db, leases_narrowed_to_known_names, 324, &refused).await;
+        crate::real_server::log_with_role(&db, leases_narrowed_to_known_names, 324, refused).await;
     assert!(
         log.contains(&format!(
             r#"leases.coordination.k8s.io "{member}" is forbidden"#
