@@ -9,7 +9,9 @@ use std::process::{Command, Output};
 
 use serde_json::{Value, json};
 
-use crate::support::{Cli, parse_yaml_stream, repo, stdout_of, tool, with_cli_on_test_server};
+use crate::support::{
+    Cli, parse_yaml_stream, real_namespace, repo, stdout_of, tool, with_cli_on_test_server,
+};
 
 const RELEASE: &str = "autoapproval";
 const NAMESPACE: &str = "autoapproval";
@@ -41,6 +43,81 @@ fn helm_on_chart(command: &str, args: &[&str]) -> Command {
     ])
     .args(args);
     cmd
+}
+
+/// The chart with every new value set, rendered into `namespace`: what the real API server must
+/// take (the monitors aside: no Prometheus Operator runs there).
+fn every_new_value(namespace: &str) -> String {
+    let cmd = helm_on_chart(
+        "template",
+        &[
+            "--skip-tests",
+            "--namespace",
+            namespace,
+            "--set",
+            &format!("image.digest={DIGEST}"),
+            "--set",
+            "logLevel=debug",
+            "--set",
+            "extraEnv[0].name=HTTPS_PROXY",
+            "--set",
+            "extraEnv[0].value=http://proxy:3128",
+            "--set",
+            "extraEnvFrom[0].secretRef.name=more",
+            "--set",
+            "extraArgs[0]=--poll-period=5s",
+            "--set",
+            "imagePullSecrets[0].name=regcred",
+            "--set",
+            "crds.enabled=true",
+            "--set",
+            "rbac.aggregate=true",
+            "--set",
+            "networkPolicy.enabled=true",
+            "--set",
+            "networkPolicy.egressPreset.enabled=true",
+            "--set",
+            "networkPolicy.egressPreset.database.to[0].ipBlock.cidr=10.0.5.0/24",
+            "--set",
+            "networkPolicy.egressPreset.apiServer.to[0].ipBlock.cidr=172.18.0.2/32",
+            "--set",
+            "networkPolicy.egress[0].ports[0].port=4318",
+        ],
+    );
+    stdout_of(cmd, "helm template with every new value")
+}
+
+/// `kubectl apply --dry-run=server` of every object the new values render, on the real
+/// kube-apiserver with strict field validation: the NetworkPolicy preset, the ClusterRoles, the
+/// templated CRD and the Deployment's new fields are valid objects, not only valid YAML.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_real_api_server_takes_every_object_the_new_values_render() {
+    let real = real_namespace(|_| {}).await;
+    let (kubeconfig, namespace) = (real.ns.admin_kubeconfig.clone(), real.ns.name.clone());
+    tokio::task::spawn_blocking(move || {
+        let cli = Cli::with_kubeconfig(&kubeconfig);
+        let yaml = every_new_value(&namespace);
+        let objects = parse_yaml_stream(&yaml);
+        for kind in ["NetworkPolicy", "ClusterRole", "CustomResourceDefinition"] {
+            assert!(!of_kind(&objects, kind).is_empty(), "{kind} rendered");
+        }
+        let file = cli.dir.join("every-new-value.yaml");
+        std::fs::write(&file, &yaml).expect("write");
+        let out = cli.kubectl(&[
+            "apply",
+            "--dry-run=server",
+            "--validate=strict",
+            "-f",
+            file.to_str().expect("utf-8 path"),
+        ]);
+        assert_eq!(
+            out.matches("(server dry run)").count(),
+            objects.len(),
+            "{out}"
+        );
+    })
+    .await
+    .expect("the dry run");
 }
 
 /// `helm template` of the chart with the required URLs and `args` (`--set`, `--api-versions`),
