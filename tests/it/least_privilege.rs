@@ -10,6 +10,7 @@ use std::collections::BTreeSet;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 
 use crate::deploy::ROLE_GRANTS;
+use crate::real_server::log_with_role;
 use crate::support::*;
 
 on_both!(every_verb_the_role_grants_is_called_in_a_replicas_life);
@@ -120,12 +121,97 @@ on_both!(leases_cannot_be_narrowed_to_the_leader_and_shard_names);
 async fn leases_cannot_be_narrowed_to_the_leader_and_shard_names(db: Db) {
     let member = autoapproval::coordination::member_lease_name("rbac-1");
     let refused = r#"cannot get resource "leases" in API group "coordination.k8s.io""#;
-    let log =
-        crate::real_server::log_with_role(&db, leases_narrowed_to_known_names, 324, refused).await;
+    let until = |user: &str| format!(r#"User "{user}" {refused}"#);
+    let log = log_with_role(&db, leases_narrowed_to_known_names, &[], 324, until).await;
     assert!(
         log.contains(&format!(
             r#"leases.coordination.k8s.io "{member}" is forbidden"#
         )),
         "the member Lease {member} is named: {log}"
+    );
+}
+
+/// The chart's Role less `verb` on `resource`.
+fn without_verb(role: &mut Role, resource: &str, verb: &str) {
+    let rule = role
+        .rules
+        .as_mut()
+        .expect("rules")
+        .iter_mut()
+        .find(|r| {
+            r.resources
+                .as_deref()
+                .is_some_and(|rs| rs.iter().any(|x| x == resource))
+        })
+        .unwrap_or_else(|| panic!("a rule on {resource}"));
+    let before = rule.verbs.len();
+    rule.verbs.retain(|v| v != verb);
+    assert_eq!(
+        rule.verbs.len() + 1,
+        before,
+        "{verb} on {resource} is granted"
+    );
+}
+
+on_both!(each_verb_missing_from_the_role_is_named_in_the_log);
+/// Finer than `real_server::each_rule_missing_from_the_role_is_named_in_the_log`: the chart's
+/// Role less one verb, on the real kube-apiserver, and the replica's log names the refused
+/// call as the ServiceAccount's. The verbs a refusal of which is logged below info (Lease
+/// create and update: the coordination logs a failed take or renew at debug) are shown called by
+/// `every_verb_the_role_grants_is_called_in_a_replicas_life`.
+async fn each_verb_missing_from_the_role_is_named_in_the_log(db: Db) {
+    // A short TTL, so the leader collects the approved request's CR at once.
+    let collect: &[&str] = &["--finished-ttl", "1s", "--gc-interval", "1s"];
+    for (id, resource, verb, args, after) in [
+        (
+            330,
+            "autoapprovals",
+            "watch",
+            &[][..],
+            "cannot list or watch AutoApprovals",
+        ),
+        (
+            331,
+            "autoapprovals",
+            "create",
+            &[],
+            "could not create AutoApproval",
+        ),
+        (
+            332,
+            "autoapprovals",
+            "delete",
+            collect,
+            "could not delete AutoApproval",
+        ),
+        (
+            333,
+            "leases",
+            "get",
+            &[],
+            "cannot read this replica's member Lease",
+        ),
+    ] {
+        let refused = format!(r#"cannot {verb} resource "{resource}""#);
+        let until = |user: &str| format!(r#"User "{user}" {refused}"#);
+        let edit = |role: &mut Role| without_verb(role, resource, verb);
+        let log = log_with_role(&db, edit, args, id, until).await;
+        let line = log
+            .lines()
+            .find(|l| l.contains(&refused))
+            .expect("the refusal's line");
+        assert!(line.contains(after), "{verb} {resource}: {line}");
+    }
+    // The member Lease is deleted only at shutdown: stopped once it joined, the replica says
+    // it could not.
+    let edit = |role: &mut Role| without_verb(role, "leases", "delete");
+    let log = log_with_role(&db, edit, &[], 334, |_| "joined as a member".to_owned()).await;
+    let line = log
+        .lines()
+        .find(|l| l.contains("could not delete the member Lease"))
+        .unwrap_or_else(|| panic!("the refused delete is logged: {log}"));
+    assert!(
+        line.contains(r#"cannot delete resource "leases""#),
+        "{line}"
     );
 }
