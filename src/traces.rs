@@ -18,7 +18,13 @@ pub struct TracingArgs {
     #[arg(long, env = "AUTOAPPROVAL_OTLP_ENDPOINT", default_value = "")]
     pub otlp_endpoint: String,
     /// Headers sent with every export, as `name=value,name2=value2` with percent-encoded values (the OpenTelemetry format), e.g. `authorization=Bearer%20…`.
-    #[arg(long, env = "OTEL_EXPORTER_OTLP_HEADERS", default_value = "")]
+    // Often a credential: never shown by --help (as the database URL).
+    #[arg(
+        long,
+        env = "OTEL_EXPORTER_OTLP_HEADERS",
+        hide_env_values = true,
+        default_value = ""
+    )]
     pub otlp_headers: String,
     /// The `service.name` of the exported spans.
     #[arg(long, env = "OTEL_SERVICE_NAME", default_value = "autoapproval")]

@@ -160,6 +160,28 @@ async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(d
     );
 }
 
+#[test]
+fn help_names_the_opentelemetry_variables_and_never_prints_the_headers() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--help"])
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Bearer%20hunter4",
+        )
+        .output()
+        .expect("run --help");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for shown in [
+        "$OTEL_EXPORTER_OTLP_ENDPOINT",
+        "[env: OTEL_EXPORTER_OTLP_HEADERS]",
+        "[env: OTEL_SERVICE_NAME=]",
+        "[default: autoapproval]",
+    ] {
+        assert!(help.contains(shown), "{shown} in:\n{help}");
+    }
+    assert!(!help.contains("hunter4"), "{help}");
+}
+
 #[cfg(feature = "otlp")]
 mod otlp {
     use std::collections::{BTreeMap, BTreeSet};
