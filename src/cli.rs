@@ -131,6 +131,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     use crate::endpoints::{Health, router};
     use crate::telemetry::Metrics;
 
+    args.tracing.report_unexported();
     // A SIGTERM during start-up is kept for the loop below, not fatal.
     let mut termination = crate::shutdown::Termination::install().map_err(CliError::Signal)?;
     // Every value is checked before anything is contacted.

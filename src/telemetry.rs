@@ -165,11 +165,16 @@ impl Metrics {
     /// A fresh registry with every metric registered.
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("autoapproval");
-        // `autoapproval_build_info{version="…"} 1`: which build each replica runs.
+        // `autoapproval_build_info{version="…",revision="…",features="…"} 1`:
+        // which build each replica runs (build.rs finds the revision).
         registry.register(
             "build",
-            "The version of the running binary",
-            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+            "The version of the running binary, the git revision it was built from and its cargo features",
+            Info::new(vec![
+                ("version", env!("CARGO_PKG_VERSION")),
+                ("revision", env!("AUTOAPPROVAL_REVISION")),
+                ("features", env!("AUTOAPPROVAL_FEATURES")),
+            ]),
         );
         let candidates = Family::<TypeLabel, Counter>::default();
         registry.register(

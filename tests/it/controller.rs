@@ -616,7 +616,7 @@ async fn health_readiness_and_metrics_are_served(db: Db) {
         concat!(
             "autoapproval_build_info{version=\"",
             env!("CARGO_PKG_VERSION"),
-            "\"} 1"
+            "\","
         ),
     ] {
         assert!(body.contains(name), "{name} in:\n{body}");

@@ -226,9 +226,10 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         );
     }
     assert!(
-        install
-            .stdout
-            .contains("autoapproval 0.1.0 is installed in namespace autoapproval (3 replicas)"),
+        install.stdout.contains(&format!(
+            "autoapproval {} is installed in namespace autoapproval (3 replicas)",
+            env!("CARGO_PKG_VERSION")
+        )),
         "NOTES: {}",
         install.stdout
     );

@@ -23,6 +23,7 @@ mod mysql;
 mod one_chain;
 mod real_faults;
 mod real_server;
+mod release;
 mod replica_lag;
 mod replicas;
 mod retry;

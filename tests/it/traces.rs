@@ -160,6 +160,28 @@ async fn every_log_line_of_an_attempt_carries_its_request_shard_token_and_step(d
     );
 }
 
+#[test]
+fn help_names_the_opentelemetry_variables_and_never_prints_the_headers() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--help"])
+        .env(
+            "OTEL_EXPORTER_OTLP_HEADERS",
+            "authorization=Bearer%20hunter4",
+        )
+        .output()
+        .expect("run --help");
+    let help = String::from_utf8_lossy(&output.stdout);
+    for shown in [
+        "$OTEL_EXPORTER_OTLP_ENDPOINT",
+        "[env: OTEL_EXPORTER_OTLP_HEADERS]",
+        "[env: OTEL_SERVICE_NAME=]",
+        "[default: autoapproval]",
+    ] {
+        assert!(help.contains(shown), "{shown} in:\n{help}");
+    }
+    assert!(!help.contains("hunter4"), "{help}");
+}
+
 #[cfg(feature = "otlp")]
 mod otlp {
     use std::collections::{BTreeMap, BTreeSet};
@@ -182,6 +204,20 @@ mod otlp {
         parent: String,
         name: String,
         attributes: BTreeMap<String, String>,
+        /// The resource's `service.name`.
+        service: String,
+        /// The headers of the export that carried it.
+        headers: BTreeMap<String, String>,
+    }
+
+    /// An attribute's value as text.
+    fn text(value: Option<opentelemetry_proto::tonic::common::v1::AnyValue>) -> String {
+        match value.and_then(|v| v.value) {
+            Some(any_value::Value::StringValue(s)) => s,
+            Some(any_value::Value::IntValue(i)) => i.to_string(),
+            Some(other) => format!("{other:?}"),
+            None => String::new(),
+        }
     }
 
     /// An OTLP/HTTP receiver in this process: `POST /v1/traces`, protobuf.
@@ -190,36 +226,42 @@ mod otlp {
         let sink = received.clone();
         let app = axum::Router::new().route(
             "/v1/traces",
-            axum::routing::post(move |body: Bytes| {
+            axum::routing::post(move |headers: axum::http::HeaderMap, body: Bytes| {
                 let sink = sink.clone();
                 async move {
                     let Ok(request) = ExportTraceServiceRequest::decode(body) else {
                         return axum::http::StatusCode::BAD_REQUEST;
                     };
-                    let spans = request
-                        .resource_spans
-                        .into_iter()
-                        .flat_map(|r| r.scope_spans)
-                        .flat_map(|s| s.spans)
-                        .map(|s| Received {
-                            trace_id: hex(&s.trace_id),
-                            span_id: hex(&s.span_id),
-                            parent: hex(&s.parent_span_id),
-                            name: s.name,
-                            attributes: s
-                                .attributes
-                                .into_iter()
-                                .map(|kv| {
-                                    let value = match kv.value.and_then(|v| v.value) {
-                                        Some(any_value::Value::StringValue(s)) => s,
-                                        Some(any_value::Value::IntValue(i)) => i.to_string(),
-                                        Some(other) => format!("{other:?}"),
-                                        None => String::new(),
-                                    };
-                                    (kv.key, value)
-                                })
-                                .collect(),
-                        });
+                    let headers: BTreeMap<String, String> = headers
+                        .iter()
+                        .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into()))
+                        .collect();
+                    let spans = request.resource_spans.into_iter().flat_map(|r| {
+                        let service = r
+                            .resource
+                            .into_iter()
+                            .flat_map(|r| r.attributes)
+                            .find(|kv| kv.key == "service.name")
+                            .map(|kv| text(kv.value))
+                            .unwrap_or_default();
+                        let headers = headers.clone();
+                        r.scope_spans
+                            .into_iter()
+                            .flat_map(|s| s.spans)
+                            .map(move |s| Received {
+                                trace_id: hex(&s.trace_id),
+                                span_id: hex(&s.span_id),
+                                parent: hex(&s.parent_span_id),
+                                name: s.name,
+                                attributes: s
+                                    .attributes
+                                    .into_iter()
+                                    .map(|kv| (kv.key, text(kv.value)))
+                                    .collect(),
+                                service: service.clone(),
+                                headers: headers.clone(),
+                            })
+                    });
                     sink.lock().expect("spans").extend(spans);
                     axum::http::StatusCode::OK
                 }
@@ -356,6 +398,135 @@ mod otlp {
         assert_eq!(
             seen, calls,
             "traceparents the simulator saw vs the exported call spans"
+        );
+    }
+
+    /// Runs the binary with `args` and `env` until request 42 is approved,
+    /// and what the collector received of its attempt.
+    async fn export_of_one_request(
+        pool: &sqlx::PgPool,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Vec<Received> {
+        let (collector_url, received) = collector().await;
+        let stage = Stage::start(&format!("otel-{}", args.len())).await;
+        let args: Vec<&str> = args
+            .iter()
+            .map(|a| {
+                if *a == "COLLECTOR" {
+                    collector_url.as_str()
+                } else {
+                    a
+                }
+            })
+            .collect();
+        let env: Vec<(&str, &str)> = env
+            .iter()
+            .map(|&(k, v)| {
+                (
+                    k,
+                    if v == "COLLECTOR" {
+                        collector_url.as_str()
+                    } else {
+                        v
+                    },
+                )
+            })
+            .collect();
+        let (child, _) = stage.run(pool, &args, &env);
+        owner_now(42).insert(pool).await;
+        eventually("request 42 to be approved", || async {
+            (request_status(pool, 42).await == "APPROVED").then_some(())
+        })
+        .await;
+        let stderr = stop(child).await;
+        let spans: Vec<Received> = received
+            .lock()
+            .expect("spans")
+            .iter()
+            .filter(|s| s.name == "attempt" && s.attributes["request_id"] == "42")
+            .cloned()
+            .collect();
+        assert!(!spans.is_empty(), "no attempt exported:\n{stderr}");
+        spans
+    }
+
+    #[sqlx::test(migrations = "migrations/postgres")]
+    async fn the_opentelemetry_variables_alone_configure_the_export(pool: sqlx::PgPool) {
+        let spans = export_of_one_request(
+            &pool,
+            &[],
+            &[
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "COLLECTOR"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "x-tenant=acme%2C%20inc, authorization=Bearer%20t0k",
+                ),
+                ("OTEL_SERVICE_NAME", "approver-from-env"),
+            ],
+        )
+        .await;
+        for span in &spans {
+            assert_eq!(span.service, "approver-from-env", "{span:#?}");
+            assert_eq!(span.headers["x-tenant"], "acme, inc", "{span:#?}");
+            assert_eq!(span.headers["authorization"], "Bearer t0k", "{span:#?}");
+        }
+    }
+
+    #[sqlx::test(migrations = "migrations/postgres")]
+    async fn the_flags_win_over_the_opentelemetry_variables(pool: sqlx::PgPool) {
+        let spans = export_of_one_request(
+            &pool,
+            &[
+                "--otlp-endpoint",
+                "COLLECTOR",
+                "--otlp-headers",
+                "x-tenant=from-flag",
+                "--otlp-service-name",
+                "approver-from-flag",
+            ],
+            &[
+                // Nothing listens there: only the flag's collector gets spans.
+                ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1"),
+                (
+                    "OTEL_EXPORTER_OTLP_HEADERS",
+                    "x-tenant=from-env,x-env-only=1",
+                ),
+                ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "x-traces-env=1"),
+                ("OTEL_SERVICE_NAME", "approver-from-env"),
+            ],
+        )
+        .await;
+        for span in &spans {
+            assert_eq!(span.service, "approver-from-flag", "{span:#?}");
+            assert_eq!(span.headers["x-tenant"], "from-flag", "{span:#?}");
+            for env_only in ["x-env-only", "x-traces-env"] {
+                assert!(!span.headers.contains_key(env_only), "{span:#?}");
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_otel_exporter_otlp_headers_is_refused_by_name_before_anything_starts() {
+        let output = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(["run", "--database-url", "postgres://127.0.0.1:1/none"])
+            .env("AUTOAPPROVAL_KUBECONFIG", "/nonexistent")
+            .env("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
+            .env(
+                "OTEL_EXPORTER_OTLP_HEADERS",
+                "x-ok=1,api-key-without-equals",
+            )
+            .output()
+            .expect("autoapproval run");
+        assert!(!output.status.success());
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            stderr.contains("--otlp-headers (entry 2)") && stderr.contains("name=value"),
+            "{stderr}"
+        );
+        assert!(
+            !stderr.contains("api-key-without-equals"),
+            "the value is never echoed: {stderr}"
         );
     }
 }
