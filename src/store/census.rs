@@ -34,7 +34,5 @@ interface! {
             now: DateTime<Utc>,
             retry_limit: i32,
         ) -> Result<Option<DateTime<Utc>>, StoreError>;
-        /// One round-trip on each pool of [`Store::pools`], by name.
-        fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)>;
     }
 }

@@ -6,10 +6,19 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::pool::PoolOptions;
+use sqlx::{ConnectOptions, Database};
+
 use super::mysql::MysqlStore;
 use super::postgres::PgStore;
 use super::{Backend, Store, StoreError};
 use crate::flags::parse_duration;
+
+/// How long one start-up connection attempt may take before it is reported.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a statement waits for a pool connection before it fails.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
@@ -203,6 +212,54 @@ impl Store {
         };
         Ok(Store { backend })
     }
+}
+
+// === connecting, for both backends ===
+
+/// The options of every pool of the store: at most `max_connections`,
+/// each waited for at most [`ACQUIRE_TIMEOUT`].
+pub(super) fn pool_options<DB: Database>(max_connections: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+}
+
+/// One connection to `url`, opened and closed: the options it was made
+/// with, or why it could not be made, in the driver's own words with the
+/// password masked.
+pub(super) async fn reach<O>(role: &'static str, url: &DatabaseUrl) -> Result<O, StoreError>
+where
+    O: ConnectOptions + FromStr<Err = sqlx::Error>,
+    O::Connection: Sized,
+{
+    let refused = |reason: String| StoreError::Connect {
+        role,
+        url: url.to_string(),
+        reason: url.redact(&reason),
+    };
+    let options = O::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            // Closing is best effort: the pool opens its own connections.
+            let _ = sqlx::Connection::close(connection).await;
+            Ok(options)
+        }
+        Ok(Err(error)) => Err(refused(error.to_string())),
+        Err(_) => Err(refused(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// One round-trip on `pool` (the readiness probe, the pool checks).
+pub(super) async fn ping<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query::<DB>("SELECT 1").execute(pool).await?;
+    Ok(())
 }
 
 #[cfg(test)]

@@ -159,6 +159,14 @@ pub enum Pool {
 }
 
 impl Pool {
+    /// One round-trip on this pool.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Pool::Postgres(pool) => connect::ping(pool).await.map_err(postgres::db("ping")),
+            Pool::Mysql(pool) => connect::ping(pool).await.map_err(mysql::db("ping")),
+        }
+    }
+
     /// Connections open now.
     pub fn size(&self) -> u32 {
         match self {
@@ -250,9 +258,15 @@ impl Store {
 
     /// One round-trip to the primary, for the readiness probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match &self.backend {
-            Backend::Postgres(b) => b.ping().await,
-            Backend::Mysql(b) => b.ping().await,
+        self.primary_pool().ping().await
+    }
+
+    /// One round-trip on each pool of [`Store::pools`], by name.
+    pub async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
+        let mut answers = Vec::new();
+        for (name, pool) in self.pools() {
+            answers.push((name, pool.ping().await));
         }
+        answers
     }
 }

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{MysqlStore, db, ping};
+use super::{MysqlStore, db};
 use crate::store::{Census, RequestCensus, StoreError};
 
 // COUNT(CASE …) for PostgreSQL's count(*) FILTER (WHERE …), which MySQL
@@ -98,13 +98,5 @@ impl Census for MysqlStore {
             .await
             .map_err(db("backlog age"))?;
         Ok(oldest)
-    }
-
-    async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
-        let mut answers = Vec::new();
-        for (name, pool) in self.named_pools() {
-            answers.push((name, ping(&pool).await));
-        }
-        answers
     }
 }

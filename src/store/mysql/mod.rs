@@ -16,12 +16,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Executor, MySql, Transaction};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::{Executor, MySql, Transaction};
 
 use super::{
-    Candidates, Census, Claims, DatabaseArgs, DatabaseUrl, Layout, Ledger, Pauses, Pool, Recovery,
-    Rows, SessionArgs, StoreError, Wakes,
+    Candidates, Census, Claims, DatabaseArgs, Layout, Ledger, Pauses, Pool, Recovery, Rows,
+    SessionArgs, StoreError, Wakes, connect,
 };
 
 mod candidates;
@@ -37,9 +37,6 @@ mod rows;
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
 pub use notify::MysqlRequestChanges;
 use notify::WakeCursor;
-
-/// How long one start-up connection attempt may take before it is reported.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The default interval of the wake poller (`--wake-poll-interval`).
 pub const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
@@ -113,9 +110,13 @@ impl MysqlStore {
         session: Option<&SessionArgs>,
     ) -> Result<Self, StoreError> {
         let max = config.db_max_connections;
-        let primary = Self::pool(reach("primary", &config.database_url).await?, max, session);
+        let primary = Self::pool(
+            connect::reach("primary", &config.database_url).await?,
+            max,
+            session,
+        );
         let read = match &config.read_database_url {
-            Some(url) => Self::pool(reach("read replica", url).await?, max, session),
+            Some(url) => Self::pool(connect::reach("read replica", url).await?, max, session),
             None => primary.clone(),
         };
         let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
@@ -140,9 +141,7 @@ impl MysqlStore {
         max_connections: u32,
         limits: Option<Limits>,
     ) -> MySqlPool {
-        MySqlPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
+        connect::pool_options::<MySql>(max_connections)
             .after_connect(move |conn, _| {
                 Box::pin(async move {
                     // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
@@ -209,22 +208,9 @@ impl MysqlStore {
         pools
     }
 
-    /// One round-trip to the primary, for the readiness probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        ping(&self.primary).await
-    }
-
     async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, MySql>, StoreError> {
         self.primary.begin().await.map_err(db(operation))
     }
-}
-
-async fn ping(pool: &MySqlPool) -> Result<(), StoreError> {
-    sqlx::query("SELECT 1")
-        .execute(pool)
-        .await
-        .map_err(db("ping"))?;
-    Ok(())
 }
 
 /// MariaDB or MySQL, from the server's version string.
@@ -264,33 +250,8 @@ fn session_limits(flavour: Flavour, lock: Duration, statement: Duration) -> Vec<
     sql
 }
 
-/// One connection to `url`, opened and closed: its options, or why not.
-async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<MySqlConnectOptions, StoreError> {
-    let refused = |reason: String| StoreError::Connect {
-        role,
-        url: url.to_string(),
-        reason: url.redact(&reason),
-    };
-    let options: MySqlConnectOptions = url
-        .expose()
-        .parse()
-        .map_err(|e: sqlx::Error| refused(e.to_string()))?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            // Closing is best effort: the pool opens its own connections.
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(options)
-        }
-        Ok(Err(error)) => Err(refused(error.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
-    }
-}
-
 /// Maps a driver error; a lock we did not wait for is `RowLocked`.
-fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| {
         let number = source
             .as_database_error()

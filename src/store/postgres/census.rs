@@ -4,7 +4,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{PgStore, db, ping};
+use super::{PgStore, db};
 use crate::store::{Census, RequestCensus, StoreError};
 
 // One pass over the state table, which holds in-progress and waiting
@@ -93,17 +93,5 @@ impl Census for PgStore {
             .await
             .map_err(db("backlog age"))?;
         Ok(oldest)
-    }
-
-    async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
-        let mut answers = Vec::new();
-        let mut pools = vec![("primary", &self.primary)];
-        if self.separate_read {
-            pools.push(("read", &self.read));
-        }
-        for (name, pool) in pools {
-            answers.push((name, ping(pool).await));
-        }
-        answers
     }
 }
