@@ -63,6 +63,24 @@ pub enum Completion {
     Woken,
 }
 
+/// What a step's external call returned, to be kept on the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepResult<'a> {
+    /// The owner service's owner number.
+    OwnerNumber(i64),
+    /// The store service's store number.
+    StoreNumber(i64),
+    /// The ad service's campaign id for the creation sent under `key`; it
+    /// is also recorded as that key's result ([`Store::sent_result`]), which
+    /// a retry of the ad step compares with.
+    CampaignId {
+        /// The idempotency key the creation was sent under.
+        key: &'a str,
+        /// What the ad service answered.
+        campaign_id: &'a str,
+    },
+}
+
 /// A retry to record.
 #[derive(Clone, Debug)]
 pub struct RetryWrite<'a> {
@@ -136,30 +154,10 @@ interface! {
         /// counted. False when the fence no longer matches.
         #[tracing::instrument(name = "store.release", skip_all)]
         fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError>;
-        /// Stores the owner number the owner service returned, under the fence.
-        #[tracing::instrument(name = "store.save_owner_number", skip_all)]
-        fn save_owner_number(
-            &self,
-            claim: &Claim,
-            owner_number: i64,
-        ) -> Result<bool, StoreError>;
-        /// Stores the store number the store service returned, under the fence.
-        #[tracing::instrument(name = "store.save_store_number", skip_all)]
-        fn save_store_number(
-            &self,
-            claim: &Claim,
-            store_number: i64,
-        ) -> Result<bool, StoreError>;
-        /// Stores the campaign id the ad service returned for the creation
-        /// sent under `key`, under the fence, and records it as that key's
-        /// result ([`Store::sent_result`]).
-        #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
-        fn save_campaign_id(
-            &self,
-            claim: &Claim,
-            key: &str,
-            campaign_id: &str,
-        ) -> Result<bool, StoreError>;
+        /// Saves what a step's external call returned on the request, under
+        /// the fence; false when the fence no longer matches.
+        #[tracing::instrument(name = "store.save_result", skip_all)]
+        fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError>;
         /// Records `body` as what is sent under idempotency key `key`, under
         /// the fence, unless a body is recorded for that key already; the
         /// recorded body (the earlier one when there is one), `None` when the

@@ -1,7 +1,7 @@
 //! Claims: exactly one winner, and fenced writes that refuse stale holders.
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
-use autoapproval::store::{ClaimOutcome, Completion, Store};
+use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
@@ -145,7 +145,12 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
     };
 
     assert_eq!(store.complete(&old).await.unwrap(), Completion::Stale);
-    assert!(!store.save_owner_number(&old, 99).await.unwrap());
+    assert!(
+        !store
+            .save_result(&old, StepResult::OwnerNumber(99))
+            .await
+            .unwrap()
+    );
     assert!(!store.heartbeat(&old, "owner").await.unwrap());
     assert!(!store.release(&old, later).await.unwrap());
     assert_eq!(request_view(&db, 1).await.status, "PENDING");

@@ -12,7 +12,7 @@ use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
 use autoapproval::store::mysql::{Flavour, MysqlStore, flavour_of};
 use autoapproval::store::{
     ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
-    SessionArgs, ShardFilter, Store, StoreError,
+    SessionArgs, ShardFilter, StepResult, Store, StoreError,
 };
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
@@ -300,7 +300,12 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         assert_eq!(store.shard_token(4, 1).await.unwrap(), Some(2));
         // Every write of a is refused.
         assert!(!store.heartbeat(&claim, "start").await.unwrap());
-        assert!(!store.save_owner_number(&claim, 77).await.unwrap());
+        assert!(
+            !store
+                .save_result(&claim, StepResult::OwnerNumber(77))
+                .await
+                .unwrap()
+        );
         assert_eq!(store.complete(&claim).await.unwrap(), Completion::Stale);
         assert!(!store.release(&claim, t0()).await.unwrap());
         assert!(!store.drop_claim(&claim).await.unwrap());
@@ -341,7 +346,12 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         else {
             panic!("b claims under the new token");
         };
-        assert!(store.save_owner_number(&fresh, 77).await.unwrap());
+        assert!(
+            store
+                .save_result(&fresh, StepResult::OwnerNumber(77))
+                .await
+                .unwrap()
+        );
         assert_eq!(store.complete(&fresh).await.unwrap(), Completion::Approved);
         let memos = store.memos(5).await.unwrap();
         assert!(

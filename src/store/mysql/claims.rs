@@ -25,7 +25,7 @@ use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::domain::{Candidate, Claim, Fence};
 use crate::store::claims::fresh_nonce;
-use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
+use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
 
@@ -392,38 +392,6 @@ impl Claims for MysqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Stores the owner number the owner service returned, under the fence.
-    async fn save_owner_number(
-        &self,
-        claim: &Claim,
-        owner_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_OWNER_NUMBER, Value::Int(owner_number), None)
-            .await
-    }
-
-    /// Stores the store number the store service returned, under the fence.
-    async fn save_store_number(
-        &self,
-        claim: &Claim,
-        store_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_STORE_NUMBER, Value::Int(store_number), None)
-            .await
-    }
-
-    /// Stores the campaign id the ad service returned, under the fence,
-    /// and records it as the result of `key`.
-    async fn save_campaign_id(
-        &self,
-        claim: &Claim,
-        key: &str,
-        campaign_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_CAMPAIGN_ID, Value::Text(campaign_id), Some(key))
-            .await
-    }
-
     /// Records the body sent under `key` unless one is (INSERT IGNORE by
     /// the primary key), under the share-locked fence; the recorded body.
     async fn record_sent(
@@ -473,21 +441,13 @@ impl Claims for MysqlStore {
         .map_err(db("read sent result"))?;
         Ok(row.and_then(|(result,)| result))
     }
-}
 
-impl MysqlStore {
-    /// A result saved only while the claim is still ours: the request row
-    /// locked NOWAIT (a business transaction holding it fails the attempt
-    /// at once, `StoreError::RowLocked`), then the state row share-locked
-    /// under the fence (a recovery meanwhile makes it not ours), then the
-    /// update by primary key.
-    async fn save_result(
-        &self,
-        claim: &Claim,
-        sql: &'static str,
-        value: Value<'_>,
-        key: Option<&str>,
-    ) -> Result<bool, StoreError> {
+    // A result saved only while the claim is still ours: the request row
+    // locked NOWAIT (a business transaction holding it fails the attempt
+    // at once, `StoreError::RowLocked`), then the state row share-locked
+    // under the fence (a recovery meanwhile makes it not ours), then the
+    // update by primary key.
+    async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError> {
         let mut tx = self.begin("save result").await?;
         if lock_request_nowait(&mut tx, claim.request_id)
             .await
@@ -502,21 +462,23 @@ impl MysqlStore {
         {
             return give_up(tx, "save result", false).await;
         }
-        let query = sqlx::query(sql);
-        let query = match value {
-            Value::Int(v) => query.bind(v),
-            Value::Text(v) => query.bind(v),
+        let query = match result {
+            StepResult::OwnerNumber(number) => sqlx::query(SAVE_OWNER_NUMBER).bind(number),
+            StepResult::StoreNumber(number) => sqlx::query(SAVE_STORE_NUMBER).bind(number),
+            StepResult::CampaignId { campaign_id, .. } => {
+                sqlx::query(SAVE_CAMPAIGN_ID).bind(campaign_id)
+            }
         };
         query
             .bind(claim.request_id)
             .execute(&mut *tx)
             .await
             .map_err(db("save result"))?;
-        if let (Some(key), Value::Text(result)) = (key, value) {
+        if let StepResult::CampaignId { key, campaign_id } = result {
             sqlx::query(
                 "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
             )
-            .bind(result)
+            .bind(campaign_id)
             .bind(claim.request_id)
             .bind(key)
             .execute(&mut *tx)
@@ -534,12 +496,6 @@ const SAVE_STORE_NUMBER: &str =
     "UPDATE approval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 const SAVE_CAMPAIGN_ID: &str =
     "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
-
-#[derive(Clone, Copy)]
-enum Value<'a> {
-    Int(i64),
-    Text(&'a str),
-}
 
 pub(super) fn is_open(status: &str) -> bool {
     matches!(status, "ING" | "PENDING" | "RETRY")

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use super::{PgStore, db};
 use crate::domain::{Candidate, Claim, Fence};
 use crate::store::claims::fresh_nonce;
-use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
+use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 impl Claims for PgStore {
     async fn claim(
@@ -311,49 +311,6 @@ impl Claims for PgStore {
         Ok(done.rows_affected() == 1)
     }
 
-    async fn save_owner_number(
-        &self,
-        claim: &Claim,
-        owner_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_OWNER_NUMBER,
-            ResultValue::Int(owner_number),
-            None,
-        )
-        .await
-    }
-
-    async fn save_store_number(
-        &self,
-        claim: &Claim,
-        store_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_STORE_NUMBER,
-            ResultValue::Int(store_number),
-            None,
-        )
-        .await
-    }
-
-    async fn save_campaign_id(
-        &self,
-        claim: &Claim,
-        key: &str,
-        campaign_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_CAMPAIGN_ID,
-            ResultValue::Text(campaign_id),
-            Some(key),
-        )
-        .await
-    }
-
     async fn record_sent(
         &self,
         claim: &Claim,
@@ -403,29 +360,26 @@ impl Claims for PgStore {
         .map_err(db("read sent result"))?;
         Ok(row.and_then(|(result,)| result))
     }
-}
 
-impl PgStore {
-    async fn save_result(
-        &self,
-        claim: &Claim,
-        sql: &'static str,
-        value: ResultValue<'_>,
-        key: Option<&str>,
-    ) -> Result<bool, StoreError> {
+    async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError> {
+        let sql = match result {
+            StepResult::OwnerNumber(_) => SAVE_OWNER_NUMBER,
+            StepResult::StoreNumber(_) => SAVE_STORE_NUMBER,
+            StepResult::CampaignId { .. } => SAVE_CAMPAIGN_ID,
+        };
         let query = sqlx::query(sql)
             .bind(claim.state_id)
             .bind(&claim.fence.holder)
             .bind(claim.fence.token);
-        let query = match value {
-            ResultValue::Int(v) => query.bind(v),
-            ResultValue::Text(v) => query.bind(v),
+        let query = match result {
+            StepResult::OwnerNumber(number) | StepResult::StoreNumber(number) => query.bind(number),
+            StepResult::CampaignId { campaign_id, .. } => query.bind(campaign_id),
         };
         let query = query.bind(claim.request_id).bind(claim.nonce);
         // Only the campaign's statement records its answer as the key's result.
-        let query = match key {
-            Some(key) => query.bind(key),
-            None => query,
+        let query = match result {
+            StepResult::CampaignId { key, .. } => query.bind(key),
+            _ => query,
         };
         let done = query
             .execute(&self.primary)
@@ -475,8 +429,3 @@ const SAVE_CAMPAIGN_ID: &str = concat!(
    FROM saved WHERE s.request_id = saved.id AND s.idempotency_key = $7)
 SELECT id FROM saved"
 );
-
-enum ResultValue<'a> {
-    Int(i64),
-    Text(&'a str),
-}
