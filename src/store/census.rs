@@ -21,8 +21,8 @@ pub struct RequestCensus {
 }
 
 interface! {
-    /// Census: see the methods on [`Store`].
-    trait Census {
+    /// The census queries: see the methods on [`Store`].
+    trait CensusQueries {
         /// Counts the state table's rows by state; `retry_limit` separates
         /// waiting from exhausted.
         fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError>;

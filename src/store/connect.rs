@@ -23,7 +23,7 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseArgs {
-    /// URL of the primary, postgres:// or mysql:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
+    /// URL of the primary, postgres:// or mysql:// / mariadb:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub database_url: DatabaseUrl,
     /// URL of a read replica for the candidate queries, of the primary's kind [default: the primary].
@@ -53,7 +53,7 @@ pub struct SessionArgs {
 
 // === impl DatabaseUrl ===
 
-/// A `postgres://` or `mysql://` URL, checked when parsed; `Display` and `Debug` show it
+/// A `postgres://`, `mysql://` or `mariadb://` URL, checked when parsed; `Display` and `Debug` show it
 /// with the password replaced by `***`, so it can be logged and reported.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
@@ -79,9 +79,10 @@ impl DatabaseUrl {
         text
     }
 
-    /// Whether it names a MySQL 8 / MariaDB server (`mysql://`).
+    /// Whether it names a MySQL 8 / MariaDB server (`mysql://`,
+    /// `mariadb://`): the scheme picks the store's backend.
     pub fn is_mysql(&self) -> bool {
-        self.url.starts_with("mysql:")
+        self.url.starts_with("mysql:") || self.url.starts_with("mariadb:")
     }
 }
 
@@ -90,9 +91,12 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parsed = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
-        if !matches!(parsed.scheme(), "postgres" | "postgresql" | "mysql") {
+        if !matches!(
+            parsed.scheme(),
+            "postgres" | "postgresql" | "mysql" | "mariadb"
+        ) {
             return Err(format!(
-                "scheme {:?} is not postgres://, postgresql:// or mysql://",
+                "scheme {:?} is not postgres://, postgresql://, mysql:// or mariadb://",
                 parsed.scheme()
             ));
         }
@@ -179,7 +183,8 @@ impl fmt::Debug for DatabaseUrl {
 // === impl Store ===
 
 impl Store {
-    /// Connects to the database the URL names, its primary and its read
+    /// Connects to the database the URL names, on the backend its scheme
+    /// picks (PostgreSQL, or MySQL 8 / MariaDB), its primary and its read
     /// pool (the primary when no replica is set), reaching each once first so
     /// that a wrong host, port, password or name is reported at once.
     pub async fn connect(
@@ -347,6 +352,14 @@ mod tests {
         let mysql: DatabaseUrl = "mysql://app:pw@db:3306/x".parse().unwrap();
         assert!(mysql.is_mysql());
         assert_eq!(mysql.to_string(), "mysql://app:***@db:3306/x");
+        let mariadb: DatabaseUrl = "mariadb://app:pw@db:3306/x".parse().unwrap();
+        assert!(mariadb.is_mysql());
+        assert!(
+            !"postgresql://db/x"
+                .parse::<DatabaseUrl>()
+                .unwrap()
+                .is_mysql()
+        );
         assert!("not a url".parse::<DatabaseUrl>().is_err());
     }
 }

@@ -2,8 +2,10 @@
 //! with a backend per database family, chosen by the URL's scheme.
 //!
 //! Each capability (claims, candidates, wakes, …) is a trait declared in its
-//! own module here, with the public method on [`Store`] that callers use;
-//! `postgres/` implements every trait with its SQL next to its methods.
+//! own module here, with the public method on [`Store`] that callers use.
+//! What both backends share lives here too: the row types, connecting and
+//! pinging. `postgres/` and `mysql/` implement every trait, each with its
+//! own SQL next to its methods and only what truly differs.
 //! Candidate queries run on the read pool; every re-read, claim and write
 //! runs on the primary, because replica lag is exactly what makes a claimed
 //! request still look like a candidate.
@@ -14,8 +16,10 @@ use sqlx::postgres::PgPool;
 use crate::domain::UnknownValue;
 
 /// Declares one capability of the store: a trait each backend implements,
-/// and on [`Store`] the public method that calls the backend's. The
-/// attributes of a method (its doc, its span) go on the public method.
+/// and on [`Store`] the public method that calls the backend's (so a
+/// backend missing a method does not compile). The attributes of a method
+/// (its doc, its span) go on the public method; the backends' methods
+/// carry no doc of their own.
 macro_rules! interface {
     (
         $(#[$trait_meta:meta])*
@@ -60,7 +64,7 @@ mod recovery;
 mod rows;
 
 use candidates::Candidates;
-use census::Census;
+use census::CensusQueries;
 use claims::Claims;
 use layout::Layout;
 use ledger::Ledger;
@@ -77,9 +81,6 @@ pub use layout::ShardLayout;
 pub use ledger::Memo;
 pub use notify::{RequestChange, RequestChanges};
 pub use pause::Pause;
-pub use postgres::{
-    BACKLOG_SQL, FRESH_CANDIDATES, MANUAL_FUNCTIONS, REQUEST_CHANGED_CHANNEL, candidate_sql,
-};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 
@@ -195,17 +196,31 @@ impl Pool {
 // === impl Store ===
 
 impl Store {
-    /// A PostgreSQL store over existing pools (tests, the lab).
-    pub fn new(primary: PgPool, read: PgPool) -> Self {
+    /// A store on PostgreSQL over pools the caller made (tests, the lab);
+    /// `read` serves the candidate queries.
+    pub fn postgres(primary: PgPool, read: PgPool) -> Self {
         Self {
             backend: Backend::Postgres(postgres::PgStore::new(primary, read)),
         }
     }
 
-    /// A MySQL / MariaDB store (tests, the lab); see [`mysql::MysqlStore::new`].
-    pub fn mysql(store: mysql::MysqlStore) -> Self {
+    /// A store on MySQL 8 / MariaDB over pools the caller made (tests, the
+    /// lab), which should come from [`mysql::pool`]: it sets the session
+    /// our SQL expects.
+    pub fn mysql(primary: MySqlPool, read: MySqlPool) -> Self {
         Self {
-            backend: Backend::Mysql(store),
+            backend: Backend::Mysql(mysql::MysqlStore::new(primary, read)),
+        }
+    }
+
+    /// This store with the MySQL wake poller reading every `interval`;
+    /// PostgreSQL's wakes are pushed by NOTIFY, so it is unchanged there.
+    pub fn with_wake_poll_interval(self, interval: std::time::Duration) -> Self {
+        match self.backend {
+            Backend::Mysql(b) => Self {
+                backend: Backend::Mysql(b.with_poll_interval(interval)),
+            },
+            backend @ Backend::Postgres(_) => Self { backend },
         }
     }
 
@@ -220,14 +235,6 @@ impl Store {
             Backend::Mysql(b) => Store {
                 backend: Backend::Mysql(b.dedicated(connections)),
             },
-        }
-    }
-
-    /// The PostgreSQL primary pool, when this store is on PostgreSQL (the lab's baselines).
-    pub fn postgres_pool(&self) -> Option<&PgPool> {
-        match &self.backend {
-            Backend::Postgres(b) => Some(b.primary()),
-            Backend::Mysql(_) => None,
         }
     }
 
@@ -250,10 +257,13 @@ impl Store {
     /// The pools to watch, by name: `primary`, and `read` when a replica
     /// is configured (otherwise it is the primary's pool).
     pub fn pools(&self) -> Vec<(&'static str, Pool)> {
-        match &self.backend {
-            Backend::Postgres(b) => b.pools(),
-            Backend::Mysql(b) => b.pools(),
-        }
+        let read = match &self.backend {
+            Backend::Postgres(b) => b.replica().cloned().map(Pool::Postgres),
+            Backend::Mysql(b) => b.replica().cloned().map(Pool::Mysql),
+        };
+        let mut pools = vec![("primary", self.primary_pool())];
+        pools.extend(read.map(|pool| ("read", pool)));
+        pools
     }
 
     /// One round-trip to the primary, for the readiness probe.

@@ -5,7 +5,6 @@ use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use autoapproval::store::mysql::MysqlStore;
 
 use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0, with_pool};
 
@@ -235,7 +234,7 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
 ) {
     use autoapproval::store::RequestChange;
 
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = Store::postgres(pool.clone(), pool.clone());
     for id in [41, 42, 43] {
         let mut request = NewRequest::ready_owner(id);
         if id != 43 {
@@ -435,7 +434,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::new(chains.clone(), chains)
+            Store::postgres(chains.clone(), chains)
         }
         Db::Mysql(pool) => {
             let chains = sqlx::mysql::MySqlPoolOptions::new()
@@ -444,7 +443,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::mysql(MysqlStore::new(chains.clone(), chains))
+            Store::mysql(chains.clone(), chains)
         }
     };
     let _listening = store.request_changes().await.expect("listening");

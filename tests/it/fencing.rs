@@ -208,7 +208,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         Metrics::new(),
         &config,
     );
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = Store::postgres(pool.clone(), pool.clone());
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
 
     let a = tokio::spawn({

@@ -9,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration as StdDuration, Instant};
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
-use autoapproval::store::mysql::{Flavour, MysqlStore, flavour_of};
+use autoapproval::store::mysql::{self, Flavour, flavour_of};
 use autoapproval::store::{
     ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
     SessionArgs, ShardFilter, StepResult, Store, StoreError,
@@ -76,12 +76,11 @@ where
         .expect("create scratch database");
     let url = format!("{server}/{name}");
     let options: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a mysql:// URL");
-    let pool = MysqlStore::pool(options.clone(), 8, None);
-    let mysql = MysqlStore::new(pool.clone(), pool.clone()).with_poll_interval(POLL);
+    let pool = mysql::pool(options.clone(), 8, None);
+    let store = Store::mysql(pool.clone(), pool.clone()).with_wake_poll_interval(POLL);
     if migrated {
-        mysql.migrate().await.expect("migrate");
+        store.migrate().await.expect("migrate");
     }
-    let store = Store::mysql(mysql);
     // The business sessions keep the server's own defaults.
     let business = MySqlPoolOptions::new()
         .max_connections(4)
@@ -443,9 +442,8 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
         drop(changes);
         // A restarted replica (a store of its own) starts at the oldest row
         // still there: nothing was consumed, so it hears of all again.
-        let restarted = Store::mysql(
-            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
-        );
+        let restarted =
+            Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut again = restarted.request_changes().await.unwrap();
         let mut seen = vec![];
         for _ in 0..2 {
@@ -461,9 +459,7 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
             .unwrap();
         assert_eq!(db.wake_rows().await, [(Some(2), None)]);
         insert_owner(&db.business, 3).await;
-        let fresh = Store::mysql(
-            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
-        );
+        let fresh = Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut third = fresh.request_changes().await.unwrap();
         let seen = [next_change(&mut third).await, next_change(&mut third).await];
         assert_eq!(seen, [RequestChange::Changed(2), RequestChange::Changed(3)]);

@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{MysqlStore, db};
-use crate::store::{Census, RequestCensus, StoreError};
+use crate::store::{CensusQueries, RequestCensus, StoreError};
 
 // COUNT(CASE …) for PostgreSQL's count(*) FILTER (WHERE …), which MySQL
 // lacks; COUNT is a BIGINT where SUM would be a DECIMAL.
@@ -59,7 +59,7 @@ pub fn backlog_sql() -> String {
 
 // === impl MysqlStore ===
 
-impl Census for MysqlStore {
+impl CensusQueries for MysqlStore {
     /// Counts the state table's rows by state.
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
         let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =

@@ -19,10 +19,7 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{Executor, MySql, Transaction};
 
-use super::{
-    Candidates, Census, Claims, DatabaseArgs, Layout, Ledger, Pauses, Pool, Recovery, Rows,
-    SessionArgs, StoreError, Wakes, connect,
-};
+use super::{DatabaseArgs, SessionArgs, StoreError, connect};
 
 mod candidates;
 mod census;
@@ -41,18 +38,9 @@ use notify::WakeCursor;
 /// The default interval of the wake poller (`--wake-poll-interval`).
 pub const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-// Every capability is implemented, in the module named after it.
-const _: fn() = || {
-    fn implements<
-        T: Candidates + Census + Claims + Layout + Ledger + Pauses + Recovery + Rows + Wakes,
-    >() {
-    }
-    implements::<MysqlStore>();
-};
-
 /// The store on MySQL 8 or MariaDB.
 #[derive(Clone, Debug)]
-pub struct MysqlStore {
+pub(crate) struct MysqlStore {
     primary: MySqlPool,
     read: MySqlPool,
     /// The read pool reaches a replica of its own.
@@ -83,9 +71,7 @@ pub enum Flavour {
 // === impl MysqlStore ===
 
 impl MysqlStore {
-    /// A store over existing pools (tests, tools); the pools should come
-    /// from [`MysqlStore::pool`], which sets the session our SQL expects.
-    pub fn new(primary: MySqlPool, read: MySqlPool) -> Self {
+    pub(super) fn new(primary: MySqlPool, read: MySqlPool) -> Self {
         Self {
             primary,
             read,
@@ -96,8 +82,7 @@ impl MysqlStore {
         }
     }
 
-    /// This store with the wake poller reading every `interval`.
-    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+    pub(super) fn with_poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
     }
@@ -110,13 +95,13 @@ impl MysqlStore {
         session: Option<&SessionArgs>,
     ) -> Result<Self, StoreError> {
         let max = config.db_max_connections;
-        let primary = Self::pool(
+        let primary = pool(
             connect::reach("primary", &config.database_url).await?,
             max,
             session,
         );
         let read = match &config.read_database_url {
-            Some(url) => Self::pool(connect::reach("read replica", url).await?, max, session),
+            Some(url) => pool(connect::reach("read replica", url).await?, max, session),
             None => primary.clone(),
         };
         let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
@@ -125,49 +110,12 @@ impl MysqlStore {
         Ok(store)
     }
 
-    /// A lazily connecting pool whose sessions are set as our SQL expects:
-    /// READ COMMITTED (see the module doc), the time zone UTC (sqlx sets
-    /// it: DATETIME columns hold UTC), and the lock and statement limits.
-    pub fn pool(
-        options: MySqlConnectOptions,
-        max_connections: u32,
-        session: Option<&SessionArgs>,
-    ) -> MySqlPool {
-        Self::limited_pool(options, max_connections, session.map(limits_of))
-    }
-
-    fn limited_pool(
-        options: MySqlConnectOptions,
-        max_connections: u32,
-        limits: Option<Limits>,
-    ) -> MySqlPool {
-        connect::pool_options::<MySql>(max_connections)
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
-                    // spelling both accept: the variable is tx_isolation on
-                    // MariaDB before 11.1, transaction_isolation on MySQL 8.
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    if let Some((lock, statement)) = limits {
-                        let flavour = flavour_of(&mut *conn).await?;
-                        for sql in session_limits(flavour, lock, statement) {
-                            conn.execute(sqlx::AssertSqlSafe(sql)).await?;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options)
-    }
-
-    /// A store over a pool of its own of `connections` to the same primary,
-    /// sharing this one's wake cursor, its sessions set as this one's: the
-    /// Lease loop's fence must give up on a held row after the lock wait,
-    /// as the chains' statements do, not after InnoDB's 50 s.
-    pub fn dedicated(&self, connections: u32) -> MysqlStore {
+    /// Sessions set as this store's: the Lease loop's fence must give up
+    /// on a held row after the lock wait, as the chains' statements do, not
+    /// after InnoDB's 50 s. The wake cursor is shared.
+    pub(super) fn dedicated(&self, connections: u32) -> MysqlStore {
         let options = self.primary.connect_options().as_ref().clone();
-        let pool = Self::limited_pool(options, connections, self.limits);
+        let pool = limited_pool(options, connections, self.limits);
         MysqlStore {
             primary: pool.clone(),
             read: pool,
@@ -178,39 +126,62 @@ impl MysqlStore {
         }
     }
 
-    /// The primary pool (for tests' fixtures).
-    pub fn primary(&self) -> &MySqlPool {
+    pub(super) fn primary(&self) -> &MySqlPool {
         &self.primary
     }
 
-    /// Applies the migrations in `migrations/mysql`; a no-op when applied.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
+    pub(super) async fn migrate(&self) -> Result<(), StoreError> {
         sqlx::migrate!("./migrations/mysql")
             .run(&self.primary)
             .await?;
         Ok(())
     }
 
-    /// The pools to watch, by name: `primary`, and `read` when a replica
-    /// is configured.
-    pub fn pools(&self) -> Vec<(&'static str, Pool)> {
-        self.named_pools()
-            .into_iter()
-            .map(|(name, pool)| (name, Pool::Mysql(pool)))
-            .collect()
-    }
-
-    fn named_pools(&self) -> Vec<(&'static str, MySqlPool)> {
-        let mut pools = vec![("primary", self.primary.clone())];
-        if self.separate_read {
-            pools.push(("read", self.read.clone()));
-        }
-        pools
+    /// The read replica's pool, when it is not the primary's.
+    pub(super) fn replica(&self) -> Option<&MySqlPool> {
+        self.separate_read.then_some(&self.read)
     }
 
     async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, MySql>, StoreError> {
         self.primary.begin().await.map_err(db(operation))
     }
+}
+
+/// A lazily connecting pool whose sessions are set as our SQL expects:
+/// READ COMMITTED (see the module doc), the time zone UTC (sqlx sets
+/// it: DATETIME columns hold UTC), and the lock and statement limits.
+pub fn pool(
+    options: MySqlConnectOptions,
+    max_connections: u32,
+    session: Option<&SessionArgs>,
+) -> MySqlPool {
+    limited_pool(options, max_connections, session.map(limits_of))
+}
+
+/// [`pool`] with the limits as the store keeps them.
+fn limited_pool(
+    options: MySqlConnectOptions,
+    max_connections: u32,
+    limits: Option<Limits>,
+) -> MySqlPool {
+    connect::pool_options::<MySql>(max_connections)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
+                // spelling both accept: the variable is tx_isolation on
+                // MariaDB before 11.1, transaction_isolation on MySQL 8.
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                if let Some((lock, statement)) = limits {
+                    let flavour = flavour_of(&mut *conn).await?;
+                    for sql in session_limits(flavour, lock, statement) {
+                        conn.execute(sqlx::AssertSqlSafe(sql)).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .connect_lazy_with(options)
 }
 
 /// MariaDB or MySQL, from the server's version string.

@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
-use crate::store::{Census, RequestCensus, StoreError};
+use crate::store::{CensusQueries, RequestCensus, StoreError};
 
 // One pass over the state table, which holds in-progress and waiting
 // requests only (never the backlog). The reason class of a waiting row is
@@ -63,7 +63,7 @@ SELECT LEAST(
     ORDER BY s.next_retry_time
     LIMIT 1))";
 
-impl Census for PgStore {
+impl CensusQueries for PgStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
         let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
             sqlx::query_as(CENSUS)

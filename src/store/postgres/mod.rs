@@ -6,10 +6,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Postgres, Transaction};
 
-use super::{
-    Candidates, Census, Claims, DatabaseArgs, Layout, Ledger, Pauses, Pool, Recovery, Rows,
-    SessionArgs, StoreError, Wakes, connect,
-};
+use super::{DatabaseArgs, SessionArgs, StoreError, connect};
 
 mod candidates;
 mod census;
@@ -45,21 +42,12 @@ pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreEr
 /// The store on PostgreSQL: a primary pool and a read pool (a replica, or
 /// the primary when none is configured).
 #[derive(Clone, Debug)]
-pub struct PgStore {
+pub(crate) struct PgStore {
     primary: PgPool,
     read: PgPool,
     /// The read pool reaches a replica of its own (--read-database-url).
     separate_read: bool,
 }
-
-// Every capability is implemented, in the module named after it.
-const _: fn() = || {
-    fn implements<
-        T: Candidates + Census + Claims + Layout + Ledger + Pauses + Recovery + Rows + Wakes,
-    >() {
-    }
-    implements::<PgStore>();
-};
 
 impl PgStore {
     pub(super) fn new(primary: PgPool, read: PgPool) -> Self {
@@ -114,12 +102,9 @@ impl PgStore {
         Ok(())
     }
 
-    pub(super) fn pools(&self) -> Vec<(&'static str, Pool)> {
-        let mut pools = vec![("primary", Pool::Postgres(self.primary.clone()))];
-        if self.separate_read {
-            pools.push(("read", Pool::Postgres(self.read.clone())));
-        }
-        pools
+    /// The read replica's pool, when it is not the primary's.
+    pub(super) fn replica(&self) -> Option<&PgPool> {
+        self.separate_read.then_some(&self.read)
     }
 
     async fn begin(
