@@ -179,3 +179,29 @@ interface! {
         ) -> Result<Option<String>, StoreError>;
     }
 }
+
+/// `sent_result` of `impl Claims for <backend>`, whose SQL differs between
+/// the backends only in its placeholders ("$1", "$2" or "?", "?").
+macro_rules! sent_result {
+    ($request:literal, $key:literal) => {
+        async fn sent_result(
+            &self,
+            request_id: i64,
+            key: &str,
+        ) -> Result<Option<String>, $crate::store::StoreError> {
+            let row: Option<(Option<String>,)> = sqlx::query_as(concat!(
+                "SELECT result FROM auto_approve_sent WHERE request_id = ",
+                $request,
+                " AND idempotency_key = ",
+                $key
+            ))
+            .bind(request_id)
+            .bind(key)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read sent result"))?;
+            Ok(row.and_then(|(result,)| result))
+        }
+    };
+}
+pub(super) use sent_result;

@@ -205,3 +205,78 @@ interface! {
         ) -> Result<Vec<RequestStatusRow>, StoreError>;
     }
 }
+
+/// The re-reads of `impl Rows for <backend>` by one key, whose SQL differs
+/// between the backends only in the placeholder of that key (`$id`: "$1"
+/// or "?"), as items of the impl beside its own `request_statuses`.
+macro_rules! key_reads {
+    ($id:literal) => {
+        async fn request(
+            &self,
+            request_id: i64,
+        ) -> Result<Option<$crate::domain::Request>, $crate::store::StoreError> {
+            let row: Option<$crate::store::rows::RequestRow> = sqlx::query_as(concat!(
+                "SELECT id, request_type, status, sort_time, created_at, business_name,
+                        documents_released, operational_hold, menu_registered, logo_registered,
+                        previous_step_approved, econtract_ref, target_store_number, owner_number,
+                        store_number, campaign_id, decided_by
+                   FROM approval_request WHERE id = ",
+                $id
+            ))
+            .bind(request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("re-read request"))?;
+            row.map($crate::store::rows::RequestRow::into_request)
+                .transpose()
+        }
+
+        async fn request_with_state(
+            &self,
+            request_id: i64,
+        ) -> Result<
+            Option<($crate::domain::Request, Option<$crate::domain::State>)>,
+            $crate::store::StoreError,
+        > {
+            let row: Option<$crate::store::rows::RequestWithStateRow> = sqlx::query_as(concat!(
+                "SELECT r.id, r.request_type, r.status, r.sort_time, r.created_at, r.business_name,
+                        r.documents_released, r.operational_hold, r.menu_registered,
+                        r.logo_registered, r.previous_step_approved, r.econtract_ref,
+                        r.target_store_number, r.owner_number, r.store_number, r.campaign_id,
+                        r.decided_by,
+                        s.id AS s_id, s.status AS s_status, s.next_retry_time AS s_next_retry_time,
+                        s.retry_count AS s_retry_count, s.holder AS s_holder,
+                        s.fencing_token AS s_fencing_token, s.step AS s_step,
+                        s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
+                   FROM approval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
+                  WHERE r.id = ",
+                $id
+            ))
+            .bind(request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read request and state"))?;
+            row.map($crate::store::rows::RequestWithStateRow::into_parts)
+                .transpose()
+        }
+
+        async fn state(
+            &self,
+            request_id: i64,
+        ) -> Result<Option<$crate::domain::State>, $crate::store::StoreError> {
+            let row: Option<$crate::store::rows::StateRow> = sqlx::query_as(concat!(
+                "SELECT id, request_id, status, next_retry_time, retry_count, holder,
+                        fencing_token, step, last_reason, modified_at
+                   FROM auto_approve_state WHERE request_id = ",
+                $id
+            ))
+            .bind(request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read state"))?;
+            row.map($crate::store::rows::StateRow::into_state)
+                .transpose()
+        }
+    };
+}
+pub(super) use key_reads;

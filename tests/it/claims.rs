@@ -5,7 +5,6 @@ use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
-
 use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0, with_pool};
 
 fn new_candidate(id: i64) -> Candidate {

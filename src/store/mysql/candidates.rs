@@ -155,8 +155,7 @@ fn bind_shards<'q, O>(
 // === impl MysqlStore ===
 
 impl Candidates for MysqlStore {
-    /// Which of `request_ids` are candidates, by the candidate queries'
-    /// conditions, in one statement per [`CHUNK`] of them on the read pool.
+    // One statement per [`CHUNK`] of ids: MySQL has no array parameters.
     async fn candidates_among(
         &self,
         request_ids: &[i64],
@@ -194,7 +193,6 @@ impl Candidates for MysqlStore {
             .collect()
     }
 
-    /// New requests above `since` and due retries, on the read pool.
     async fn fresh_candidates(
         &self,
         query: &CandidateQuery,
@@ -220,7 +218,6 @@ impl Candidates for MysqlStore {
         Ok(of_type(rows, query.request_type))
     }
 
-    /// The highest request id, on the read pool.
     async fn newest_request_id(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM approval_request")
             .fetch_one(&self.read)
@@ -228,7 +225,6 @@ impl Candidates for MysqlStore {
             .map_err(db("newest request id"))
     }
 
-    /// Runs the thin candidate query on the read pool.
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
         let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
         let Some(sql) = candidate_sql(query.request_type, shards) else {

@@ -60,7 +60,6 @@ pub fn backlog_sql() -> String {
 // === impl MysqlStore ===
 
 impl CensusQueries for MysqlStore {
-    /// Counts the state table's rows by state.
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
         let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
             sqlx::query_as(CENSUS)
@@ -78,8 +77,6 @@ impl CensusQueries for MysqlStore {
         })
     }
 
-    /// When the oldest request a candidate query would select at `now`
-    /// became eligible; `None` when there is none.
     async fn oldest_eligible(
         &self,
         window_start: DateTime<Utc>,

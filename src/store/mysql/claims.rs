@@ -24,7 +24,7 @@ use sqlx::MySql;
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::fresh_nonce;
+use crate::store::claims::{fresh_nonce, sent_result};
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
@@ -32,11 +32,8 @@ type Tx<'a> = sqlx::Transaction<'a, MySql>;
 // === impl MysqlStore ===
 
 impl Claims for MysqlStore {
-    /// Claims a candidate on the primary: INSERT IGNORE for a new request
-    /// (the UNIQUE(request_id) lets exactly one racer win), a conditional
-    /// UPDATE by primary key for a due retry; under shard coordination the
-    /// fence row is share-locked first and its token must be the claim's.
-    /// A paused request is never claimed.
+    // INSERT IGNORE for a new request; under shard coordination the fence
+    // row is share-locked first and its token must be the claim's.
     async fn claim(
         &self,
         candidate: &Candidate,
@@ -164,9 +161,6 @@ impl Claims for MysqlStore {
         }))
     }
 
-    /// A person asked for a retry now: a waiting request becomes due at
-    /// `now`, an exhausted one gets one more attempt, and `note` goes to its
-    /// memo. False when nothing waits.
     async fn retry_now(
         &self,
         request_id: i64,
@@ -197,8 +191,6 @@ impl Claims for MysqlStore {
         Ok(true)
     }
 
-    /// Touches the claim so the cleanser sees it is alive (database clock);
-    /// false when the fence no longer matches.
     async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
@@ -216,10 +208,6 @@ impl Claims for MysqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Moves a claimed request to RETRY_WAITING (retry_count + 1 when
-    /// `counted`), due at once when it was woken while the chain ran, with
-    /// a memo when the reason changed. `None` when the fence no longer
-    /// matches.
     async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -287,10 +275,8 @@ impl Claims for MysqlStore {
         Ok(Some((retry_count, due)))
     }
 
-    /// Approves the request and deletes the state row, in one transaction,
-    /// only while the fence matches and no wake is pending. Lock order as
-    /// on PostgreSQL: the request row (NOWAIT: a row the business holds
-    /// fails at once), then the state row, each by primary key.
+    // Lock order as on PostgreSQL: the request row (NOWAIT: a row the
+    // business holds fails at once), then the state row, each by primary key.
     async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
         let mut tx = self.begin("complete").await?;
         let status = lock_request_nowait(&mut tx, claim.request_id)
@@ -354,8 +340,6 @@ impl Claims for MysqlStore {
         })
     }
 
-    /// Deletes our own state row without touching the request; false when
-    /// the fence no longer matches.
     async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state
@@ -372,8 +356,6 @@ impl Claims for MysqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives a claim back: due again at once, no retry counted. False when
-    /// the fence no longer matches.
     async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "UPDATE auto_approve_state
@@ -392,8 +374,7 @@ impl Claims for MysqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Records the body sent under `key` unless one is (INSERT IGNORE by
-    /// the primary key), under the share-locked fence; the recorded body.
+    // INSERT IGNORE by the primary key, under the share-locked fence.
     async fn record_sent(
         &self,
         claim: &Claim,
@@ -429,18 +410,7 @@ impl Claims for MysqlStore {
         Ok(Some(recorded))
     }
 
-    /// The result saved from the creation sent under `key`, if any.
-    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT result FROM auto_approve_sent WHERE request_id = ? AND idempotency_key = ?",
-        )
-        .bind(request_id)
-        .bind(key)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("read sent result"))?;
-        Ok(row.and_then(|(result,)| result))
-    }
+    sent_result!("?", "?");
 
     // A result saved only while the claim is still ours: the request row
     // locked NOWAIT (a business transaction holding it fails the attempt

@@ -226,10 +226,8 @@ impl MysqlRequestChanges {
 // === impl MysqlStore ===
 
 impl Wakes for MysqlStore {
-    /// Makes waiting requests due at `now` and marks running ones so the
-    /// retry they schedule is due at once; returns the requests touched.
-    /// The rows are found and locked by the unique request_id, then
-    /// written by the same key (no RETURNING in MySQL 8).
+    // The rows are found and locked by the unique request_id, then written
+    // by the same key (no RETURNING in MySQL 8).
     async fn wake(&self, request_ids: &[i64], now: DateTime<Utc>) -> Result<Vec<i64>, StoreError> {
         if request_ids.is_empty() {
             return Ok(Vec::new());
@@ -281,12 +279,7 @@ impl Wakes for MysqlStore {
         Ok(woken)
     }
 
-    /// Makes due now the waiting requests of `shards` that the business
-    /// system woke, and removes those wake rows and those of requests with
-    /// no claim running (a running claim's rows stay for the retry it
-    /// schedules); returns the requests made due. A woken request at
-    /// `retry_limit` is revived, as on PostgreSQL. Only rows this
-    /// process's poller has seen are deleted (module doc).
+    // Only rows this process's poller has seen are deleted (module doc).
     async fn apply_wakes(
         &self,
         shards: Option<&ShardFilter>,
@@ -368,8 +361,7 @@ impl Wakes for MysqlStore {
         Ok(made_due)
     }
 
-    /// Polls the wake table for request changes, every interval, on a
-    /// connection of its own.
+    // Polls the wake table every interval, on a connection of its own.
     async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
         let own = self.dedicated(1);
         let pool = own.primary.clone();

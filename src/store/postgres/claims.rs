@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::fresh_nonce;
+use crate::store::claims::{fresh_nonce, sent_result};
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 impl Claims for PgStore {
@@ -349,17 +349,7 @@ impl Claims for PgStore {
         Ok(row.map(|(body,)| body))
     }
 
-    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT result FROM auto_approve_sent WHERE request_id = $1 AND idempotency_key = $2",
-        )
-        .bind(request_id)
-        .bind(key)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("read sent result"))?;
-        Ok(row.and_then(|(result,)| result))
-    }
+    sent_result!("$1", "$2");
 
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError> {
         let sql = match result {
