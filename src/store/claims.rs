@@ -205,3 +205,60 @@ macro_rules! sent_result {
     };
 }
 pub(super) use sent_result;
+
+/// `query` with the claim's fence bound after its own parameters: state
+/// id, holder, token, nonce, in that order.
+macro_rules! bind_fence {
+    ($query:expr, $claim:expr) => {
+        $query
+            .bind($claim.state_id)
+            .bind(&$claim.fence.holder)
+            .bind($claim.fence.token)
+            .bind($claim.nonce)
+    };
+}
+pub(super) use bind_fence;
+
+/// The one-statement writes under the fence of `impl Claims for
+/// <backend>`, each given its SQL: its own parameter first (the step, none,
+/// the due time), then the fence ([`bind_fence`]). True when the fence
+/// matched and the row was written.
+macro_rules! fenced_writes {
+    (heartbeat: $heartbeat:expr, drop: $drop:expr, release: $release:expr $(,)?) => {
+        async fn heartbeat(
+            &self,
+            claim: &$crate::domain::Claim,
+            step: &str,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($heartbeat).bind(step), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("heartbeat"))?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn drop_claim(
+            &self,
+            claim: &$crate::domain::Claim,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($drop), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("drop claim"))?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn release(
+            &self,
+            claim: &$crate::domain::Claim,
+            now: chrono::DateTime<chrono::Utc>,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($release).bind(now), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("release"))?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+pub(super) use fenced_writes;

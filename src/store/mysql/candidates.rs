@@ -9,7 +9,7 @@
 
 use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::domain::{Candidate, RequestType};
-use crate::store::candidates::of_type;
+use crate::store::candidates::{of_any_type, of_type};
 use crate::store::{CandidateQuery, Candidates, ShardFilter, StoreError};
 
 /// The open statuses in pickup order (ING < PENDING < RETRY).
@@ -180,17 +180,7 @@ impl Candidates for MysqlStore {
                     .map_err(db("candidates among requests"))?,
             );
         }
-        rows.into_iter()
-            .map(|(request_id, request_type, state_id)| {
-                Ok(Candidate {
-                    request_id,
-                    request_type: request_type
-                        .parse()
-                        .map_err(|error| StoreError::Malformed { request_id, error })?,
-                    state_id,
-                })
-            })
-            .collect()
+        of_any_type(rows)
     }
 
     async fn fresh_candidates(

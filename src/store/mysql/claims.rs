@@ -24,7 +24,7 @@ use sqlx::MySql;
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::{fresh_nonce, sent_result};
+use crate::store::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
@@ -191,23 +191,6 @@ impl Claims for MysqlStore {
         Ok(true)
     }
 
-    async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(step)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("heartbeat"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -340,38 +323,18 @@ impl Claims for MysqlStore {
         })
     }
 
-    async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM auto_approve_state
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("drop claim"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(now)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("release"))?;
-        Ok(done.rows_affected() == 1)
+    fenced_writes! {
+        heartbeat: "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
+                     WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                       AND claim_nonce = ?",
+        drop: "DELETE FROM auto_approve_state
+                WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                  AND claim_nonce = ?",
+        release: "UPDATE auto_approve_state
+                     SET status = 'RETRY_WAITING', next_retry_time = ?,
+                         modified_at = UTC_TIMESTAMP(6)
+                   WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                     AND claim_nonce = ?",
     }
 
     // INSERT IGNORE by the primary key, under the share-locked fence.

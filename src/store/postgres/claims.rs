@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::{fresh_nonce, sent_result};
+use crate::store::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
 use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 impl Claims for PgStore {
@@ -149,23 +149,6 @@ impl Claims for PgStore {
         Ok(row.is_some())
     }
 
-    async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = now(), step = $5
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
-                AND claim_nonce = $4",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .bind(step)
-        .execute(&self.primary)
-        .await
-        .map_err(db("heartbeat"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -281,34 +264,15 @@ impl Claims for PgStore {
         })
     }
 
-    async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
-        let done = sqlx::query(DELETE_FENCED)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token)
-            .bind(claim.nonce)
-            .execute(&self.primary)
-            .await
-            .map_err(db("drop claim"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = now()
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
-                AND claim_nonce = $4",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .bind(now)
-        .execute(&self.primary)
-        .await
-        .map_err(db("release"))?;
-        Ok(done.rows_affected() == 1)
+    fenced_writes! {
+        heartbeat: "UPDATE auto_approve_state SET modified_at = now(), step = $1
+                     WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3
+                       AND fencing_token = $4 AND claim_nonce = $5",
+        drop: DELETE_FENCED,
+        release: "UPDATE auto_approve_state
+                     SET status = 'RETRY_WAITING', next_retry_time = $1, modified_at = now()
+                   WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3
+                     AND fencing_token = $4 AND claim_nonce = $5",
     }
 
     async fn record_sent(
