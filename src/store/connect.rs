@@ -66,12 +66,12 @@ pub struct DatabaseUrl {
 
 impl DatabaseUrl {
     /// The URL itself, for the one place that connects with it.
-    pub fn expose(&self) -> &str {
+    pub(super) fn expose(&self) -> &str {
         &self.url
     }
 
     /// `text` (a driver's message about this URL) with its password masked.
-    pub fn redact(&self, text: &str) -> String {
+    pub(super) fn redact(&self, text: &str) -> String {
         let mut text = text.replace(&self.url, &self.shown);
         for secret in &self.secrets {
             text = text.replace(secret.as_str(), "***");
@@ -81,7 +81,7 @@ impl DatabaseUrl {
 
     /// Whether it names a MySQL 8 / MariaDB server (`mysql://`,
     /// `mariadb://`): the scheme picks the store's backend.
-    pub fn is_mysql(&self) -> bool {
+    pub(super) fn is_mysql(&self) -> bool {
         self.url.starts_with("mysql:") || self.url.starts_with("mariadb:")
     }
 }
@@ -142,7 +142,7 @@ fn is_secret_parameter(key: &str) -> bool {
 /// Parses `--database-url` and `--read-database-url` without echoing a
 /// refused value, as clap's own message would: it may hold a password.
 #[derive(Clone, Copy, Debug)]
-pub struct DatabaseUrlParser;
+struct DatabaseUrlParser;
 
 impl clap::builder::TypedValueParser for DatabaseUrlParser {
     type Value = DatabaseUrl;

@@ -167,10 +167,7 @@ impl Candidates for MysqlStore {
         let mut rows: Vec<(i64, String, Option<i64>)> = Vec::new();
         for chunk in request_ids.chunks(CHUNK) {
             let sql = candidates_among_sql(chunk.len());
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
             rows.extend(
                 q.bind(query.window_start)
                     .bind(query.now)

@@ -21,6 +21,18 @@ use sqlx::{Executor, MySql, Transaction};
 
 use super::{DatabaseArgs, SessionArgs, StoreError, connect};
 
+/// `$query` with each of `$values` bound in order: the values of an
+/// `IN (…)` list of [`placeholders`].
+macro_rules! bind_all {
+    ($query:expr, $values:expr) => {{
+        let mut query = $query;
+        for value in $values {
+            query = query.bind(value);
+        }
+        query
+    }};
+}
+
 mod candidates;
 mod census;
 mod claims;
@@ -32,11 +44,12 @@ mod recovery;
 mod rows;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
-pub use notify::MysqlRequestChanges;
+pub(crate) use notify::MysqlRequestChanges;
 use notify::WakeCursor;
 
-/// The default interval of the wake poller (`--wake-poll-interval`).
-pub const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
+/// The wake poller's interval when the store is made over pools (the
+/// flag's default).
+const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The store on MySQL 8 or MariaDB.
 #[derive(Clone, Debug)]

@@ -15,8 +15,8 @@
 //! which delays their deletion, not a wake.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,6 +24,7 @@ use sqlx::MySqlPool;
 use tokio::time::Instant;
 
 use super::{CHUNK, MysqlStore, db, give_up, placeholders};
+use crate::store::connect;
 use crate::store::notify::ChangeSource;
 use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
@@ -68,6 +69,12 @@ impl Default for WakeCursor {
 impl WakeCursor {
     fn seen_upto(&self) -> i64 {
         self.seen_upto.load(Ordering::Acquire)
+    }
+
+    /// The poller's position. Nothing panics while it is held; were it
+    /// poisoned, the position it holds is still one the poller wrote.
+    fn state(&self) -> MutexGuard<'_, PollState> {
+        self.poll.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -123,16 +130,14 @@ impl PollState {
     }
 }
 
-/// One wake row as read: request, contract, request not to wake.
-type WakeRow = (Option<i64>, Option<String>, Option<i64>);
-/// A wake row with its id, as the poll reads it.
+/// A wake row as the poll reads it: id, request, contract, request not to wake.
 type PolledRow = (i64, Option<i64>, Option<String>, Option<i64>);
 
 /// The wake poller: yields a `RequestChange::Changed` for each request a
 /// trigger appended a row for, every request on a changed e-contract
 /// included. It reads every new row, whatever its shard: discovery keeps
 /// those of its shards, as it does with PostgreSQL's NOTIFY.
-pub struct MysqlRequestChanges {
+pub(crate) struct MysqlRequestChanges {
     pool: MySqlPool,
     store: MysqlStore,
     interval: Duration,
@@ -142,7 +147,7 @@ pub struct MysqlRequestChanges {
 
 impl MysqlRequestChanges {
     /// Waits for the next change: polls every interval until one comes.
-    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+    pub(crate) async fn next(&mut self) -> Result<RequestChange, StoreError> {
         loop {
             if let Some(change) = self.buffer.pop_front() {
                 return Ok(change);
@@ -154,7 +159,7 @@ impl MysqlRequestChanges {
     }
 
     /// A change already read, without waiting.
-    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+    pub(crate) fn next_buffered(&mut self) -> Option<RequestChange> {
         self.buffer.pop_front()
     }
 
@@ -162,27 +167,18 @@ impl MysqlRequestChanges {
     /// a second at once when e-contract rows were expanded into new ones.
     async fn poll(&mut self) -> Result<(), StoreError> {
         for _ in 0..2 {
-            let from = {
-                let started = self.store.wakes.poll.lock().map(|s| s.cursor.is_some());
-                if !started.unwrap_or(false) {
-                    // A fresh poller starts at the oldest row still there:
-                    // those not consumed yet survive a restart.
-                    let (oldest,): (Option<i64>,) =
-                        sqlx::query_as("SELECT MIN(id) FROM auto_approve_wake")
-                            .fetch_one(&self.pool)
-                            .await
-                            .map_err(db("wake poll: oldest row"))?;
-                    if let Ok(mut state) = self.store.wakes.poll.lock() {
-                        state.start(oldest, Instant::now());
-                    }
-                }
-                self.store
-                    .wakes
-                    .poll
-                    .lock()
-                    .map(|s| s.read_from())
-                    .unwrap_or(0)
-            };
+            let wakes = &self.store.wakes;
+            if wakes.state().cursor.is_none() {
+                // A fresh poller starts at the oldest row still there:
+                // those not consumed yet survive a restart.
+                let (oldest,): (Option<i64>,) =
+                    sqlx::query_as("SELECT MIN(id) FROM auto_approve_wake")
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(db("wake poll: oldest row"))?;
+                wakes.state().start(oldest, Instant::now());
+            }
+            let from = wakes.state().read_from();
             let rows: Vec<PolledRow> = sqlx::query_as(
                 "SELECT id, request_id, contract_ref, skip_request FROM auto_approve_wake
                   WHERE id > ? ORDER BY id LIMIT ?",
@@ -192,17 +188,11 @@ impl MysqlRequestChanges {
             .fetch_all(&self.pool)
             .await
             .map_err(db("wake poll"))?;
-            let rows: Vec<(i64, (i64, WakeRow))> = rows
-                .into_iter()
-                .map(|(id, r, c, s)| (id, (id, (r, c, s))))
-                .collect();
-            let fresh = match self.store.wakes.poll.lock() {
-                Ok(mut state) => state.take(rows, &self.store.wakes.seen_upto, Instant::now()),
-                Err(_) => Vec::new(),
-            };
+            let rows = rows.into_iter().map(|row| (row.0, row)).collect();
+            let fresh = wakes.state().take(rows, &wakes.seen_upto, Instant::now());
             let mut changed = BTreeSet::new();
             let mut expanded = false;
-            for (id, (request_id, contract_ref, skip)) in fresh {
+            for (id, request_id, contract_ref, skip) in fresh {
                 match (request_id, contract_ref) {
                     (Some(request_id), _) => {
                         changed.insert(request_id);
@@ -242,10 +232,7 @@ impl Wakes for MysqlStore {
                   FOR UPDATE",
                 placeholders(chunk.len())
             );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
-            for id in chunk {
-                query = query.bind(id);
-            }
+            let query = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(select)), chunk);
             let rows: Vec<(i64,)> = query
                 .bind(now)
                 .fetch_all(&mut *tx)
@@ -262,10 +249,10 @@ impl Wakes for MysqlStore {
                   WHERE request_id IN ({})",
                 placeholders(found.len())
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now);
-            for id in &found {
-                query = query.bind(id);
-            }
+            let query = bind_all!(
+                sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now),
+                &found
+            );
             query
                 .execute(&mut *tx)
                 .await
@@ -367,15 +354,14 @@ impl Wakes for MysqlStore {
         let pool = own.primary.clone();
         // Reached once, so a database that is down is an error here, as
         // PostgreSQL's LISTEN is.
-        sqlx::query("SELECT 1")
-            .execute(&pool)
+        connect::ping(&pool)
             .await
             .map_err(db("connect wake poller"))?;
-        if let Ok(state) = self.wakes.poll.lock() {
-            // From now on, apply_wakes consumes only what this poller saw.
-            let upto = state.cursor.map_or(0, |_| state.read_from());
-            self.wakes.seen_upto.store(upto, Ordering::Release);
-        }
+        // From now on, apply_wakes consumes only what this poller saw.
+        let state = self.wakes.state();
+        let upto = state.cursor.map_or(0, |_| state.read_from());
+        self.wakes.seen_upto.store(upto, Ordering::Release);
+        drop(state);
         Ok(RequestChanges::new(ChangeSource::Mysql(
             MysqlRequestChanges {
                 pool,
@@ -408,10 +394,7 @@ impl MysqlStore {
                   FOR UPDATE",
                 placeholders(waiting.len())
             );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
-            for id in waiting {
-                query = query.bind(id);
-            }
+            let query = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(select)), waiting);
             let rows: Vec<(i64,)> = query
                 .bind(now)
                 .bind(retry_limit)
@@ -433,14 +416,14 @@ impl MysqlStore {
                   WHERE request_id IN ({})",
                 placeholders(due.len())
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .bind(now)
-                .bind(now);
-            for id in &due {
-                query = query.bind(id);
-            }
+            let query = bind_all!(
+                sqlx::query(sqlx::AssertSqlSafe(update))
+                    .bind(retry_limit)
+                    .bind(retry_limit)
+                    .bind(now)
+                    .bind(now),
+                &due
+            );
             query
                 .execute(&mut *tx)
                 .await
@@ -547,10 +530,7 @@ pub(super) async fn delete_wakes(
             "DELETE FROM auto_approve_wake WHERE id IN ({})",
             placeholders(chunk.len())
         );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for id in chunk {
-            query = query.bind(id);
-        }
+        let query = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk);
         deleted += query.execute(&mut **tx).await?.rows_affected();
     }
     Ok(deleted)

@@ -69,10 +69,7 @@ impl Recovery for MysqlStore {
                         WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
                 placeholders(chunk.len())
             );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk);
             deleted += q
                 .execute(&self.primary)
                 .await
@@ -114,10 +111,10 @@ impl Recovery for MysqlStore {
               WHERE status = 'IN_PROGRESS' AND holder = ? AND fencing_token IN ({})",
             placeholders(tokens.len())
         );
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(holder);
-        for token in tokens {
-            q = q.bind(token);
-        }
+        let q = bind_all!(
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(holder),
+            tokens
+        );
         let found = ids(q
             .fetch_all(&self.primary)
             .await
@@ -280,16 +277,11 @@ async fn lock_by_id(
               WHERE id IN ({}) AND {condition} FOR UPDATE",
             placeholders(chunk.len())
         );
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-        for id in chunk {
-            q = q.bind(id);
-        }
+        let mut q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
         if let Some(holder) = holder {
             q = q.bind(holder);
         }
-        for value in values {
-            q = q.bind(value);
-        }
+        let q = bind_all!(q, values);
         locked.extend(q.fetch_all(&mut **tx).await?);
     }
     Ok(locked)

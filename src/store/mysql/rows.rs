@@ -28,10 +28,7 @@ impl Rows for MysqlStore {
                    FROM approval_request WHERE id IN ({})",
                 placeholders(chunk.len())
             );
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
             rows.extend(
                 q.fetch_all(&self.primary)
                     .await

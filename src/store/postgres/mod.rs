@@ -21,7 +21,6 @@ mod rows;
 pub use candidates::{FRESH_CANDIDATES, candidate_sql};
 pub use census::BACKLOG_SQL;
 pub(crate) use notify::Listener;
-pub use notify::REQUEST_CHANGED_CHANNEL;
 
 /// The manual-approval functions of migration 0013, with their argument
 /// types as a `GRANT EXECUTE ON FUNCTION` names them: the other service's
@@ -117,7 +116,7 @@ impl PgStore {
 
 impl SessionArgs {
     /// `options` with these limits set for every session they open.
-    pub fn apply_to_postgres(&self, options: PgConnectOptions) -> PgConnectOptions {
+    pub(super) fn apply_to_postgres(&self, options: PgConnectOptions) -> PgConnectOptions {
         let ms = |d: Duration| d.as_millis().to_string();
         options.options([
             ("lock_timeout", ms(self.db_lock_timeout)),
