@@ -42,10 +42,11 @@ mod notify;
 mod pause;
 mod recovery;
 mod rows;
+mod wake_cursor;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
 pub(crate) use notify::MysqlRequestChanges;
-use notify::WakeCursor;
+use wake_cursor::WakeCursor;
 
 /// The wake poller's interval when the store is made over pools (the
 /// flag's default).
