@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 
 /// How many requests the state table holds in each state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct RequestCensus {
     /// IN_PROGRESS rows: a chain runs (or ran and its replica vanished).
     pub in_progress: i64,

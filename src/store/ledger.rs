@@ -8,11 +8,11 @@ use super::StoreError;
 /// One entry of a request's history.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Memo {
-    /// When.
+    /// When it was written (UTC).
     pub created_at: DateTime<Utc>,
     /// Who wrote it (`autoapproval`, `autoapproval-cleanser`, `manual:<who>`).
     pub author: String,
-    /// What happened.
+    /// The text people read in the request's history.
     pub message: String,
 }
 

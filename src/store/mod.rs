@@ -31,7 +31,7 @@ macro_rules! interface {
         }
     ) => {
         $(#[$trait_meta])*
-        pub(crate) trait $trait {
+        pub(super) trait $trait {
             $( async fn $name(&self $(, $arg: $ty)*) -> $ret; )*
         }
 
@@ -119,9 +119,9 @@ pub enum StoreError {
     /// A setting is invalid.
     #[error("invalid database setting {setting}: {message}")]
     Config {
-        /// The flag.
+        /// The flag that set it, as `--name`.
         setting: &'static str,
-        /// Why.
+        /// The invariant it breaks.
         message: String,
     },
     /// A database named by a URL could not be reached at start-up.
@@ -153,9 +153,9 @@ enum Backend {
 /// A connection pool of the store, for the pool metrics.
 #[derive(Clone, Debug)]
 pub enum Pool {
-    /// A PostgreSQL pool.
+    /// A pool of the PostgreSQL backend.
     Postgres(PgPool),
-    /// A MySQL / MariaDB pool.
+    /// A pool of the MySQL 8 / MariaDB backend.
     Mysql(MySqlPool),
 }
 
@@ -249,9 +249,18 @@ impl Store {
     /// Applies the backend's migrations; a no-op when they are applied.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.backend {
-            Backend::Postgres(b) => b.migrate().await,
-            Backend::Mysql(b) => b.migrate().await,
+            Backend::Postgres(b) => {
+                sqlx::migrate!("./migrations/postgres")
+                    .run(b.primary())
+                    .await?
+            }
+            Backend::Mysql(b) => {
+                sqlx::migrate!("./migrations/mysql")
+                    .run(b.primary())
+                    .await?
+            }
         }
+        Ok(())
     }
 
     /// The pools to watch, by name: `primary`, and `read` when a replica

@@ -12,7 +12,7 @@ pub struct Pause {
     pub paused_by: String,
     /// The uid of the CR it was set through, if it was.
     pub cr_uid: Option<String>,
-    /// When.
+    /// When it was set, in the database's clock.
     pub paused_at: DateTime<Utc>,
 }
 

@@ -10,7 +10,7 @@ use crate::domain::{Request, RequestStatus, State, StateStatus};
 /// A request's status as the CR garbage collector needs it.
 #[derive(Debug)]
 pub struct RequestStatusRow {
-    /// The request.
+    /// The request's id.
     pub request_id: i64,
     /// Its status, or why it cannot be read.
     pub status: Result<RequestStatus, StoreError>,

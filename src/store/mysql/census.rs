@@ -8,10 +8,12 @@ use crate::store::{CensusQueries, RequestCensus, StoreError};
 // COUNT(CASE …) for PostgreSQL's count(*) FILTER (WHERE …), which MySQL
 // lacks; COUNT is a BIGINT where SUM would be a DECIMAL.
 const CENSUS: &str = "\
-SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ? AND transient_streak > 0 THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ? AND transient_streak = 0 THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count >= ? THEN 1 END)
+SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END) AS in_progress,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ?
+                   AND transient_streak > 0 THEN 1 END) AS waiting_transient,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ?
+                   AND transient_streak = 0 THEN 1 END) AS waiting_condition,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count >= ? THEN 1 END) AS exhausted
   FROM auto_approve_state";
 
 /// One branch of the backlog query per (type, open status): the first
@@ -31,7 +33,7 @@ fn first_new(request_type: &str, status: &str) -> String {
 /// PostgreSQL's BACKLOG_SQL. MariaDB has no LATERAL join, so the six
 /// (type, status) ranges are six branches of a UNION ALL, each bound with
 /// the window start; the due retries are the seventh.
-pub fn backlog_sql() -> String {
+fn backlog_sql() -> String {
     let mut branches = Vec::new();
     for request_type in ["OWNER_CONTRACT", "AD_CONTRACT"] {
         for status in ["ING", "PENDING", "RETRY"] {
@@ -61,20 +63,13 @@ pub fn backlog_sql() -> String {
 
 impl CensusQueries for MysqlStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
-        let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
-            sqlx::query_as(CENSUS)
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .fetch_one(&self.read)
-                .await
-                .map_err(db("census"))?;
-        Ok(RequestCensus {
-            in_progress,
-            waiting_transient,
-            waiting_condition,
-            exhausted,
-        })
+        sqlx::query_as(CENSUS)
+            .bind(retry_limit)
+            .bind(retry_limit)
+            .bind(retry_limit)
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("census"))
     }
 
     async fn oldest_eligible(

@@ -144,13 +144,6 @@ impl MysqlStore {
         &self.primary
     }
 
-    pub(super) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations/mysql")
-            .run(&self.primary)
-            .await?;
-        Ok(())
-    }
-
     /// The read replica's pool, when it is not the primary's.
     pub(super) fn replica(&self) -> Option<&MySqlPool> {
         self.separate_read.then_some(&self.read)

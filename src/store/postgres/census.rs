@@ -65,18 +65,11 @@ SELECT LEAST(
 
 impl CensusQueries for PgStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
-        let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
-            sqlx::query_as(CENSUS)
-                .bind(retry_limit)
-                .fetch_one(&self.read)
-                .await
-                .map_err(db("census"))?;
-        Ok(RequestCensus {
-            in_progress,
-            waiting_transient,
-            waiting_condition,
-            exhausted,
-        })
+        sqlx::query_as(CENSUS)
+            .bind(retry_limit)
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("census"))
     }
 
     async fn oldest_eligible(

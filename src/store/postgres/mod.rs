@@ -94,13 +94,6 @@ impl PgStore {
         &self.primary
     }
 
-    pub(super) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations/postgres")
-            .run(&self.primary)
-            .await?;
-        Ok(())
-    }
-
     /// The read replica's pool, when it is not the primary's.
     pub(super) fn replica(&self) -> Option<&PgPool> {
         self.separate_read.then_some(&self.read)
