@@ -8,6 +8,7 @@ use super::filters::Filter;
 use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
 use crate::domain::Request;
 use crate::external::{CampaignApproval, IdempotencyKey, System};
+use crate::store::StepResult;
 
 /// Approves an ad contract's campaign; owner and store already exist.
 pub struct AdCampaignProcessor {
@@ -92,7 +93,13 @@ impl Processor for AdCampaignProcessor {
         };
         if !cx
             .store
-            .save_campaign_id(cx.claim, key.as_str(), &campaign_id)
+            .save_result(
+                cx.claim,
+                StepResult::CampaignId {
+                    key: key.as_str(),
+                    campaign_id: &campaign_id,
+                },
+            )
             .await?
         {
             return Err(ChainError::FenceLost(request.id));

@@ -8,6 +8,7 @@ use super::filters::Filter;
 use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
 use crate::domain::Request;
 use crate::external::{IdempotencyKey, NewOwner, System};
+use crate::store::StepResult;
 
 /// Creates the owner of an owner contract.
 pub struct OwnerProcessor {
@@ -65,7 +66,11 @@ impl Processor for OwnerProcessor {
             Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };
-        if !cx.store.save_owner_number(cx.claim, owner_number).await? {
+        if !cx
+            .store
+            .save_result(cx.claim, StepResult::OwnerNumber(owner_number))
+            .await?
+        {
             return Err(ChainError::FenceLost(request.id));
         }
         Ok(Transition::Next(Step::Store))

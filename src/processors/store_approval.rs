@@ -8,6 +8,7 @@ use super::filters::Filter;
 use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
 use crate::domain::Request;
 use crate::external::{IdempotencyKey, NewStore, System};
+use crate::store::StepResult;
 
 /// Creates the store of an owner contract; the last step of that chain.
 pub struct StoreProcessor {
@@ -69,7 +70,11 @@ impl Processor for StoreProcessor {
             Ok(n) => n,
             Err(e) => return Ok(Transition::Retry(RetryReason::external(&e))),
         };
-        if !cx.store.save_store_number(cx.claim, store_number).await? {
+        if !cx
+            .store
+            .save_result(cx.claim, StepResult::StoreNumber(store_number))
+            .await?
+        {
             return Err(ChainError::FenceLost(request.id));
         }
         Ok(Transition::Success)

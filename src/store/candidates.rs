@@ -43,6 +43,24 @@ pub(crate) fn of_type(rows: Vec<(i64, Option<i64>)>, request_type: RequestType) 
         .collect()
 }
 
+/// Candidate rows (request id, request type, state id) of any type, as
+/// candidates; a type this controller does not know is malformed.
+pub(super) fn of_any_type(
+    rows: Vec<(i64, String, Option<i64>)>,
+) -> Result<Vec<Candidate>, StoreError> {
+    rows.into_iter()
+        .map(|(request_id, request_type, state_id)| {
+            Ok(Candidate {
+                request_id,
+                request_type: request_type
+                    .parse()
+                    .map_err(|error| StoreError::Malformed { request_id, error })?,
+                state_id,
+            })
+        })
+        .collect()
+}
+
 interface! {
     /// Candidates: see the methods on [`Store`].
     trait Candidates {

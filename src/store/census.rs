@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use super::StoreError;
 
 /// How many requests the state table holds in each state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, sqlx::FromRow)]
 pub struct RequestCensus {
     /// IN_PROGRESS rows: a chain runs (or ran and its replica vanished).
     pub in_progress: i64,
@@ -21,8 +21,8 @@ pub struct RequestCensus {
 }
 
 interface! {
-    /// Census: see the methods on [`Store`].
-    trait Census {
+    /// The census queries: see the methods on [`Store`].
+    trait CensusQueries {
         /// Counts the state table's rows by state; `retry_limit` separates
         /// waiting from exhausted.
         fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError>;
@@ -34,7 +34,5 @@ interface! {
             now: DateTime<Utc>,
             retry_limit: i32,
         ) -> Result<Option<DateTime<Utc>>, StoreError>;
-        /// One round-trip on each pool of [`Store::pools`], by name.
-        fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)>;
     }
 }

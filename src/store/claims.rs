@@ -63,6 +63,24 @@ pub enum Completion {
     Woken,
 }
 
+/// What a step's external call returned, to be kept on the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepResult<'a> {
+    /// The owner service's owner number.
+    OwnerNumber(i64),
+    /// The store service's store number.
+    StoreNumber(i64),
+    /// The ad service's campaign id for the creation sent under `key`; it
+    /// is also recorded as that key's result ([`Store::sent_result`]), which
+    /// a retry of the ad step compares with.
+    CampaignId {
+        /// The idempotency key the creation was sent under.
+        key: &'a str,
+        /// What the ad service answered.
+        campaign_id: &'a str,
+    },
+}
+
 /// A retry to record.
 #[derive(Clone, Debug)]
 pub struct RetryWrite<'a> {
@@ -136,30 +154,10 @@ interface! {
         /// counted. False when the fence no longer matches.
         #[tracing::instrument(name = "store.release", skip_all)]
         fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError>;
-        /// Stores the owner number the owner service returned, under the fence.
-        #[tracing::instrument(name = "store.save_owner_number", skip_all)]
-        fn save_owner_number(
-            &self,
-            claim: &Claim,
-            owner_number: i64,
-        ) -> Result<bool, StoreError>;
-        /// Stores the store number the store service returned, under the fence.
-        #[tracing::instrument(name = "store.save_store_number", skip_all)]
-        fn save_store_number(
-            &self,
-            claim: &Claim,
-            store_number: i64,
-        ) -> Result<bool, StoreError>;
-        /// Stores the campaign id the ad service returned for the creation
-        /// sent under `key`, under the fence, and records it as that key's
-        /// result ([`Store::sent_result`]).
-        #[tracing::instrument(name = "store.save_campaign_id", skip_all)]
-        fn save_campaign_id(
-            &self,
-            claim: &Claim,
-            key: &str,
-            campaign_id: &str,
-        ) -> Result<bool, StoreError>;
+        /// Saves what a step's external call returned on the request, under
+        /// the fence; false when the fence no longer matches.
+        #[tracing::instrument(name = "store.save_result", skip_all)]
+        fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError>;
         /// Records `body` as what is sent under idempotency key `key`, under
         /// the fence, unless a body is recorded for that key already; the
         /// recorded body (the earlier one when there is one), `None` when the
@@ -181,3 +179,86 @@ interface! {
         ) -> Result<Option<String>, StoreError>;
     }
 }
+
+/// `sent_result` of `impl Claims for <backend>`, whose SQL differs between
+/// the backends only in its placeholders ("$1", "$2" or "?", "?").
+macro_rules! sent_result {
+    ($request:literal, $key:literal) => {
+        async fn sent_result(
+            &self,
+            request_id: i64,
+            key: &str,
+        ) -> Result<Option<String>, $crate::store::StoreError> {
+            let row: Option<(Option<String>,)> = sqlx::query_as(concat!(
+                "SELECT result FROM auto_approve_sent WHERE request_id = ",
+                $request,
+                " AND idempotency_key = ",
+                $key
+            ))
+            .bind(request_id)
+            .bind(key)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read sent result"))?;
+            Ok(row.and_then(|(result,)| result))
+        }
+    };
+}
+pub(super) use sent_result;
+
+/// `query` with the claim's fence bound after its own parameters: state
+/// id, holder, token, nonce, in that order.
+macro_rules! bind_fence {
+    ($query:expr, $claim:expr) => {
+        $query
+            .bind($claim.state_id)
+            .bind(&$claim.fence.holder)
+            .bind($claim.fence.token)
+            .bind($claim.nonce)
+    };
+}
+pub(super) use bind_fence;
+
+/// The one-statement writes under the fence of `impl Claims for
+/// <backend>`, each given its SQL: its own parameter first (the step, none,
+/// the due time), then the fence ([`bind_fence`]). True when the fence
+/// matched and the row was written.
+macro_rules! fenced_writes {
+    (heartbeat: $heartbeat:expr, drop: $drop:expr, release: $release:expr $(,)?) => {
+        async fn heartbeat(
+            &self,
+            claim: &$crate::domain::Claim,
+            step: &str,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($heartbeat).bind(step), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("heartbeat"))?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn drop_claim(
+            &self,
+            claim: &$crate::domain::Claim,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($drop), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("drop claim"))?;
+            Ok(done.rows_affected() == 1)
+        }
+
+        async fn release(
+            &self,
+            claim: &$crate::domain::Claim,
+            now: chrono::DateTime<chrono::Utc>,
+        ) -> Result<bool, $crate::store::StoreError> {
+            let done = bind_fence!(sqlx::query($release).bind(now), claim)
+                .execute(&self.primary)
+                .await
+                .map_err(db("release"))?;
+            Ok(done.rows_affected() == 1)
+        }
+    };
+}
+pub(super) use fenced_writes;

@@ -6,15 +6,24 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use sqlx::pool::PoolOptions;
+use sqlx::{ConnectOptions, Database};
+
 use super::mysql::MysqlStore;
 use super::postgres::PgStore;
 use super::{Backend, Store, StoreError};
 use crate::flags::parse_duration;
 
+/// How long one start-up connection attempt may take before it is reported.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a statement waits for a pool connection before it fails.
+const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseArgs {
-    /// URL of the primary, postgres:// or mysql:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
+    /// URL of the primary, postgres:// or mysql:// / mariadb:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub database_url: DatabaseUrl,
     /// URL of a read replica for the candidate queries, of the primary's kind [default: the primary].
@@ -44,7 +53,7 @@ pub struct SessionArgs {
 
 // === impl DatabaseUrl ===
 
-/// A `postgres://` or `mysql://` URL, checked when parsed; `Display` and `Debug` show it
+/// A `postgres://`, `mysql://` or `mariadb://` URL, checked when parsed; `Display` and `Debug` show it
 /// with the password replaced by `***`, so it can be logged and reported.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
@@ -57,12 +66,12 @@ pub struct DatabaseUrl {
 
 impl DatabaseUrl {
     /// The URL itself, for the one place that connects with it.
-    pub fn expose(&self) -> &str {
+    pub(super) fn expose(&self) -> &str {
         &self.url
     }
 
     /// `text` (a driver's message about this URL) with its password masked.
-    pub fn redact(&self, text: &str) -> String {
+    pub(super) fn redact(&self, text: &str) -> String {
         let mut text = text.replace(&self.url, &self.shown);
         for secret in &self.secrets {
             text = text.replace(secret.as_str(), "***");
@@ -70,9 +79,10 @@ impl DatabaseUrl {
         text
     }
 
-    /// Whether it names a MySQL 8 / MariaDB server (`mysql://`).
-    pub fn is_mysql(&self) -> bool {
-        self.url.starts_with("mysql:")
+    /// Whether it names a MySQL 8 / MariaDB server (`mysql://`,
+    /// `mariadb://`): the scheme picks the store's backend.
+    pub(super) fn is_mysql(&self) -> bool {
+        self.url.starts_with("mysql:") || self.url.starts_with("mariadb:")
     }
 }
 
@@ -81,9 +91,12 @@ impl FromStr for DatabaseUrl {
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parsed = url::Url::parse(s).map_err(|e| format!("not a URL: {e}"))?;
-        if !matches!(parsed.scheme(), "postgres" | "postgresql" | "mysql") {
+        if !matches!(
+            parsed.scheme(),
+            "postgres" | "postgresql" | "mysql" | "mariadb"
+        ) {
             return Err(format!(
-                "scheme {:?} is not postgres://, postgresql:// or mysql://",
+                "scheme {:?} is not postgres://, postgresql://, mysql:// or mariadb://",
                 parsed.scheme()
             ));
         }
@@ -129,7 +142,7 @@ fn is_secret_parameter(key: &str) -> bool {
 /// Parses `--database-url` and `--read-database-url` without echoing a
 /// refused value, as clap's own message would: it may hold a password.
 #[derive(Clone, Copy, Debug)]
-pub struct DatabaseUrlParser;
+struct DatabaseUrlParser;
 
 impl clap::builder::TypedValueParser for DatabaseUrlParser {
     type Value = DatabaseUrl;
@@ -170,7 +183,8 @@ impl fmt::Debug for DatabaseUrl {
 // === impl Store ===
 
 impl Store {
-    /// Connects to the database the URL names, its primary and its read
+    /// Connects to the database the URL names, on the backend its scheme
+    /// picks (PostgreSQL, or MySQL 8 / MariaDB), its primary and its read
     /// pool (the primary when no replica is set), reaching each once first so
     /// that a wrong host, port, password or name is reported at once.
     pub async fn connect(
@@ -203,6 +217,54 @@ impl Store {
         };
         Ok(Store { backend })
     }
+}
+
+// === connecting, for both backends ===
+
+/// The options of every pool of the store: at most `max_connections`,
+/// each waited for at most [`ACQUIRE_TIMEOUT`].
+pub(super) fn pool_options<DB: Database>(max_connections: u32) -> PoolOptions<DB> {
+    PoolOptions::new()
+        .max_connections(max_connections.max(1))
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+}
+
+/// One connection to `url`, opened and closed: the options it was made
+/// with, or why it could not be made, in the driver's own words with the
+/// password masked.
+pub(super) async fn reach<O>(role: &'static str, url: &DatabaseUrl) -> Result<O, StoreError>
+where
+    O: ConnectOptions + FromStr<Err = sqlx::Error>,
+    O::Connection: Sized,
+{
+    let refused = |reason: String| StoreError::Connect {
+        role,
+        url: url.to_string(),
+        reason: url.redact(&reason),
+    };
+    let options = O::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
+    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
+        Ok(Ok(connection)) => {
+            // Closing is best effort: the pool opens its own connections.
+            let _ = sqlx::Connection::close(connection).await;
+            Ok(options)
+        }
+        Ok(Err(error)) => Err(refused(error.to_string())),
+        Err(_) => Err(refused(format!(
+            "no answer within {} s",
+            CONNECT_TIMEOUT.as_secs()
+        ))),
+    }
+}
+
+/// One round-trip on `pool` (the readiness probe, the pool checks).
+pub(super) async fn ping<DB: Database>(pool: &sqlx::Pool<DB>) -> Result<(), sqlx::Error>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    sqlx::query::<DB>("SELECT 1").execute(pool).await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -290,6 +352,14 @@ mod tests {
         let mysql: DatabaseUrl = "mysql://app:pw@db:3306/x".parse().unwrap();
         assert!(mysql.is_mysql());
         assert_eq!(mysql.to_string(), "mysql://app:***@db:3306/x");
+        let mariadb: DatabaseUrl = "mariadb://app:pw@db:3306/x".parse().unwrap();
+        assert!(mariadb.is_mysql());
+        assert!(
+            !"postgresql://db/x"
+                .parse::<DatabaseUrl>()
+                .unwrap()
+                .is_mysql()
+        );
         assert!("not a url".parse::<DatabaseUrl>().is_err());
     }
 }

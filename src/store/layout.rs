@@ -7,7 +7,7 @@ use super::StoreError;
 /// The number of shards in force, and who recorded it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ShardLayout {
-    /// K.
+    /// K: requests are split into shards by `id % shard_count`.
     pub shard_count: u32,
     /// The replica that recorded it.
     pub set_by: String,

@@ -8,11 +8,11 @@ use super::StoreError;
 /// One entry of a request's history.
 #[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
 pub struct Memo {
-    /// When.
+    /// When it was written (UTC).
     pub created_at: DateTime<Utc>,
     /// Who wrote it (`autoapproval`, `autoapproval-cleanser`, `manual:<who>`).
     pub author: String,
-    /// What happened.
+    /// The text people read in the request's history.
     pub message: String,
 }
 
@@ -48,3 +48,61 @@ interface! {
         fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError>;
     }
 }
+
+/// The ledger's methods that are the same on both backends but for their
+/// SQL, as items of `impl Ledger for <backend>` (beside its own
+/// `sync_econtract`). `$status` reads econtract.status by contract_ref;
+/// `$add` inserts a memo (request_id, created_at, message) by
+/// `autoapproval`; `$history` and `$memos` read a request's memos in id order.
+macro_rules! ledger_statements {
+    (status: $status:expr, add: $add:expr, history: $history:expr, memos: $memos:expr $(,)?) => {
+        async fn econtract_status(
+            &self,
+            contract_ref: &str,
+        ) -> Result<Option<String>, $crate::store::StoreError> {
+            let row: Option<(String,)> = sqlx::query_as($status)
+                .bind(contract_ref)
+                .fetch_optional(&self.primary)
+                .await
+                .map_err(db("read e-contract"))?;
+            Ok(row.map(|(status,)| status))
+        }
+
+        async fn add_memo(
+            &self,
+            request_id: i64,
+            message: &str,
+            now: chrono::DateTime<chrono::Utc>,
+        ) -> Result<(), $crate::store::StoreError> {
+            sqlx::query($add)
+                .bind(request_id)
+                .bind(now)
+                .bind(message)
+                .execute(&self.primary)
+                .await
+                .map_err(db("add memo"))?;
+            Ok(())
+        }
+
+        async fn history(
+            &self,
+            request_id: i64,
+        ) -> Result<Vec<$crate::store::Memo>, $crate::store::StoreError> {
+            sqlx::query_as($history)
+                .bind(request_id)
+                .fetch_all(&self.primary)
+                .await
+                .map_err(db("read history"))
+        }
+
+        async fn memos(&self, request_id: i64) -> Result<Vec<String>, $crate::store::StoreError> {
+            let rows: Vec<(String,)> = sqlx::query_as($memos)
+                .bind(request_id)
+                .fetch_all(&self.primary)
+                .await
+                .map_err(db("read memos"))?;
+            Ok(rows.into_iter().map(|(message,)| message).collect())
+        }
+    };
+}
+pub(super) use ledger_statements;

@@ -2,8 +2,10 @@
 //! with a backend per database family, chosen by the URL's scheme.
 //!
 //! Each capability (claims, candidates, wakes, …) is a trait declared in its
-//! own module here, with the public method on [`Store`] that callers use;
-//! `postgres/` implements every trait with its SQL next to its methods.
+//! own module here, with the public method on [`Store`] that callers use.
+//! What both backends share lives here too: the row types, connecting and
+//! pinging. `postgres/` and `mysql/` implement every trait, each with its
+//! own SQL next to its methods and only what truly differs.
 //! Candidate queries run on the read pool; every re-read, claim and write
 //! runs on the primary, because replica lag is exactly what makes a claimed
 //! request still look like a candidate.
@@ -14,8 +16,10 @@ use sqlx::postgres::PgPool;
 use crate::domain::UnknownValue;
 
 /// Declares one capability of the store: a trait each backend implements,
-/// and on [`Store`] the public method that calls the backend's. The
-/// attributes of a method (its doc, its span) go on the public method.
+/// and on [`Store`] the public method that calls the backend's (so a
+/// backend missing a method does not compile). The attributes of a method
+/// (its doc, its span) go on the public method; the backends' methods
+/// carry no doc of their own.
 macro_rules! interface {
     (
         $(#[$trait_meta:meta])*
@@ -27,7 +31,7 @@ macro_rules! interface {
         }
     ) => {
         $(#[$trait_meta])*
-        pub(crate) trait $trait {
+        pub(super) trait $trait {
             $( async fn $name(&self $(, $arg: $ty)*) -> $ret; )*
         }
 
@@ -60,7 +64,7 @@ mod recovery;
 mod rows;
 
 use candidates::Candidates;
-use census::Census;
+use census::CensusQueries;
 use claims::Claims;
 use layout::Layout;
 use ledger::Ledger;
@@ -71,15 +75,12 @@ use rows::Rows;
 
 pub use candidates::{CandidateQuery, ShardFilter};
 pub use census::RequestCensus;
-pub use claims::{ClaimOutcome, Completion, RetryWrite};
+pub use claims::{ClaimOutcome, Completion, RetryWrite, StepResult};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use ledger::Memo;
 pub use notify::{RequestChange, RequestChanges};
 pub use pause::Pause;
-pub use postgres::{
-    BACKLOG_SQL, FRESH_CANDIDATES, MANUAL_FUNCTIONS, REQUEST_CHANGED_CHANNEL, candidate_sql,
-};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 
@@ -118,9 +119,9 @@ pub enum StoreError {
     /// A setting is invalid.
     #[error("invalid database setting {setting}: {message}")]
     Config {
-        /// The flag.
+        /// The flag that set it, as `--name`.
         setting: &'static str,
-        /// Why.
+        /// The invariant it breaks.
         message: String,
     },
     /// A database named by a URL could not be reached at start-up.
@@ -152,13 +153,21 @@ enum Backend {
 /// A connection pool of the store, for the pool metrics.
 #[derive(Clone, Debug)]
 pub enum Pool {
-    /// A PostgreSQL pool.
+    /// A pool of the PostgreSQL backend.
     Postgres(PgPool),
-    /// A MySQL / MariaDB pool.
+    /// A pool of the MySQL 8 / MariaDB backend.
     Mysql(MySqlPool),
 }
 
 impl Pool {
+    /// One round-trip on this pool.
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        match self {
+            Pool::Postgres(pool) => connect::ping(pool).await.map_err(postgres::db("ping")),
+            Pool::Mysql(pool) => connect::ping(pool).await.map_err(mysql::db("ping")),
+        }
+    }
+
     /// Connections open now.
     pub fn size(&self) -> u32 {
         match self {
@@ -187,17 +196,31 @@ impl Pool {
 // === impl Store ===
 
 impl Store {
-    /// A PostgreSQL store over existing pools (tests, the lab).
-    pub fn new(primary: PgPool, read: PgPool) -> Self {
+    /// A store on PostgreSQL over pools the caller made (tests, the lab);
+    /// `read` serves the candidate queries.
+    pub fn postgres(primary: PgPool, read: PgPool) -> Self {
         Self {
             backend: Backend::Postgres(postgres::PgStore::new(primary, read)),
         }
     }
 
-    /// A MySQL / MariaDB store (tests, the lab); see [`mysql::MysqlStore::new`].
-    pub fn mysql(store: mysql::MysqlStore) -> Self {
+    /// A store on MySQL 8 / MariaDB over pools the caller made (tests, the
+    /// lab), which should come from [`mysql::pool`]: it sets the session
+    /// our SQL expects.
+    pub fn mysql(primary: MySqlPool, read: MySqlPool) -> Self {
         Self {
-            backend: Backend::Mysql(store),
+            backend: Backend::Mysql(mysql::MysqlStore::new(primary, read)),
+        }
+    }
+
+    /// This store with the MySQL wake poller reading every `interval`;
+    /// PostgreSQL's wakes are pushed by NOTIFY, so it is unchanged there.
+    pub fn with_wake_poll_interval(self, interval: std::time::Duration) -> Self {
+        match self.backend {
+            Backend::Mysql(b) => Self {
+                backend: Backend::Mysql(b.with_poll_interval(interval)),
+            },
+            backend @ Backend::Postgres(_) => Self { backend },
         }
     }
 
@@ -215,14 +238,6 @@ impl Store {
         }
     }
 
-    /// The PostgreSQL primary pool, when this store is on PostgreSQL (the lab's baselines).
-    pub fn postgres_pool(&self) -> Option<&PgPool> {
-        match &self.backend {
-            Backend::Postgres(b) => Some(b.primary()),
-            Backend::Mysql(_) => None,
-        }
-    }
-
     /// The primary's pool, for the pool metrics.
     pub fn primary_pool(&self) -> Pool {
         match &self.backend {
@@ -234,25 +249,43 @@ impl Store {
     /// Applies the backend's migrations; a no-op when they are applied.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         match &self.backend {
-            Backend::Postgres(b) => b.migrate().await,
-            Backend::Mysql(b) => b.migrate().await,
+            Backend::Postgres(b) => {
+                sqlx::migrate!("./migrations/postgres")
+                    .run(b.primary())
+                    .await?
+            }
+            Backend::Mysql(b) => {
+                sqlx::migrate!("./migrations/mysql")
+                    .run(b.primary())
+                    .await?
+            }
         }
+        Ok(())
     }
 
     /// The pools to watch, by name: `primary`, and `read` when a replica
     /// is configured (otherwise it is the primary's pool).
     pub fn pools(&self) -> Vec<(&'static str, Pool)> {
-        match &self.backend {
-            Backend::Postgres(b) => b.pools(),
-            Backend::Mysql(b) => b.pools(),
-        }
+        let read = match &self.backend {
+            Backend::Postgres(b) => b.replica().cloned().map(Pool::Postgres),
+            Backend::Mysql(b) => b.replica().cloned().map(Pool::Mysql),
+        };
+        let mut pools = vec![("primary", self.primary_pool())];
+        pools.extend(read.map(|pool| ("read", pool)));
+        pools
     }
 
     /// One round-trip to the primary, for the readiness probe.
     pub async fn ping(&self) -> Result<(), StoreError> {
-        match &self.backend {
-            Backend::Postgres(b) => b.ping().await,
-            Backend::Mysql(b) => b.ping().await,
+        self.primary_pool().ping().await
+    }
+
+    /// One round-trip on each pool of [`Store::pools`], by name.
+    pub async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
+        let mut answers = Vec::new();
+        for (name, pool) in self.pools() {
+            answers.push((name, pool.ping().await));
         }
+        answers
     }
 }

@@ -12,7 +12,7 @@ pub struct Pause {
     pub paused_by: String,
     /// The uid of the CR it was set through, if it was.
     pub cr_uid: Option<String>,
-    /// When.
+    /// When it was set, in the database's clock.
     pub paused_at: DateTime<Utc>,
 }
 
@@ -37,3 +37,55 @@ interface! {
         fn pause_of(&self, request_id: i64) -> Result<Option<Pause>, StoreError>;
     }
 }
+
+/// `impl Pauses` for a backend, given its SQL: the binding and reading are
+/// the same on both. `$record` upserts (request_id, paused_by, cr_uid)
+/// keeping paused_at; `$end` deletes by request_id and a null-safe
+/// cr_uid; `$read` selects paused_by, cr_uid, paused_at by request_id.
+macro_rules! impl_pauses {
+    ($store:ty, record: $record:expr, end: $end:expr, read: $read:expr $(,)?) => {
+        impl $crate::store::Pauses for $store {
+            async fn pause(
+                &self,
+                request_id: i64,
+                paused_by: &str,
+                cr_uid: Option<&str>,
+            ) -> Result<(), $crate::store::StoreError> {
+                sqlx::query($record)
+                    .bind(request_id)
+                    .bind(paused_by)
+                    .bind(cr_uid)
+                    .execute(&self.primary)
+                    .await
+                    .map_err(db("record pause"))?;
+                Ok(())
+            }
+
+            async fn resume(
+                &self,
+                request_id: i64,
+                cr_uid: Option<&str>,
+            ) -> Result<bool, $crate::store::StoreError> {
+                let done = sqlx::query($end)
+                    .bind(request_id)
+                    .bind(cr_uid)
+                    .execute(&self.primary)
+                    .await
+                    .map_err(db("end pause"))?;
+                Ok(done.rows_affected() == 1)
+            }
+
+            async fn pause_of(
+                &self,
+                request_id: i64,
+            ) -> Result<Option<$crate::store::Pause>, $crate::store::StoreError> {
+                sqlx::query_as($read)
+                    .bind(request_id)
+                    .fetch_optional(&self.primary)
+                    .await
+                    .map_err(db("read pause"))
+            }
+        }
+    };
+}
+pub(super) use impl_pauses;

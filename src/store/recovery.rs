@@ -70,3 +70,29 @@ interface! {
         ) -> Result<Option<Vec<i64>>, StoreError>;
     }
 }
+
+/// `shard_token` of `impl Recovery for <backend>`, whose SQL differs
+/// between the backends only in its placeholders.
+macro_rules! shard_token {
+    ($count:literal, $shard:literal) => {
+        async fn shard_token(
+            &self,
+            shard_count: u32,
+            shard: u32,
+        ) -> Result<Option<i64>, $crate::store::StoreError> {
+            let row: Option<(i64,)> = sqlx::query_as(concat!(
+                "SELECT token FROM shard_fence WHERE shard_count = ",
+                $count,
+                " AND shard = ",
+                $shard
+            ))
+            .bind(shard_count as i32)
+            .bind(shard as i32)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db("read shard token"))?;
+            Ok(row.map(|(token,)| token))
+        }
+    };
+}
+pub(super) use shard_token;

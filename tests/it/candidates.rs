@@ -171,7 +171,7 @@ async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(db: Db)
 fn benchmark_script_prepares_the_store_queries_verbatim() {
     let script = include_str!("../../benches/candidate_plans.sql");
     for t in [RequestType::OwnerContract, RequestType::AdContract] {
-        let sql = autoapproval::store::candidate_sql(t).unwrap();
+        let sql = autoapproval::store::postgres::candidate_sql(t).unwrap();
         assert!(
             script.contains(sql),
             "benches/candidate_plans.sql lacks the {t:?} query"
@@ -349,8 +349,8 @@ async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
 #[test]
 fn the_turn_benchmark_scripts_prepare_the_store_queries_verbatim() {
     let pg = include_str!("../../benches/turn_plans.sql");
-    let owner = autoapproval::store::candidate_sql(RequestType::OwnerContract).unwrap();
-    for sql in [owner, autoapproval::store::FRESH_CANDIDATES] {
+    let owner = autoapproval::store::postgres::candidate_sql(RequestType::OwnerContract).unwrap();
+    for sql in [owner, autoapproval::store::postgres::FRESH_CANDIDATES] {
         assert!(pg.contains(sql), "benches/turn_plans.sql lacks:\n{sql}");
     }
     use autoapproval::store::mysql::{candidate_sql, fresh_candidates_sql};

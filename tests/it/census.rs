@@ -8,7 +8,6 @@ use std::time::Duration as StdDuration;
 use autoapproval::census::{Census, CensusConfig};
 use autoapproval::clock::ManualClock;
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
-use autoapproval::store::mysql::MysqlStore;
 use autoapproval::store::{RequestCensus, Store};
 use autoapproval::telemetry::Metrics;
 use chrono::Duration;
@@ -211,14 +210,14 @@ async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_s
                 .acquire_timeout(StdDuration::from_secs(2))
                 .connect_lazy("postgres://postgres@127.0.0.1:1/gone")
                 .expect("lazy pool");
-            Store::new(gone.clone(), gone)
+            Store::postgres(gone.clone(), gone)
         }
         Db::Mysql(_) => {
             let gone = MySqlPoolOptions::new()
                 .acquire_timeout(StdDuration::from_secs(2))
                 .connect_lazy("mysql://root@127.0.0.1:1/gone")
                 .expect("lazy pool");
-            Store::mysql(MysqlStore::new(gone.clone(), gone))
+            Store::mysql(gone.clone(), gone)
         }
     };
     census_of(gone, &metrics).once(true).await;
@@ -241,7 +240,7 @@ fn the_backlog_benchmark_runs_the_stores_query_verbatim() {
     assert!(
         script.contains(&format!(
             "PREPARE backlog(timestamptz, timestamptz, int) AS\n{};",
-            autoapproval::store::BACKLOG_SQL
+            autoapproval::store::postgres::BACKLOG_SQL
         )),
         "benches/backlog_plan.sql lacks the store's backlog query"
     );

@@ -1,11 +1,9 @@
 //! Claims: exactly one winner, and fenced writes that refuse stale holders.
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
-use autoapproval::store::{ClaimOutcome, Completion, Store};
+use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use chrono::Duration;
 use sqlx::PgPool;
-
-use autoapproval::store::mysql::MysqlStore;
 
 use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0, with_pool};
 
@@ -145,7 +143,12 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
     };
 
     assert_eq!(store.complete(&old).await.unwrap(), Completion::Stale);
-    assert!(!store.save_owner_number(&old, 99).await.unwrap());
+    assert!(
+        !store
+            .save_result(&old, StepResult::OwnerNumber(99))
+            .await
+            .unwrap()
+    );
     assert!(!store.heartbeat(&old, "owner").await.unwrap());
     assert!(!store.release(&old, later).await.unwrap());
     assert_eq!(request_view(&db, 1).await.status, "PENDING");
@@ -230,7 +233,7 @@ async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_con
 ) {
     use autoapproval::store::RequestChange;
 
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = Store::postgres(pool.clone(), pool.clone());
     for id in [41, 42, 43] {
         let mut request = NewRequest::ready_owner(id);
         if id != 43 {
@@ -430,7 +433,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::new(chains.clone(), chains)
+            Store::postgres(chains.clone(), chains)
         }
         Db::Mysql(pool) => {
             let chains = sqlx::mysql::MySqlPoolOptions::new()
@@ -439,7 +442,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::mysql(MysqlStore::new(chains.clone(), chains))
+            Store::mysql(chains.clone(), chains)
         }
     };
     let _listening = store.request_changes().await.expect("listening");

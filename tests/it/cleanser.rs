@@ -4,7 +4,6 @@ use std::sync::Arc;
 
 use autoapproval::cleanser::Cleanser;
 use autoapproval::clock::ManualClock;
-use autoapproval::store::mysql::MysqlStore;
 use autoapproval::store::{ClaimOutcome, Store};
 use autoapproval::telemetry::Metrics;
 use chrono::{Duration, Utc};
@@ -134,7 +133,7 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
                 .await
                 .unwrap();
             (
-                Store::new(pool.clone(), replica.clone()),
+                Store::postgres(pool.clone(), replica.clone()),
                 Db::Postgres(replica),
             )
         }
@@ -145,7 +144,7 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
             let Db::Mysql(read) = &replica else {
                 unreachable!("a MySQL scratch database")
             };
-            let store = Store::mysql(MysqlStore::new(pool.clone(), read.clone()));
+            let store = Store::mysql(pool.clone(), read.clone());
             lagging_scratch = Some(scratch);
             (store, replica)
         }

@@ -8,7 +8,7 @@ use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{ClaimOutcome, Completion, Store};
+use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimConfig, SimSystem, Simulator};
 use chrono::Utc;
@@ -74,7 +74,12 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(db: Db) {
 
     // Everything "a" tries now is refused.
     assert!(!store.heartbeat(&claim_a, "OWNER").await.unwrap());
-    assert!(!store.save_owner_number(&claim_a, 77).await.unwrap());
+    assert!(
+        !store
+            .save_result(&claim_a, StepResult::OwnerNumber(77))
+            .await
+            .unwrap()
+    );
     assert!(!store.release(&claim_a, t0()).await.unwrap());
     assert_eq!(store.complete(&claim_a).await.unwrap(), Completion::Stale);
     assert_eq!(
@@ -203,7 +208,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         Metrics::new(),
         &config,
     );
-    let store = Store::new(pool.clone(), pool.clone());
+    let store = Store::postgres(pool.clone(), pool.clone());
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
 
     let a = tokio::spawn({

@@ -9,10 +9,10 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration as StdDuration, Instant};
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
-use autoapproval::store::mysql::{Flavour, MysqlStore, flavour_of};
+use autoapproval::store::mysql::{self, Flavour, flavour_of};
 use autoapproval::store::{
     ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
-    SessionArgs, ShardFilter, Store, StoreError,
+    SessionArgs, ShardFilter, StepResult, Store, StoreError,
 };
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
@@ -76,12 +76,11 @@ where
         .expect("create scratch database");
     let url = format!("{server}/{name}");
     let options: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a mysql:// URL");
-    let pool = MysqlStore::pool(options.clone(), 8, None);
-    let mysql = MysqlStore::new(pool.clone(), pool.clone()).with_poll_interval(POLL);
+    let pool = mysql::pool(options.clone(), 8, None);
+    let store = Store::mysql(pool.clone(), pool.clone()).with_wake_poll_interval(POLL);
     if migrated {
-        mysql.migrate().await.expect("migrate");
+        store.migrate().await.expect("migrate");
     }
-    let store = Store::mysql(mysql);
     // The business sessions keep the server's own defaults.
     let business = MySqlPoolOptions::new()
         .max_connections(4)
@@ -300,7 +299,12 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         assert_eq!(store.shard_token(4, 1).await.unwrap(), Some(2));
         // Every write of a is refused.
         assert!(!store.heartbeat(&claim, "start").await.unwrap());
-        assert!(!store.save_owner_number(&claim, 77).await.unwrap());
+        assert!(
+            !store
+                .save_result(&claim, StepResult::OwnerNumber(77))
+                .await
+                .unwrap()
+        );
         assert_eq!(store.complete(&claim).await.unwrap(), Completion::Stale);
         assert!(!store.release(&claim, t0()).await.unwrap());
         assert!(!store.drop_claim(&claim).await.unwrap());
@@ -341,7 +345,12 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         else {
             panic!("b claims under the new token");
         };
-        assert!(store.save_owner_number(&fresh, 77).await.unwrap());
+        assert!(
+            store
+                .save_result(&fresh, StepResult::OwnerNumber(77))
+                .await
+                .unwrap()
+        );
         assert_eq!(store.complete(&fresh).await.unwrap(), Completion::Approved);
         let memos = store.memos(5).await.unwrap();
         assert!(
@@ -433,9 +442,8 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
         drop(changes);
         // A restarted replica (a store of its own) starts at the oldest row
         // still there: nothing was consumed, so it hears of all again.
-        let restarted = Store::mysql(
-            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
-        );
+        let restarted =
+            Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut again = restarted.request_changes().await.unwrap();
         let mut seen = vec![];
         for _ in 0..2 {
@@ -451,9 +459,7 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
             .unwrap();
         assert_eq!(db.wake_rows().await, [(Some(2), None)]);
         insert_owner(&db.business, 3).await;
-        let fresh = Store::mysql(
-            MysqlStore::new(db.pool.clone(), db.pool.clone()).with_poll_interval(POLL),
-        );
+        let fresh = Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut third = fresh.request_changes().await.unwrap();
         let seen = [next_change(&mut third).await, next_change(&mut third).await];
         assert_eq!(seen, [RequestChange::Changed(2), RequestChange::Changed(3)]);

@@ -11,7 +11,7 @@ use autoapproval::clock::Clock;
 use autoapproval::domain::{Claim, DEFAULT_RETRY_LIMIT};
 use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{ClaimOutcome, Completion, RetryWrite, Store};
+use autoapproval::store::{ClaimOutcome, Completion, RetryWrite, StepResult, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimSystem};
 
@@ -104,11 +104,27 @@ async fn a_claim_given_back_and_taken_again_under_the_same_fence_refuses_the_fir
         step: "owner",
     };
     assert!(!store.heartbeat(&old, "owner").await.unwrap());
-    assert!(!store.save_owner_number(&old, 99).await.unwrap());
-    assert!(!store.save_store_number(&old, 99).await.unwrap());
     assert!(
         !store
-            .save_campaign_id(&old, "1:campaign:store-7", "c-1")
+            .save_result(&old, StepResult::OwnerNumber(99))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .save_result(&old, StepResult::StoreNumber(99))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .save_result(
+                &old,
+                StepResult::CampaignId {
+                    key: "1:campaign:store-7",
+                    campaign_id: "c-1"
+                }
+            )
             .await
             .unwrap()
     );
@@ -134,7 +150,12 @@ async fn a_claim_given_back_and_taken_again_under_the_same_fence_refuses_the_fir
     );
 
     assert!(store.heartbeat(&new, "owner").await.unwrap());
-    assert!(store.save_owner_number(&new, 42).await.unwrap());
+    assert!(
+        store
+            .save_result(&new, StepResult::OwnerNumber(42))
+            .await
+            .unwrap()
+    );
     assert_eq!(store.complete(&new).await.unwrap(), Completion::Approved);
 }
 

@@ -68,7 +68,7 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     let parts = Parts {
         client,
         api_server: server.url(),
-        store: Store::new(pool.clone(), pool.clone()),
+        store: Store::postgres(pool.clone(), pool.clone()),
         external,
         clock: Arc::new(SystemClock),
         metrics: Metrics::new(),

@@ -94,7 +94,7 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
         let parts = Parts {
             client: common::client(&server)?,
             api_server: server.url(),
-            store: Store::new(replica_pool.clone(), replica_pool),
+            store: Store::postgres(replica_pool.clone(), replica_pool),
             external: HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url())?)?,
             clock: Arc::new(SystemClock),
             metrics: Metrics::new(),

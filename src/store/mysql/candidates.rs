@@ -9,7 +9,7 @@
 
 use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::domain::{Candidate, RequestType};
-use crate::store::candidates::of_type;
+use crate::store::candidates::{of_any_type, of_type};
 use crate::store::{CandidateQuery, Candidates, ShardFilter, StoreError};
 
 /// The open statuses in pickup order (ING < PENDING < RETRY).
@@ -155,8 +155,7 @@ fn bind_shards<'q, O>(
 // === impl MysqlStore ===
 
 impl Candidates for MysqlStore {
-    /// Which of `request_ids` are candidates, by the candidate queries'
-    /// conditions, in one statement per [`CHUNK`] of them on the read pool.
+    // One statement per [`CHUNK`] of ids: MySQL has no array parameters.
     async fn candidates_among(
         &self,
         request_ids: &[i64],
@@ -168,10 +167,7 @@ impl Candidates for MysqlStore {
         let mut rows: Vec<(i64, String, Option<i64>)> = Vec::new();
         for chunk in request_ids.chunks(CHUNK) {
             let sql = candidates_among_sql(chunk.len());
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
             rows.extend(
                 q.bind(query.window_start)
                     .bind(query.now)
@@ -181,20 +177,9 @@ impl Candidates for MysqlStore {
                     .map_err(db("candidates among requests"))?,
             );
         }
-        rows.into_iter()
-            .map(|(request_id, request_type, state_id)| {
-                Ok(Candidate {
-                    request_id,
-                    request_type: request_type
-                        .parse()
-                        .map_err(|error| StoreError::Malformed { request_id, error })?,
-                    state_id,
-                })
-            })
-            .collect()
+        of_any_type(rows)
     }
 
-    /// New requests above `since` and due retries, on the read pool.
     async fn fresh_candidates(
         &self,
         query: &CandidateQuery,
@@ -220,7 +205,6 @@ impl Candidates for MysqlStore {
         Ok(of_type(rows, query.request_type))
     }
 
-    /// The highest request id, on the read pool.
     async fn newest_request_id(&self) -> Result<i64, StoreError> {
         sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM approval_request")
             .fetch_one(&self.read)
@@ -228,7 +212,6 @@ impl Candidates for MysqlStore {
             .map_err(db("newest request id"))
     }
 
-    /// Runs the thin candidate query on the read pool.
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, StoreError> {
         let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
         let Some(sql) = candidate_sql(query.request_type, shards) else {

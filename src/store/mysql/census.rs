@@ -2,16 +2,18 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{MysqlStore, db, ping};
-use crate::store::{Census, RequestCensus, StoreError};
+use super::{MysqlStore, db};
+use crate::store::{CensusQueries, RequestCensus, StoreError};
 
 // COUNT(CASE …) for PostgreSQL's count(*) FILTER (WHERE …), which MySQL
 // lacks; COUNT is a BIGINT where SUM would be a DECIMAL.
 const CENSUS: &str = "\
-SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ? AND transient_streak > 0 THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ? AND transient_streak = 0 THEN 1 END),
-       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count >= ? THEN 1 END)
+SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END) AS in_progress,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ?
+                   AND transient_streak > 0 THEN 1 END) AS waiting_transient,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count < ?
+                   AND transient_streak = 0 THEN 1 END) AS waiting_condition,
+       COUNT(CASE WHEN status = 'RETRY_WAITING' AND retry_count >= ? THEN 1 END) AS exhausted
   FROM auto_approve_state";
 
 /// One branch of the backlog query per (type, open status): the first
@@ -31,7 +33,7 @@ fn first_new(request_type: &str, status: &str) -> String {
 /// PostgreSQL's BACKLOG_SQL. MariaDB has no LATERAL join, so the six
 /// (type, status) ranges are six branches of a UNION ALL, each bound with
 /// the window start; the due retries are the seventh.
-pub fn backlog_sql() -> String {
+fn backlog_sql() -> String {
     let mut branches = Vec::new();
     for request_type in ["OWNER_CONTRACT", "AD_CONTRACT"] {
         for status in ["ING", "PENDING", "RETRY"] {
@@ -59,27 +61,17 @@ pub fn backlog_sql() -> String {
 
 // === impl MysqlStore ===
 
-impl Census for MysqlStore {
-    /// Counts the state table's rows by state.
+impl CensusQueries for MysqlStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
-        let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
-            sqlx::query_as(CENSUS)
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .fetch_one(&self.read)
-                .await
-                .map_err(db("census"))?;
-        Ok(RequestCensus {
-            in_progress,
-            waiting_transient,
-            waiting_condition,
-            exhausted,
-        })
+        sqlx::query_as(CENSUS)
+            .bind(retry_limit)
+            .bind(retry_limit)
+            .bind(retry_limit)
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("census"))
     }
 
-    /// When the oldest request a candidate query would select at `now`
-    /// became eligible; `None` when there is none.
     async fn oldest_eligible(
         &self,
         window_start: DateTime<Utc>,
@@ -98,13 +90,5 @@ impl Census for MysqlStore {
             .await
             .map_err(db("backlog age"))?;
         Ok(oldest)
-    }
-
-    async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
-        let mut answers = Vec::new();
-        for (name, pool) in self.named_pools() {
-            answers.push((name, ping(&pool).await));
-        }
-        answers
     }
 }

@@ -24,19 +24,16 @@ use sqlx::MySql;
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::fresh_nonce;
-use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
+use crate::store::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
 
 // === impl MysqlStore ===
 
 impl Claims for MysqlStore {
-    /// Claims a candidate on the primary: INSERT IGNORE for a new request
-    /// (the UNIQUE(request_id) lets exactly one racer win), a conditional
-    /// UPDATE by primary key for a due retry; under shard coordination the
-    /// fence row is share-locked first and its token must be the claim's.
-    /// A paused request is never claimed.
+    // INSERT IGNORE for a new request; under shard coordination the fence
+    // row is share-locked first and its token must be the claim's.
     async fn claim(
         &self,
         candidate: &Candidate,
@@ -164,9 +161,6 @@ impl Claims for MysqlStore {
         }))
     }
 
-    /// A person asked for a retry now: a waiting request becomes due at
-    /// `now`, an exhausted one gets one more attempt, and `note` goes to its
-    /// memo. False when nothing waits.
     async fn retry_now(
         &self,
         request_id: i64,
@@ -197,29 +191,6 @@ impl Claims for MysqlStore {
         Ok(true)
     }
 
-    /// Touches the claim so the cleanser sees it is alive (database clock);
-    /// false when the fence no longer matches.
-    async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(step)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("heartbeat"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Moves a claimed request to RETRY_WAITING (retry_count + 1 when
-    /// `counted`), due at once when it was woken while the chain ran, with
-    /// a memo when the reason changed. `None` when the fence no longer
-    /// matches.
     async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -287,10 +258,8 @@ impl Claims for MysqlStore {
         Ok(Some((retry_count, due)))
     }
 
-    /// Approves the request and deletes the state row, in one transaction,
-    /// only while the fence matches and no wake is pending. Lock order as
-    /// on PostgreSQL: the request row (NOWAIT: a row the business holds
-    /// fails at once), then the state row, each by primary key.
+    // Lock order as on PostgreSQL: the request row (NOWAIT: a row the
+    // business holds fails at once), then the state row, each by primary key.
     async fn complete(&self, claim: &Claim) -> Result<Completion, StoreError> {
         let mut tx = self.begin("complete").await?;
         let status = lock_request_nowait(&mut tx, claim.request_id)
@@ -354,78 +323,21 @@ impl Claims for MysqlStore {
         })
     }
 
-    /// Deletes our own state row without touching the request; false when
-    /// the fence no longer matches.
-    async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "DELETE FROM auto_approve_state
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("drop claim"))?;
-        Ok(done.rows_affected() == 1)
+    fenced_writes! {
+        heartbeat: "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
+                     WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                       AND claim_nonce = ?",
+        drop: "DELETE FROM auto_approve_state
+                WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                  AND claim_nonce = ?",
+        release: "UPDATE auto_approve_state
+                     SET status = 'RETRY_WAITING', next_retry_time = ?,
+                         modified_at = UTC_TIMESTAMP(6)
+                   WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                     AND claim_nonce = ?",
     }
 
-    /// Gives a claim back: due again at once, no retry counted. False when
-    /// the fence no longer matches.
-    async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?",
-        )
-        .bind(now)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .execute(&self.primary)
-        .await
-        .map_err(db("release"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    /// Stores the owner number the owner service returned, under the fence.
-    async fn save_owner_number(
-        &self,
-        claim: &Claim,
-        owner_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_OWNER_NUMBER, Value::Int(owner_number), None)
-            .await
-    }
-
-    /// Stores the store number the store service returned, under the fence.
-    async fn save_store_number(
-        &self,
-        claim: &Claim,
-        store_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_STORE_NUMBER, Value::Int(store_number), None)
-            .await
-    }
-
-    /// Stores the campaign id the ad service returned, under the fence,
-    /// and records it as the result of `key`.
-    async fn save_campaign_id(
-        &self,
-        claim: &Claim,
-        key: &str,
-        campaign_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.save_result(claim, SAVE_CAMPAIGN_ID, Value::Text(campaign_id), Some(key))
-            .await
-    }
-
-    /// Records the body sent under `key` unless one is (INSERT IGNORE by
-    /// the primary key), under the share-locked fence; the recorded body.
+    // INSERT IGNORE by the primary key, under the share-locked fence.
     async fn record_sent(
         &self,
         claim: &Claim,
@@ -461,33 +373,14 @@ impl Claims for MysqlStore {
         Ok(Some(recorded))
     }
 
-    /// The result saved from the creation sent under `key`, if any.
-    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT result FROM auto_approve_sent WHERE request_id = ? AND idempotency_key = ?",
-        )
-        .bind(request_id)
-        .bind(key)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("read sent result"))?;
-        Ok(row.and_then(|(result,)| result))
-    }
-}
+    sent_result!("?", "?");
 
-impl MysqlStore {
-    /// A result saved only while the claim is still ours: the request row
-    /// locked NOWAIT (a business transaction holding it fails the attempt
-    /// at once, `StoreError::RowLocked`), then the state row share-locked
-    /// under the fence (a recovery meanwhile makes it not ours), then the
-    /// update by primary key.
-    async fn save_result(
-        &self,
-        claim: &Claim,
-        sql: &'static str,
-        value: Value<'_>,
-        key: Option<&str>,
-    ) -> Result<bool, StoreError> {
+    // A result saved only while the claim is still ours: the request row
+    // locked NOWAIT (a business transaction holding it fails the attempt
+    // at once, `StoreError::RowLocked`), then the state row share-locked
+    // under the fence (a recovery meanwhile makes it not ours), then the
+    // update by primary key.
+    async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError> {
         let mut tx = self.begin("save result").await?;
         if lock_request_nowait(&mut tx, claim.request_id)
             .await
@@ -502,21 +395,23 @@ impl MysqlStore {
         {
             return give_up(tx, "save result", false).await;
         }
-        let query = sqlx::query(sql);
-        let query = match value {
-            Value::Int(v) => query.bind(v),
-            Value::Text(v) => query.bind(v),
+        let query = match result {
+            StepResult::OwnerNumber(number) => sqlx::query(SAVE_OWNER_NUMBER).bind(number),
+            StepResult::StoreNumber(number) => sqlx::query(SAVE_STORE_NUMBER).bind(number),
+            StepResult::CampaignId { campaign_id, .. } => {
+                sqlx::query(SAVE_CAMPAIGN_ID).bind(campaign_id)
+            }
         };
         query
             .bind(claim.request_id)
             .execute(&mut *tx)
             .await
             .map_err(db("save result"))?;
-        if let (Some(key), Value::Text(result)) = (key, value) {
+        if let StepResult::CampaignId { key, campaign_id } = result {
             sqlx::query(
                 "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
             )
-            .bind(result)
+            .bind(campaign_id)
             .bind(claim.request_id)
             .bind(key)
             .execute(&mut *tx)
@@ -534,12 +429,6 @@ const SAVE_STORE_NUMBER: &str =
     "UPDATE approval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 const SAVE_CAMPAIGN_ID: &str =
     "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
-
-#[derive(Clone, Copy)]
-enum Value<'a> {
-    Int(i64),
-    Text(&'a str),
-}
 
 pub(super) fn is_open(status: &str) -> bool {
     matches!(status, "ING" | "PENDING" | "RETRY")

@@ -8,10 +8,9 @@ use crate::store::{Layout, ShardLayout, StoreError};
 // === impl MysqlStore ===
 
 impl Layout for MysqlStore {
-    /// Records `shard_count` as K when none is recorded yet, and returns the
-    /// K in force. INSERT IGNORE for ON CONFLICT DO NOTHING; the read after
-    /// it is a statement of its own, which under READ COMMITTED sees a row
-    /// another replica committed meanwhile.
+    // INSERT IGNORE for ON CONFLICT DO NOTHING; the read after it is a
+    // statement of its own, which under READ COMMITTED sees a row another
+    // replica committed meanwhile.
     async fn agree_shard_count(
         &self,
         shard_count: u32,

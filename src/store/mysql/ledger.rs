@@ -3,24 +3,21 @@
 use chrono::{DateTime, Utc};
 
 use super::{MysqlStore, db};
-use crate::store::{Ledger, Memo, StoreError};
+use crate::store::ledger::ledger_statements;
+use crate::store::{Ledger, StoreError};
 
 // === impl MysqlStore ===
 
 impl Ledger for MysqlStore {
-    /// The e-contract status our ledger holds, if any.
-    async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(String,)> =
-            sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = ?")
-                .bind(contract_ref)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read e-contract"))?;
-        Ok(row.map(|(s,)| s))
+    ledger_statements! {
+        status: "SELECT status FROM econtract WHERE contract_ref = ?",
+        add: "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+              VALUES (?, ?, 'autoapproval', ?)",
+        history: "SELECT created_at, author, message FROM approval_request_memo
+                   WHERE request_id = ? ORDER BY id",
+        memos: "SELECT message FROM approval_request_memo WHERE request_id = ? ORDER BY id",
     }
 
-    /// Records what the e-sign system says about a contract, synced by the
-    /// chain of `request_id`; SIGNED never goes back to PENDING.
     async fn sync_econtract(
         &self,
         request_id: i64,
@@ -66,49 +63,5 @@ impl Ledger for MysqlStore {
         }
         written?;
         Ok(())
-    }
-
-    /// Appends a memo to a request's history.
-    async fn add_memo(
-        &self,
-        request_id: i64,
-        message: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO approval_request_memo (request_id, created_at, author, message)
-             VALUES (?, ?, 'autoapproval', ?)",
-        )
-        .bind(request_id)
-        .bind(now)
-        .bind(message)
-        .execute(&self.primary)
-        .await
-        .map_err(db("add memo"))?;
-        Ok(())
-    }
-
-    /// A request's history: each memo with its time and author, oldest first.
-    async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
-        sqlx::query_as(
-            "SELECT created_at, author, message FROM approval_request_memo
-              WHERE request_id = ? ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read history"))
-    }
-
-    /// A request's memos, oldest first.
-    async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
-        let rows: Vec<(String,)> = sqlx::query_as(
-            "SELECT message FROM approval_request_memo WHERE request_id = ? ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read memos"))?;
-        Ok(rows.into_iter().map(|(m,)| m).collect())
     }
 }

@@ -16,13 +16,22 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
-use sqlx::{ConnectOptions, Executor, MySql, Transaction};
+use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
+use sqlx::{Executor, MySql, Transaction};
 
-use super::{
-    Candidates, Census, Claims, DatabaseArgs, DatabaseUrl, Layout, Ledger, Pauses, Pool, Recovery,
-    Rows, SessionArgs, StoreError, Wakes,
-};
+use super::{DatabaseArgs, SessionArgs, StoreError, connect};
+
+/// `$query` with each of `$values` bound in order: the values of an
+/// `IN (…)` list of [`placeholders`].
+macro_rules! bind_all {
+    ($query:expr, $values:expr) => {{
+        let mut query = $query;
+        for value in $values {
+            query = query.bind(value);
+        }
+        query
+    }};
+}
 
 mod candidates;
 mod census;
@@ -33,29 +42,19 @@ mod notify;
 mod pause;
 mod recovery;
 mod rows;
+mod wake_cursor;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
-pub use notify::MysqlRequestChanges;
-use notify::WakeCursor;
+pub(crate) use notify::MysqlRequestChanges;
+use wake_cursor::WakeCursor;
 
-/// How long one start-up connection attempt may take before it is reported.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// The default interval of the wake poller (`--wake-poll-interval`).
-pub const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
-
-// Every capability is implemented, in the module named after it.
-const _: fn() = || {
-    fn implements<
-        T: Candidates + Census + Claims + Layout + Ledger + Pauses + Recovery + Rows + Wakes,
-    >() {
-    }
-    implements::<MysqlStore>();
-};
+/// The wake poller's interval when the store is made over pools (the
+/// flag's default).
+const DEFAULT_WAKE_POLL_INTERVAL: Duration = Duration::from_millis(250);
 
 /// The store on MySQL 8 or MariaDB.
 #[derive(Clone, Debug)]
-pub struct MysqlStore {
+pub(crate) struct MysqlStore {
     primary: MySqlPool,
     read: MySqlPool,
     /// The read pool reaches a replica of its own.
@@ -86,9 +85,7 @@ pub enum Flavour {
 // === impl MysqlStore ===
 
 impl MysqlStore {
-    /// A store over existing pools (tests, tools); the pools should come
-    /// from [`MysqlStore::pool`], which sets the session our SQL expects.
-    pub fn new(primary: MySqlPool, read: MySqlPool) -> Self {
+    pub(super) fn new(primary: MySqlPool, read: MySqlPool) -> Self {
         Self {
             primary,
             read,
@@ -99,8 +96,7 @@ impl MysqlStore {
         }
     }
 
-    /// This store with the wake poller reading every `interval`.
-    pub fn with_poll_interval(mut self, interval: Duration) -> Self {
+    pub(super) fn with_poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
     }
@@ -113,9 +109,13 @@ impl MysqlStore {
         session: Option<&SessionArgs>,
     ) -> Result<Self, StoreError> {
         let max = config.db_max_connections;
-        let primary = Self::pool(reach("primary", &config.database_url).await?, max, session);
+        let primary = pool(
+            connect::reach("primary", &config.database_url).await?,
+            max,
+            session,
+        );
         let read = match &config.read_database_url {
-            Some(url) => Self::pool(reach("read replica", url).await?, max, session),
+            Some(url) => pool(connect::reach("read replica", url).await?, max, session),
             None => primary.clone(),
         };
         let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
@@ -124,51 +124,12 @@ impl MysqlStore {
         Ok(store)
     }
 
-    /// A lazily connecting pool whose sessions are set as our SQL expects:
-    /// READ COMMITTED (see the module doc), the time zone UTC (sqlx sets
-    /// it: DATETIME columns hold UTC), and the lock and statement limits.
-    pub fn pool(
-        options: MySqlConnectOptions,
-        max_connections: u32,
-        session: Option<&SessionArgs>,
-    ) -> MySqlPool {
-        Self::limited_pool(options, max_connections, session.map(limits_of))
-    }
-
-    fn limited_pool(
-        options: MySqlConnectOptions,
-        max_connections: u32,
-        limits: Option<Limits>,
-    ) -> MySqlPool {
-        MySqlPoolOptions::new()
-            .max_connections(max_connections.max(1))
-            .acquire_timeout(Duration::from_secs(10))
-            .after_connect(move |conn, _| {
-                Box::pin(async move {
-                    // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
-                    // spelling both accept: the variable is tx_isolation on
-                    // MariaDB before 11.1, transaction_isolation on MySQL 8.
-                    conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
-                        .await?;
-                    if let Some((lock, statement)) = limits {
-                        let flavour = flavour_of(&mut *conn).await?;
-                        for sql in session_limits(flavour, lock, statement) {
-                            conn.execute(sqlx::AssertSqlSafe(sql)).await?;
-                        }
-                    }
-                    Ok(())
-                })
-            })
-            .connect_lazy_with(options)
-    }
-
-    /// A store over a pool of its own of `connections` to the same primary,
-    /// sharing this one's wake cursor, its sessions set as this one's: the
-    /// Lease loop's fence must give up on a held row after the lock wait,
-    /// as the chains' statements do, not after InnoDB's 50 s.
-    pub fn dedicated(&self, connections: u32) -> MysqlStore {
+    /// Sessions set as this store's: the Lease loop's fence must give up
+    /// on a held row after the lock wait, as the chains' statements do, not
+    /// after InnoDB's 50 s. The wake cursor is shared.
+    pub(super) fn dedicated(&self, connections: u32) -> MysqlStore {
         let options = self.primary.connect_options().as_ref().clone();
-        let pool = Self::limited_pool(options, connections, self.limits);
+        let pool = limited_pool(options, connections, self.limits);
         MysqlStore {
             primary: pool.clone(),
             read: pool,
@@ -179,39 +140,13 @@ impl MysqlStore {
         }
     }
 
-    /// The primary pool (for tests' fixtures).
-    pub fn primary(&self) -> &MySqlPool {
+    pub(super) fn primary(&self) -> &MySqlPool {
         &self.primary
     }
 
-    /// Applies the migrations in `migrations/mysql`; a no-op when applied.
-    pub async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations/mysql")
-            .run(&self.primary)
-            .await?;
-        Ok(())
-    }
-
-    /// The pools to watch, by name: `primary`, and `read` when a replica
-    /// is configured.
-    pub fn pools(&self) -> Vec<(&'static str, Pool)> {
-        self.named_pools()
-            .into_iter()
-            .map(|(name, pool)| (name, Pool::Mysql(pool)))
-            .collect()
-    }
-
-    fn named_pools(&self) -> Vec<(&'static str, MySqlPool)> {
-        let mut pools = vec![("primary", self.primary.clone())];
-        if self.separate_read {
-            pools.push(("read", self.read.clone()));
-        }
-        pools
-    }
-
-    /// One round-trip to the primary, for the readiness probe.
-    pub async fn ping(&self) -> Result<(), StoreError> {
-        ping(&self.primary).await
+    /// The read replica's pool, when it is not the primary's.
+    pub(super) fn replica(&self) -> Option<&MySqlPool> {
+        self.separate_read.then_some(&self.read)
     }
 
     async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, MySql>, StoreError> {
@@ -219,12 +154,41 @@ impl MysqlStore {
     }
 }
 
-async fn ping(pool: &MySqlPool) -> Result<(), StoreError> {
-    sqlx::query("SELECT 1")
-        .execute(pool)
-        .await
-        .map_err(db("ping"))?;
-    Ok(())
+/// A lazily connecting pool whose sessions are set as our SQL expects:
+/// READ COMMITTED (see the module doc), the time zone UTC (sqlx sets
+/// it: DATETIME columns hold UTC), and the lock and statement limits.
+pub fn pool(
+    options: MySqlConnectOptions,
+    max_connections: u32,
+    session: Option<&SessionArgs>,
+) -> MySqlPool {
+    limited_pool(options, max_connections, session.map(limits_of))
+}
+
+/// [`pool`] with the limits as the store keeps them.
+fn limited_pool(
+    options: MySqlConnectOptions,
+    max_connections: u32,
+    limits: Option<Limits>,
+) -> MySqlPool {
+    connect::pool_options::<MySql>(max_connections)
+        .after_connect(move |conn, _| {
+            Box::pin(async move {
+                // `SET SESSION TRANSACTION ISOLATION LEVEL` is the one
+                // spelling both accept: the variable is tx_isolation on
+                // MariaDB before 11.1, transaction_isolation on MySQL 8.
+                conn.execute("SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED")
+                    .await?;
+                if let Some((lock, statement)) = limits {
+                    let flavour = flavour_of(&mut *conn).await?;
+                    for sql in session_limits(flavour, lock, statement) {
+                        conn.execute(sqlx::AssertSqlSafe(sql)).await?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .connect_lazy_with(options)
 }
 
 /// MariaDB or MySQL, from the server's version string.
@@ -264,33 +228,8 @@ fn session_limits(flavour: Flavour, lock: Duration, statement: Duration) -> Vec<
     sql
 }
 
-/// One connection to `url`, opened and closed: its options, or why not.
-async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<MySqlConnectOptions, StoreError> {
-    let refused = |reason: String| StoreError::Connect {
-        role,
-        url: url.to_string(),
-        reason: url.redact(&reason),
-    };
-    let options: MySqlConnectOptions = url
-        .expose()
-        .parse()
-        .map_err(|e: sqlx::Error| refused(e.to_string()))?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            // Closing is best effort: the pool opens its own connections.
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(options)
-        }
-        Ok(Err(error)) => Err(refused(error.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
-    }
-}
-
 /// Maps a driver error; a lock we did not wait for is `RowLocked`.
-fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| {
         let number = source
             .as_database_error()

@@ -2,21 +2,11 @@
 //! triggers append (migrations/mysql 0003) and turns them into the
 //! `RequestChange`s discovery already understands, and the consumption of
 //! those rows by the shard's owner (`apply_wakes`).
-//!
-//! AUTO_INCREMENT ids are given out when a row is inserted, not when its
-//! transaction commits: a poller that has read id 11 may see id 10 commit
-//! later. The poller remembers the ids it skipped (holes) for HOLE_WAIT and
-//! reads from the oldest of them (a fresh poller counts the START_HOLES ids
-//! below the oldest row as holes too). `apply_wakes` makes every woken
-//! waiting request due at once, but deletes only rows below the oldest
-//! hole, so a new request's row is never deleted before this replica's
-//! poller saw it. A hole is also a row another replica consumed first, or
-//! a rolled-back insert: the rows above it then stay up to HOLE_WAIT longer,
-//! which delays their deletion, not a wake.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicI64, Ordering};
+//! Where the poller stands is the [`WakeCursor`] (wake_cursor.rs).
+
+use std::collections::{BTreeSet, VecDeque};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -24,115 +14,20 @@ use sqlx::MySqlPool;
 use tokio::time::Instant;
 
 use super::{CHUNK, MysqlStore, db, give_up, placeholders};
+use crate::store::connect;
 use crate::store::notify::ChangeSource;
 use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
 /// Rows read per statement, by the poller and by `apply_wakes`.
 const BATCH: i64 = 1000;
-/// How long an id skipped by the poller is looked for again.
-const HOLE_WAIT: Duration = Duration::from_secs(10);
-/// Ids below the oldest row a fresh poller treats as holes: rows of
-/// business transactions still open when it started.
-const START_HOLES: i64 = 1000;
-/// At most this many holes are remembered (auto_increment_increment > 1
-/// makes every other id one); the oldest are forgotten first.
-const MAX_HOLES: usize = 10_000;
-
-/// How far this process's poller has read the wake table.
-#[derive(Debug)]
-pub(super) struct WakeCursor {
-    /// Every row at or below this id was seen by the poller; `i64::MAX`
-    /// while no poller runs in this process (notifications off), so the
-    /// discovery turn consumes every row as PostgreSQL's does.
-    seen_upto: AtomicI64,
-    poll: Mutex<PollState>,
-}
-
-#[derive(Debug, Default)]
-struct PollState {
-    /// The highest id read; `None` before the first poll.
-    cursor: Option<i64>,
-    /// Ids below the cursor not read yet, with when they were skipped.
-    holes: BTreeMap<i64, Instant>,
-}
-
-impl Default for WakeCursor {
-    fn default() -> Self {
-        Self {
-            seen_upto: AtomicI64::new(i64::MAX),
-            poll: Mutex::new(PollState::default()),
-        }
-    }
-}
-
-impl WakeCursor {
-    fn seen_upto(&self) -> i64 {
-        self.seen_upto.load(Ordering::Acquire)
-    }
-}
-
-impl PollState {
-    /// The rows of `rows` (id order) this poller had not seen, after which
-    /// the cursor, holes and `seen_upto` are advanced.
-    fn take<T>(&mut self, rows: Vec<(i64, T)>, seen_upto: &AtomicI64, now: Instant) -> Vec<T> {
-        let mut cursor = self.cursor.unwrap_or(0);
-        let mut fresh = Vec::new();
-        for (id, row) in rows {
-            if id <= cursor {
-                if self.holes.remove(&id).is_some() {
-                    fresh.push(row);
-                }
-                continue;
-            }
-            for skipped in (cursor + 1)..id {
-                if self.holes.len() >= MAX_HOLES {
-                    break;
-                }
-                self.holes.insert(skipped, now);
-            }
-            cursor = id;
-            fresh.push(row);
-        }
-        self.cursor = Some(cursor);
-        self.holes
-            .retain(|_, since| now.duration_since(*since) < HOLE_WAIT);
-        let upto = self.holes.keys().next().map_or(cursor, |oldest| oldest - 1);
-        seen_upto.store(upto, Ordering::Release);
-        fresh
-    }
-
-    /// A fresh poller's position: before the oldest row, the START_HOLES
-    /// ids below it taken as holes.
-    fn start(&mut self, oldest: Option<i64>, now: Instant) {
-        if self.cursor.is_some() {
-            return;
-        }
-        let cursor = oldest.map_or(0, |id| id - 1);
-        for id in (cursor - START_HOLES + 1).max(1)..=cursor {
-            self.holes.insert(id, now);
-        }
-        self.cursor = Some(cursor);
-    }
-
-    /// Where the next read starts: past the oldest hole, else the cursor.
-    fn read_from(&self) -> i64 {
-        self.holes
-            .keys()
-            .next()
-            .map_or(self.cursor.unwrap_or(0), |oldest| oldest - 1)
-    }
-}
-
-/// One wake row as read: request, contract, request not to wake.
-type WakeRow = (Option<i64>, Option<String>, Option<i64>);
-/// A wake row with its id, as the poll reads it.
+/// A wake row as the poll reads it: id, request, contract, request not to wake.
 type PolledRow = (i64, Option<i64>, Option<String>, Option<i64>);
 
 /// The wake poller: yields a `RequestChange::Changed` for each request a
 /// trigger appended a row for, every request on a changed e-contract
 /// included. It reads every new row, whatever its shard: discovery keeps
 /// those of its shards, as it does with PostgreSQL's NOTIFY.
-pub struct MysqlRequestChanges {
+pub(crate) struct MysqlRequestChanges {
     pool: MySqlPool,
     store: MysqlStore,
     interval: Duration,
@@ -142,7 +37,7 @@ pub struct MysqlRequestChanges {
 
 impl MysqlRequestChanges {
     /// Waits for the next change: polls every interval until one comes.
-    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+    pub(crate) async fn next(&mut self) -> Result<RequestChange, StoreError> {
         loop {
             if let Some(change) = self.buffer.pop_front() {
                 return Ok(change);
@@ -154,7 +49,7 @@ impl MysqlRequestChanges {
     }
 
     /// A change already read, without waiting.
-    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+    pub(crate) fn next_buffered(&mut self) -> Option<RequestChange> {
         self.buffer.pop_front()
     }
 
@@ -162,27 +57,18 @@ impl MysqlRequestChanges {
     /// a second at once when e-contract rows were expanded into new ones.
     async fn poll(&mut self) -> Result<(), StoreError> {
         for _ in 0..2 {
-            let from = {
-                let started = self.store.wakes.poll.lock().map(|s| s.cursor.is_some());
-                if !started.unwrap_or(false) {
-                    // A fresh poller starts at the oldest row still there:
-                    // those not consumed yet survive a restart.
-                    let (oldest,): (Option<i64>,) =
-                        sqlx::query_as("SELECT MIN(id) FROM auto_approve_wake")
-                            .fetch_one(&self.pool)
-                            .await
-                            .map_err(db("wake poll: oldest row"))?;
-                    if let Ok(mut state) = self.store.wakes.poll.lock() {
-                        state.start(oldest, Instant::now());
-                    }
-                }
-                self.store
-                    .wakes
-                    .poll
-                    .lock()
-                    .map(|s| s.read_from())
-                    .unwrap_or(0)
-            };
+            let wakes = &self.store.wakes;
+            if wakes.state().cursor.is_none() {
+                // A fresh poller starts at the oldest row still there:
+                // those not consumed yet survive a restart.
+                let (oldest,): (Option<i64>,) =
+                    sqlx::query_as("SELECT MIN(id) FROM auto_approve_wake")
+                        .fetch_one(&self.pool)
+                        .await
+                        .map_err(db("wake poll: oldest row"))?;
+                wakes.state().start(oldest, Instant::now());
+            }
+            let from = wakes.state().read_from();
             let rows: Vec<PolledRow> = sqlx::query_as(
                 "SELECT id, request_id, contract_ref, skip_request FROM auto_approve_wake
                   WHERE id > ? ORDER BY id LIMIT ?",
@@ -192,17 +78,11 @@ impl MysqlRequestChanges {
             .fetch_all(&self.pool)
             .await
             .map_err(db("wake poll"))?;
-            let rows: Vec<(i64, (i64, WakeRow))> = rows
-                .into_iter()
-                .map(|(id, r, c, s)| (id, (id, (r, c, s))))
-                .collect();
-            let fresh = match self.store.wakes.poll.lock() {
-                Ok(mut state) => state.take(rows, &self.store.wakes.seen_upto, Instant::now()),
-                Err(_) => Vec::new(),
-            };
+            let rows = rows.into_iter().map(|row| (row.0, row)).collect();
+            let fresh = wakes.state().take(rows, &wakes.seen_upto, Instant::now());
             let mut changed = BTreeSet::new();
             let mut expanded = false;
-            for (id, (request_id, contract_ref, skip)) in fresh {
+            for (id, request_id, contract_ref, skip) in fresh {
                 match (request_id, contract_ref) {
                     (Some(request_id), _) => {
                         changed.insert(request_id);
@@ -226,10 +106,8 @@ impl MysqlRequestChanges {
 // === impl MysqlStore ===
 
 impl Wakes for MysqlStore {
-    /// Makes waiting requests due at `now` and marks running ones so the
-    /// retry they schedule is due at once; returns the requests touched.
-    /// The rows are found and locked by the unique request_id, then
-    /// written by the same key (no RETURNING in MySQL 8).
+    // The rows are found and locked by the unique request_id, then written
+    // by the same key (no RETURNING in MySQL 8).
     async fn wake(&self, request_ids: &[i64], now: DateTime<Utc>) -> Result<Vec<i64>, StoreError> {
         if request_ids.is_empty() {
             return Ok(Vec::new());
@@ -244,10 +122,7 @@ impl Wakes for MysqlStore {
                   FOR UPDATE",
                 placeholders(chunk.len())
             );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
-            for id in chunk {
-                query = query.bind(id);
-            }
+            let query = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(select)), chunk);
             let rows: Vec<(i64,)> = query
                 .bind(now)
                 .fetch_all(&mut *tx)
@@ -264,10 +139,10 @@ impl Wakes for MysqlStore {
                   WHERE request_id IN ({})",
                 placeholders(found.len())
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now);
-            for id in &found {
-                query = query.bind(id);
-            }
+            let query = bind_all!(
+                sqlx::query(sqlx::AssertSqlSafe(update)).bind(now).bind(now),
+                &found
+            );
             query
                 .execute(&mut *tx)
                 .await
@@ -281,12 +156,7 @@ impl Wakes for MysqlStore {
         Ok(woken)
     }
 
-    /// Makes due now the waiting requests of `shards` that the business
-    /// system woke, and removes those wake rows and those of requests with
-    /// no claim running (a running claim's rows stay for the retry it
-    /// schedules); returns the requests made due. A woken request at
-    /// `retry_limit` is revived, as on PostgreSQL. Only rows this
-    /// process's poller has seen are deleted (module doc).
+    // Only rows this process's poller has seen are deleted (module doc).
     async fn apply_wakes(
         &self,
         shards: Option<&ShardFilter>,
@@ -368,22 +238,20 @@ impl Wakes for MysqlStore {
         Ok(made_due)
     }
 
-    /// Polls the wake table for request changes, every interval, on a
-    /// connection of its own.
+    // Polls the wake table every interval, on a connection of its own.
     async fn request_changes(&self) -> Result<RequestChanges, StoreError> {
         let own = self.dedicated(1);
         let pool = own.primary.clone();
         // Reached once, so a database that is down is an error here, as
         // PostgreSQL's LISTEN is.
-        sqlx::query("SELECT 1")
-            .execute(&pool)
+        connect::ping(&pool)
             .await
             .map_err(db("connect wake poller"))?;
-        if let Ok(state) = self.wakes.poll.lock() {
-            // From now on, apply_wakes consumes only what this poller saw.
-            let upto = state.cursor.map_or(0, |_| state.read_from());
-            self.wakes.seen_upto.store(upto, Ordering::Release);
-        }
+        // From now on, apply_wakes consumes only what this poller saw.
+        let state = self.wakes.state();
+        let upto = state.cursor.map_or(0, |_| state.read_from());
+        self.wakes.seen_upto.store(upto, Ordering::Release);
+        drop(state);
         Ok(RequestChanges::new(ChangeSource::Mysql(
             MysqlRequestChanges {
                 pool,
@@ -416,10 +284,7 @@ impl MysqlStore {
                   FOR UPDATE",
                 placeholders(waiting.len())
             );
-            let mut query = sqlx::query_as(sqlx::AssertSqlSafe(select));
-            for id in waiting {
-                query = query.bind(id);
-            }
+            let query = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(select)), waiting);
             let rows: Vec<(i64,)> = query
                 .bind(now)
                 .bind(retry_limit)
@@ -441,14 +306,14 @@ impl MysqlStore {
                   WHERE request_id IN ({})",
                 placeholders(due.len())
             );
-            let mut query = sqlx::query(sqlx::AssertSqlSafe(update))
-                .bind(retry_limit)
-                .bind(retry_limit)
-                .bind(now)
-                .bind(now);
-            for id in &due {
-                query = query.bind(id);
-            }
+            let query = bind_all!(
+                sqlx::query(sqlx::AssertSqlSafe(update))
+                    .bind(retry_limit)
+                    .bind(retry_limit)
+                    .bind(now)
+                    .bind(now),
+                &due
+            );
             query
                 .execute(&mut *tx)
                 .await
@@ -555,53 +420,8 @@ pub(super) async fn delete_wakes(
             "DELETE FROM auto_approve_wake WHERE id IN ({})",
             placeholders(chunk.len())
         );
-        let mut query = sqlx::query(sqlx::AssertSqlSafe(sql));
-        for id in chunk {
-            query = query.bind(id);
-        }
+        let query = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk);
         deleted += query.execute(&mut **tx).await?.rows_affected();
     }
     Ok(deleted)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_skipped_id_is_read_later_and_holds_back_consumption() {
-        let seen = AtomicI64::new(i64::MAX);
-        let mut state = PollState {
-            cursor: Some(9),
-            ..PollState::default()
-        };
-        let t0 = Instant::now();
-        // 10 is not committed yet: 11 is read, 10 becomes a hole.
-        assert_eq!(state.take(vec![(11, 'b')], &seen, t0), ['b']);
-        assert_eq!(seen.load(Ordering::Acquire), 9);
-        assert_eq!(state.read_from(), 9);
-        // 10 commits: read once, 11 not again.
-        assert_eq!(state.take(vec![(10, 'a'), (11, 'b')], &seen, t0), ['a']);
-        assert_eq!(seen.load(Ordering::Acquire), 11);
-        // A hole that never fills is given up after HOLE_WAIT.
-        state.take(vec![(13, 'd')], &seen, t0);
-        assert_eq!(seen.load(Ordering::Acquire), 11);
-        state.take(Vec::<(i64, char)>::new(), &seen, t0 + HOLE_WAIT);
-        assert_eq!(seen.load(Ordering::Acquire), 13);
-    }
-
-    #[test]
-    fn a_fresh_poller_waits_for_ids_below_the_oldest_row() {
-        let seen = AtomicI64::new(i64::MAX);
-        let mut state = PollState::default();
-        let t0 = Instant::now();
-        state.start(Some(5), t0);
-        assert_eq!(state.read_from(), 0);
-        assert_eq!(state.take(vec![(5, 'e')], &seen, t0), ['e']);
-        assert_eq!(seen.load(Ordering::Acquire), 0);
-        // 3 commits after the poller started: read, not lost.
-        assert_eq!(state.take(vec![(3, 'c'), (5, 'e')], &seen, t0), ['c']);
-        state.take(Vec::<(i64, char)>::new(), &seen, t0 + HOLE_WAIT);
-        assert_eq!(seen.load(Ordering::Acquire), 5);
-    }
 }

@@ -10,6 +10,7 @@ use sqlx::MySql;
 
 use super::claims::insert_memo;
 use super::{CHUNK, MysqlStore, db, give_up, placeholders};
+use crate::store::recovery::shard_token;
 use crate::store::{CleanseReport, Recovery, StoreError};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
@@ -17,9 +18,6 @@ type Tx<'a> = sqlx::Transaction<'a, MySql>;
 // === impl MysqlStore ===
 
 impl Recovery for MysqlStore {
-    /// The cleanser's pass: stuck claims back to RETRY_WAITING (memo,
-    /// retry_count + 1), then rows of terminal or vanished requests deleted.
-    /// "Stuck" is judged in the database's clock.
     async fn cleanse(
         &self,
         stuck_for: std::time::Duration,
@@ -71,10 +69,7 @@ impl Recovery for MysqlStore {
                         WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
                 placeholders(chunk.len())
             );
-            let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk);
             deleted += q
                 .execute(&self.primary)
                 .await
@@ -85,8 +80,7 @@ impl Recovery for MysqlStore {
         Ok(CleanseReport { recovered, deleted })
     }
 
-    /// Deletes the waiting state row of a request that is no longer open;
-    /// an IN_PROGRESS row is left to its holder. By the unique request_id.
+    // By the unique request_id.
     async fn forget_closed(&self, request_id: i64) -> Result<bool, StoreError> {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state
@@ -102,9 +96,6 @@ impl Recovery for MysqlStore {
         Ok(done.rows_affected() == 1)
     }
 
-    /// Gives back every claim `holder` still holds under one of `tokens`,
-    /// but those of the requests in `running`: due again at once, no retry
-    /// counted. Returns the requests released.
     async fn release_all(
         &self,
         holder: &str,
@@ -120,10 +111,10 @@ impl Recovery for MysqlStore {
               WHERE status = 'IN_PROGRESS' AND holder = ? AND fencing_token IN ({})",
             placeholders(tokens.len())
         );
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(holder);
-        for token in tokens {
-            q = q.bind(token);
-        }
+        let q = bind_all!(
+            sqlx::query_as(sqlx::AssertSqlSafe(sql)).bind(holder),
+            tokens
+        );
         let found = ids(q
             .fetch_all(&self.primary)
             .await
@@ -139,15 +130,16 @@ impl Recovery for MysqlStore {
         let locked = lock_by_id(&mut tx, &found, &condition, Some(holder), tokens)
             .await
             .map_err(db("release held claims: lock"))?;
-        let mine: Vec<(i64, i64)> = locked
+        // The held claims no chain of ours runs any more: (state id, request id).
+        let idle: Vec<(i64, i64)> = locked
             .into_iter()
             .filter(|(_, request_id, _)| !running.contains(request_id))
             .map(|(id, request_id, _)| (id, request_id))
             .collect();
-        if mine.is_empty() {
+        if idle.is_empty() {
             return give_up(tx, "release held claims", Vec::new()).await;
         }
-        for chunk in mine.chunks(CHUNK) {
+        for chunk in idle.chunks(CHUNK) {
             let sql = format!(
                 "UPDATE auto_approve_state
                     SET status = 'RETRY_WAITING', next_retry_time = ?, modified_at = UTC_TIMESTAMP(6)
@@ -165,25 +157,11 @@ impl Recovery for MysqlStore {
         tx.commit()
             .await
             .map_err(db("release held claims: commit"))?;
-        Ok(mine.into_iter().map(|(_, request_id)| request_id).collect())
+        Ok(idle.into_iter().map(|(_, request_id)| request_id).collect())
     }
 
-    /// The current fencing token of a shard, if it was ever fenced.
-    async fn shard_token(&self, shard_count: u32, shard: u32) -> Result<Option<i64>, StoreError> {
-        let row: Option<(i64,)> =
-            sqlx::query_as("SELECT token FROM shard_fence WHERE shard_count = ? AND shard = ?")
-                .bind(shard_count as i32)
-                .bind(shard as i32)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read shard token"))?;
-        Ok(row.map(|(t,)| t))
-    }
+    shard_token!("?", "?");
 
-    /// Raises a shard's fencing token to `token` for `holder`, and recovers
-    /// every claim of the shard made under an older positive token, in one
-    /// transaction. `None` when the shard already has a token at or above
-    /// `token`.
     async fn fence_shard(
         &self,
         shard_count: u32,
@@ -299,16 +277,11 @@ async fn lock_by_id(
               WHERE id IN ({}) AND {condition} FOR UPDATE",
             placeholders(chunk.len())
         );
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-        for id in chunk {
-            q = q.bind(id);
-        }
+        let mut q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
         if let Some(holder) = holder {
             q = q.bind(holder);
         }
-        for value in values {
-            q = q.bind(value);
-        }
+        let q = bind_all!(q, values);
         locked.extend(q.fetch_all(&mut **tx).await?);
     }
     Ok(locked)

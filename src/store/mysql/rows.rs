@@ -1,158 +1,15 @@
 //! Reading rows on the primary: a request, its state row, and the statuses
-//! the CR garbage collector needs (store/rows.rs on PostgreSQL).
-
-use chrono::{DateTime, Utc};
-use sqlx::FromRow;
+//! the CR garbage collector needs, in MySQL's SQL.
 
 use super::{CHUNK, MysqlStore, db, placeholders};
-use crate::domain::{Request, State, StateStatus};
+use crate::store::rows::{key_reads, status_rows};
 use crate::store::{RequestStatusRow, Rows, StoreError};
-
-#[derive(FromRow)]
-struct RequestRow {
-    id: i64,
-    request_type: String,
-    status: String,
-    sort_time: DateTime<Utc>,
-    created_at: DateTime<Utc>,
-    business_name: String,
-    documents_released: bool,
-    operational_hold: bool,
-    menu_registered: bool,
-    logo_registered: bool,
-    previous_step_approved: bool,
-    econtract_ref: Option<String>,
-    target_store_number: Option<i64>,
-    owner_number: Option<i64>,
-    store_number: Option<i64>,
-    campaign_id: Option<String>,
-    decided_by: Option<String>,
-}
-
-impl RequestRow {
-    fn into_request(self) -> Result<Request, StoreError> {
-        let malformed = |error| StoreError::Malformed {
-            request_id: self.id,
-            error,
-        };
-        Ok(Request {
-            id: self.id,
-            request_type: self.request_type.parse().map_err(malformed)?,
-            status: self.status.parse().map_err(malformed)?,
-            sort_time: self.sort_time,
-            created_at: self.created_at,
-            business_name: self.business_name,
-            documents_released: self.documents_released,
-            operational_hold: self.operational_hold,
-            menu_registered: self.menu_registered,
-            logo_registered: self.logo_registered,
-            previous_step_approved: self.previous_step_approved,
-            econtract_ref: self.econtract_ref,
-            target_store_number: self.target_store_number,
-            owner_number: self.owner_number,
-            store_number: self.store_number,
-            campaign_id: self.campaign_id,
-            decided_by: self.decided_by,
-        })
-    }
-}
-
-#[derive(FromRow)]
-struct StateRow {
-    id: i64,
-    request_id: i64,
-    status: String,
-    next_retry_time: Option<DateTime<Utc>>,
-    retry_count: i32,
-    holder: String,
-    fencing_token: i64,
-    step: Option<String>,
-    last_reason: Option<String>,
-    modified_at: DateTime<Utc>,
-}
-
-impl StateRow {
-    fn into_state(self) -> Result<State, StoreError> {
-        Ok(State {
-            status: self
-                .status
-                .parse::<StateStatus>()
-                .map_err(|error| StoreError::Malformed {
-                    request_id: self.request_id,
-                    error,
-                })?,
-            id: self.id,
-            request_id: self.request_id,
-            next_retry_time: self.next_retry_time,
-            retry_count: self.retry_count,
-            holder: self.holder,
-            fencing_token: self.fencing_token,
-            step: self.step,
-            last_reason: self.last_reason,
-            modified_at: self.modified_at,
-        })
-    }
-}
-
-const REQUEST_COLUMNS: &str = "id, request_type, status, sort_time, created_at, business_name, \
-documents_released, operational_hold, menu_registered, logo_registered, previous_step_approved, \
-econtract_ref, target_store_number, owner_number, store_number, campaign_id, decided_by";
-
-const STATE_COLUMNS: &str = "id, request_id, status, next_retry_time, retry_count, holder, \
-fencing_token, step, last_reason, modified_at";
 
 // === impl MysqlStore ===
 
 impl Rows for MysqlStore {
-    /// Re-reads a request from the primary.
-    async fn request(&self, request_id: i64) -> Result<Option<Request>, StoreError> {
-        let sql = format!("SELECT {REQUEST_COLUMNS} FROM approval_request WHERE id = ?");
-        let row: Option<RequestRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(request_id)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("re-read request"))?;
-        row.map(RequestRow::into_request).transpose()
-    }
+    key_reads!("?");
 
-    /// A request and its state row, read together from the primary in one
-    /// statement (one snapshot): what a reconcile looks at before it claims.
-    async fn request_with_state(
-        &self,
-        request_id: i64,
-    ) -> Result<Option<(Request, Option<State>)>, StoreError> {
-        let sql =
-            "SELECT r.id, r.request_type, r.status, r.sort_time, r.created_at, r.business_name,
-                    r.documents_released, r.operational_hold, r.menu_registered, r.logo_registered,
-                    r.previous_step_approved, r.econtract_ref, r.target_store_number, r.owner_number,
-                    r.store_number, r.campaign_id, r.decided_by,
-                    s.id AS s_id, s.status AS s_status, s.next_retry_time AS s_next_retry_time,
-                    s.retry_count AS s_retry_count, s.holder AS s_holder,
-                    s.fencing_token AS s_fencing_token, s.step AS s_step,
-                    s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
-               FROM approval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
-              WHERE r.id = ?";
-        let row: Option<RequestWithStateRow> = sqlx::query_as(sql)
-            .bind(request_id)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("read request and state"))?;
-        row.map(RequestWithStateRow::into_parts).transpose()
-    }
-
-    /// Reads a request's state row from the primary.
-    async fn state(&self, request_id: i64) -> Result<Option<State>, StoreError> {
-        let sql = format!("SELECT {STATE_COLUMNS} FROM auto_approve_state WHERE request_id = ?");
-        let row: Option<StateRow> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
-            .bind(request_id)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("read state"))?;
-        row.map(StateRow::into_state).transpose()
-    }
-
-    /// For each of `request_ids` that exists: its status and how long it
-    /// is unchanged, in the database's clock, read on the primary.
     async fn request_statuses(
         &self,
         request_ids: &[i64],
@@ -171,80 +28,13 @@ impl Rows for MysqlStore {
                    FROM approval_request WHERE id IN ({})",
                 placeholders(chunk.len())
             );
-            let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
-            for id in chunk {
-                q = q.bind(id);
-            }
+            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
             rows.extend(
                 q.fetch_all(&self.primary)
                     .await
                     .map_err(db("read request statuses"))?,
             );
         }
-        Ok(rows
-            .into_iter()
-            .map(|(request_id, status, seconds)| RequestStatusRow {
-                request_id,
-                status: status
-                    .parse()
-                    .map_err(|error| StoreError::Malformed { request_id, error }),
-                unchanged_for: std::time::Duration::try_from_secs_f64(seconds).unwrap_or_default(),
-            })
-            .collect())
-    }
-}
-
-/// A request row with its state row's columns beside it.
-#[derive(FromRow)]
-struct RequestWithStateRow {
-    #[sqlx(flatten)]
-    request: RequestRow,
-    s_id: Option<i64>,
-    s_status: Option<String>,
-    s_next_retry_time: Option<DateTime<Utc>>,
-    s_retry_count: Option<i32>,
-    s_holder: Option<String>,
-    s_fencing_token: Option<i64>,
-    s_step: Option<String>,
-    s_last_reason: Option<String>,
-    s_modified_at: Option<DateTime<Utc>>,
-}
-
-impl RequestWithStateRow {
-    fn into_parts(self) -> Result<(Request, Option<State>), StoreError> {
-        let request_id = self.request.id;
-        let state = match (
-            self.s_id,
-            self.s_status,
-            self.s_retry_count,
-            self.s_holder,
-            self.s_fencing_token,
-            self.s_modified_at,
-        ) {
-            (
-                Some(id),
-                Some(status),
-                Some(retry_count),
-                Some(holder),
-                Some(fencing_token),
-                Some(modified_at),
-            ) => Some(
-                StateRow {
-                    id,
-                    request_id,
-                    status,
-                    next_retry_time: self.s_next_retry_time,
-                    retry_count,
-                    holder,
-                    fencing_token,
-                    step: self.s_step,
-                    last_reason: self.s_last_reason,
-                    modified_at,
-                }
-                .into_state()?,
-            ),
-            _ => None,
-        };
-        Ok((self.request.into_request()?, state))
+        Ok(status_rows(rows))
     }
 }

@@ -3,7 +3,7 @@
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, RequestType};
-use crate::store::candidates::of_type;
+use crate::store::candidates::{of_any_type, of_type};
 use crate::store::{CandidateQuery, Candidates, StoreError};
 
 // The two candidate queries. Conditions and ORDER BY follow the partial
@@ -121,17 +121,7 @@ impl Candidates for PgStore {
             .fetch_all(&self.read)
             .await
             .map_err(db("candidates among requests"))?;
-        rows.into_iter()
-            .map(|(request_id, request_type, state_id)| {
-                Ok(Candidate {
-                    request_id,
-                    request_type: request_type
-                        .parse()
-                        .map_err(|error| StoreError::Malformed { request_id, error })?,
-                    state_id,
-                })
-            })
-            .collect()
+        of_any_type(rows)
     }
 
     async fn fresh_candidates(

@@ -4,8 +4,8 @@
 
 use chrono::{DateTime, Utc};
 
-use super::{PgStore, db, ping};
-use crate::store::{Census, RequestCensus, StoreError};
+use super::{PgStore, db};
+use crate::store::{CensusQueries, RequestCensus, StoreError};
 
 // One pass over the state table, which holds in-progress and waiting
 // requests only (never the backlog). The reason class of a waiting row is
@@ -63,20 +63,13 @@ SELECT LEAST(
     ORDER BY s.next_retry_time
     LIMIT 1))";
 
-impl Census for PgStore {
+impl CensusQueries for PgStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, StoreError> {
-        let (in_progress, waiting_transient, waiting_condition, exhausted): (i64, i64, i64, i64) =
-            sqlx::query_as(CENSUS)
-                .bind(retry_limit)
-                .fetch_one(&self.read)
-                .await
-                .map_err(db("census"))?;
-        Ok(RequestCensus {
-            in_progress,
-            waiting_transient,
-            waiting_condition,
-            exhausted,
-        })
+        sqlx::query_as(CENSUS)
+            .bind(retry_limit)
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("census"))
     }
 
     async fn oldest_eligible(
@@ -93,17 +86,5 @@ impl Census for PgStore {
             .await
             .map_err(db("backlog age"))?;
         Ok(oldest)
-    }
-
-    async fn ping_pools(&self) -> Vec<(&'static str, Result<(), StoreError>)> {
-        let mut answers = Vec::new();
-        let mut pools = vec![("primary", &self.primary)];
-        if self.separate_read {
-            pools.push(("read", &self.read));
-        }
-        for (name, pool) in pools {
-            answers.push((name, ping(pool).await));
-        }
-        answers
     }
 }

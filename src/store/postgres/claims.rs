@@ -8,8 +8,8 @@ use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
 use crate::domain::{Candidate, Claim, Fence};
-use crate::store::claims::fresh_nonce;
-use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StoreError};
+use crate::store::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::store::{ClaimOutcome, Claims, Completion, RetryWrite, StepResult, StoreError};
 
 impl Claims for PgStore {
     async fn claim(
@@ -149,23 +149,6 @@ impl Claims for PgStore {
         Ok(row.is_some())
     }
 
-    async fn heartbeat(&self, claim: &Claim, step: &str) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state SET modified_at = now(), step = $5
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
-                AND claim_nonce = $4",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .bind(step)
-        .execute(&self.primary)
-        .await
-        .map_err(db("heartbeat"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
     async fn schedule_retry(
         &self,
         claim: &Claim,
@@ -281,77 +264,15 @@ impl Claims for PgStore {
         })
     }
 
-    async fn drop_claim(&self, claim: &Claim) -> Result<bool, StoreError> {
-        let done = sqlx::query(DELETE_FENCED)
-            .bind(claim.state_id)
-            .bind(&claim.fence.holder)
-            .bind(claim.fence.token)
-            .bind(claim.nonce)
-            .execute(&self.primary)
-            .await
-            .map_err(db("drop claim"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn release(&self, claim: &Claim, now: DateTime<Utc>) -> Result<bool, StoreError> {
-        let done = sqlx::query(
-            "UPDATE auto_approve_state
-                SET status = 'RETRY_WAITING', next_retry_time = $5, modified_at = now()
-              WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
-                AND claim_nonce = $4",
-        )
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .bind(now)
-        .execute(&self.primary)
-        .await
-        .map_err(db("release"))?;
-        Ok(done.rows_affected() == 1)
-    }
-
-    async fn save_owner_number(
-        &self,
-        claim: &Claim,
-        owner_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_OWNER_NUMBER,
-            ResultValue::Int(owner_number),
-            None,
-        )
-        .await
-    }
-
-    async fn save_store_number(
-        &self,
-        claim: &Claim,
-        store_number: i64,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_STORE_NUMBER,
-            ResultValue::Int(store_number),
-            None,
-        )
-        .await
-    }
-
-    async fn save_campaign_id(
-        &self,
-        claim: &Claim,
-        key: &str,
-        campaign_id: &str,
-    ) -> Result<bool, StoreError> {
-        self.save_result(
-            claim,
-            SAVE_CAMPAIGN_ID,
-            ResultValue::Text(campaign_id),
-            Some(key),
-        )
-        .await
+    fenced_writes! {
+        heartbeat: "UPDATE auto_approve_state SET modified_at = now(), step = $1
+                     WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3
+                       AND fencing_token = $4 AND claim_nonce = $5",
+        drop: DELETE_FENCED,
+        release: "UPDATE auto_approve_state
+                     SET status = 'RETRY_WAITING', next_retry_time = $1, modified_at = now()
+                   WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3
+                     AND fencing_token = $4 AND claim_nonce = $5",
     }
 
     async fn record_sent(
@@ -392,40 +313,27 @@ impl Claims for PgStore {
         Ok(row.map(|(body,)| body))
     }
 
-    async fn sent_result(&self, request_id: i64, key: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(Option<String>,)> = sqlx::query_as(
-            "SELECT result FROM auto_approve_sent WHERE request_id = $1 AND idempotency_key = $2",
-        )
-        .bind(request_id)
-        .bind(key)
-        .fetch_optional(&self.primary)
-        .await
-        .map_err(db("read sent result"))?;
-        Ok(row.and_then(|(result,)| result))
-    }
-}
+    sent_result!("$1", "$2");
 
-impl PgStore {
-    async fn save_result(
-        &self,
-        claim: &Claim,
-        sql: &'static str,
-        value: ResultValue<'_>,
-        key: Option<&str>,
-    ) -> Result<bool, StoreError> {
+    async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, StoreError> {
+        let sql = match result {
+            StepResult::OwnerNumber(_) => SAVE_OWNER_NUMBER,
+            StepResult::StoreNumber(_) => SAVE_STORE_NUMBER,
+            StepResult::CampaignId { .. } => SAVE_CAMPAIGN_ID,
+        };
         let query = sqlx::query(sql)
             .bind(claim.state_id)
             .bind(&claim.fence.holder)
             .bind(claim.fence.token);
-        let query = match value {
-            ResultValue::Int(v) => query.bind(v),
-            ResultValue::Text(v) => query.bind(v),
+        let query = match result {
+            StepResult::OwnerNumber(number) | StepResult::StoreNumber(number) => query.bind(number),
+            StepResult::CampaignId { campaign_id, .. } => query.bind(campaign_id),
         };
         let query = query.bind(claim.request_id).bind(claim.nonce);
         // Only the campaign's statement records its answer as the key's result.
-        let query = match key {
-            Some(key) => query.bind(key),
-            None => query,
+        let query = match result {
+            StepResult::CampaignId { key, .. } => query.bind(key),
+            _ => query,
         };
         let done = query
             .execute(&self.primary)
@@ -475,8 +383,3 @@ const SAVE_CAMPAIGN_ID: &str = concat!(
    FROM saved WHERE s.request_id = saved.id AND s.idempotency_key = $7)
 SELECT id FROM saved"
 );
-
-enum ResultValue<'a> {
-    Int(i64),
-    Text(&'a str),
-}

@@ -4,17 +4,17 @@
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
-use crate::store::{Ledger, Memo, StoreError};
+use crate::store::ledger::ledger_statements;
+use crate::store::{Ledger, StoreError};
 
 impl Ledger for PgStore {
-    async fn econtract_status(&self, contract_ref: &str) -> Result<Option<String>, StoreError> {
-        let row: Option<(String,)> =
-            sqlx::query_as("SELECT status FROM econtract WHERE contract_ref = $1")
-                .bind(contract_ref)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read e-contract"))?;
-        Ok(row.map(|(s,)| s))
+    ledger_statements! {
+        status: "SELECT status FROM econtract WHERE contract_ref = $1",
+        add: "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+              VALUES ($1, $2, 'autoapproval', $3)",
+        history: "SELECT created_at, author, message FROM approval_request_memo
+                   WHERE request_id = $1 ORDER BY id",
+        memos: "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
     }
 
     async fn sync_econtract(
@@ -41,46 +41,5 @@ impl Ledger for PgStore {
         .await
         .map_err(db("sync e-contract"))?;
         Ok(())
-    }
-
-    async fn add_memo(
-        &self,
-        request_id: i64,
-        message: &str,
-        now: DateTime<Utc>,
-    ) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO approval_request_memo (request_id, created_at, author, message)
-             VALUES ($1, $2, 'autoapproval', $3)",
-        )
-        .bind(request_id)
-        .bind(now)
-        .bind(message)
-        .execute(&self.primary)
-        .await
-        .map_err(db("add memo"))?;
-        Ok(())
-    }
-
-    async fn history(&self, request_id: i64) -> Result<Vec<Memo>, StoreError> {
-        sqlx::query_as(
-            "SELECT created_at, author, message FROM approval_request_memo
-              WHERE request_id = $1 ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read history"))
-    }
-
-    async fn memos(&self, request_id: i64) -> Result<Vec<String>, StoreError> {
-        let rows: Vec<(String,)> = sqlx::query_as(
-            "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
-        )
-        .bind(request_id)
-        .fetch_all(&self.primary)
-        .await
-        .map_err(db("read memos"))?;
-        Ok(rows.into_iter().map(|(m,)| m).collect())
     }
 }

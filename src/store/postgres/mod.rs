@@ -1,16 +1,12 @@
 //! The PostgreSQL backend: every capability of the store in PostgreSQL's
 //! SQL, migrations in `migrations/postgres/`, wakes by LISTEN/NOTIFY.
 
-use std::str::FromStr;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
-use sqlx::{ConnectOptions, Postgres, Transaction};
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{Postgres, Transaction};
 
-use super::{
-    Candidates, Census, Claims, DatabaseArgs, DatabaseUrl, Layout, Ledger, Pauses, Pool, Recovery,
-    Rows, SessionArgs, StoreError, Wakes,
-};
+use super::{DatabaseArgs, SessionArgs, StoreError, connect};
 
 mod candidates;
 mod census;
@@ -25,7 +21,6 @@ mod rows;
 pub use candidates::{FRESH_CANDIDATES, candidate_sql};
 pub use census::BACKLOG_SQL;
 pub(crate) use notify::Listener;
-pub use notify::REQUEST_CHANGED_CHANNEL;
 
 /// The manual-approval functions of migration 0013, with their argument
 /// types as a `GRANT EXECUTE ON FUNCTION` names them: the other service's
@@ -35,10 +30,7 @@ autoapproval_manual_heartbeat(bigint, text, bigint), \
 autoapproval_manual_release(bigint, text, bigint), \
 autoapproval_manual_decide(bigint, text, bigint, text, text)";
 
-/// How long one start-up connection attempt may take before it is reported.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     move |source| match source.as_database_error().and_then(|e| e.code()) {
         // lock_not_available: a NOWAIT lock (or lock_timeout) found the row held.
         Some(code) if code == "55P03" => StoreError::RowLocked { operation },
@@ -49,21 +41,12 @@ fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
 /// The store on PostgreSQL: a primary pool and a read pool (a replica, or
 /// the primary when none is configured).
 #[derive(Clone, Debug)]
-pub struct PgStore {
+pub(crate) struct PgStore {
     primary: PgPool,
     read: PgPool,
     /// The read pool reaches a replica of its own (--read-database-url).
     separate_read: bool,
 }
-
-// Every capability is implemented, in the module named after it.
-const _: fn() = || {
-    fn implements<
-        T: Candidates + Census + Claims + Layout + Ledger + Pauses + Recovery + Rows + Wakes,
-    >() {
-    }
-    implements::<PgStore>();
-};
 
 impl PgStore {
     pub(super) fn new(primary: PgPool, read: PgPool) -> Self {
@@ -81,19 +64,17 @@ impl PgStore {
         config: &DatabaseArgs,
         session: Option<&SessionArgs>,
     ) -> Result<Self, StoreError> {
-        let pool = |options| {
-            PgPoolOptions::new()
-                .max_connections(config.db_max_connections)
-                .acquire_timeout(Duration::from_secs(10))
-                .connect_lazy_with(options)
-        };
+        let pool =
+            |options| connect::pool_options(config.db_max_connections).connect_lazy_with(options);
         let limited = |options| match session {
             Some(session) => session.apply_to_postgres(options),
             None => options,
         };
-        let primary = pool(limited(reach("primary", &config.database_url).await?));
+        let primary = pool(limited(
+            connect::reach("primary", &config.database_url).await?,
+        ));
         let read = match &config.read_database_url {
-            Some(url) => pool(limited(reach("read replica", url).await?)),
+            Some(url) => pool(limited(connect::reach("read replica", url).await?)),
             None => primary.clone(),
         };
         Ok(Self {
@@ -104,9 +85,7 @@ impl PgStore {
     }
 
     pub(super) fn dedicated(&self, connections: u32) -> PgStore {
-        let pool = PgPoolOptions::new()
-            .max_connections(connections)
-            .acquire_timeout(Duration::from_secs(10))
+        let pool = connect::pool_options(connections)
             .connect_lazy_with(self.primary.connect_options().as_ref().clone());
         PgStore::new(pool.clone(), pool)
     }
@@ -115,23 +94,9 @@ impl PgStore {
         &self.primary
     }
 
-    pub(super) async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::migrate!("./migrations/postgres")
-            .run(&self.primary)
-            .await?;
-        Ok(())
-    }
-
-    pub(super) fn pools(&self) -> Vec<(&'static str, Pool)> {
-        let mut pools = vec![("primary", Pool::Postgres(self.primary.clone()))];
-        if self.separate_read {
-            pools.push(("read", Pool::Postgres(self.read.clone())));
-        }
-        pools
-    }
-
-    pub(super) async fn ping(&self) -> Result<(), StoreError> {
-        ping(&self.primary).await
+    /// The read replica's pool, when it is not the primary's.
+    pub(super) fn replica(&self) -> Option<&PgPool> {
+        self.separate_read.then_some(&self.read)
     }
 
     async fn begin(
@@ -142,44 +107,13 @@ impl PgStore {
     }
 }
 
-async fn ping(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::query("SELECT 1")
-        .execute(pool)
-        .await
-        .map_err(db("ping"))?;
-    Ok(())
-}
-
 impl SessionArgs {
     /// `options` with these limits set for every session they open.
-    pub fn apply_to_postgres(&self, options: PgConnectOptions) -> PgConnectOptions {
+    pub(super) fn apply_to_postgres(&self, options: PgConnectOptions) -> PgConnectOptions {
         let ms = |d: Duration| d.as_millis().to_string();
         options.options([
             ("lock_timeout", ms(self.db_lock_timeout)),
             ("statement_timeout", ms(self.db_statement_timeout)),
         ])
-    }
-}
-
-/// One connection to `url`, opened and closed: the options it was made
-/// with, or why it could not be made.
-async fn reach(role: &'static str, url: &DatabaseUrl) -> Result<PgConnectOptions, StoreError> {
-    let refused = |reason: String| StoreError::Connect {
-        role,
-        url: url.to_string(),
-        reason: url.redact(&reason),
-    };
-    let options = PgConnectOptions::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
-            // Closing is best effort: the pool opens its own connections.
-            let _ = sqlx::Connection::close(connection).await;
-            Ok(options)
-        }
-        Ok(Err(error)) => Err(refused(error.to_string())),
-        Err(_) => Err(refused(format!(
-            "no answer within {} s",
-            CONNECT_TIMEOUT.as_secs()
-        ))),
     }
 }

@@ -9,7 +9,7 @@ use crate::store::notify::ChangeSource;
 use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
 /// The NOTIFY channel of migration 0004: payload is the request id as text.
-pub const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
+const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
 
 /// The LISTEN connection for request changes.
 pub(crate) struct Listener {

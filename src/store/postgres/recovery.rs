@@ -5,6 +5,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
+use crate::store::recovery::shard_token;
 use crate::store::{CleanseReport, Recovery, StoreError};
 
 impl Recovery for PgStore {
@@ -85,16 +86,7 @@ impl Recovery for PgStore {
         Ok(rows.into_iter().map(|(id,)| id).collect())
     }
 
-    async fn shard_token(&self, shard_count: u32, shard: u32) -> Result<Option<i64>, StoreError> {
-        let row: Option<(i64,)> =
-            sqlx::query_as("SELECT token FROM shard_fence WHERE shard_count = $1 AND shard = $2")
-                .bind(shard_count as i32)
-                .bind(shard as i32)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db("read shard token"))?;
-        Ok(row.map(|(t,)| t))
-    }
+    shard_token!("$1", "$2");
 
     async fn fence_shard(
         &self,

@@ -4,7 +4,7 @@
 //! must hold on both are written once over [`Db`] with [`on_both!`].
 
 use autoapproval::store::Store;
-use autoapproval::store::mysql::MysqlStore;
+use autoapproval::store::mysql;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Executor, PgPool};
 
@@ -49,8 +49,8 @@ impl Db {
     /// A store over this database, reading from the primary.
     pub fn store(&self) -> Store {
         match self {
-            Db::Postgres(pool) => Store::new(pool.clone(), pool.clone()),
-            Db::Mysql(pool) => Store::mysql(MysqlStore::new(pool.clone(), pool.clone())),
+            Db::Postgres(pool) => Store::postgres(pool.clone(), pool.clone()),
+            Db::Mysql(pool) => Store::mysql(pool.clone(), pool.clone()),
         }
     }
 
@@ -268,7 +268,7 @@ impl MysqlScratch {
         // default, REPEATABLE READ, would gap-lock where production does not.
         let options: sqlx::mysql::MySqlConnectOptions =
             url.parse().expect("the scratch database's URL");
-        let pool = MysqlStore::pool(options, 16, None);
+        let pool = mysql::pool(options, 16, None);
         let db = Db::Mysql(pool);
         db.store().migrate().await.expect("MySQL migrations apply");
         MysqlScratch { admin, name, db }

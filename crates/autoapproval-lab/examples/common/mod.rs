@@ -39,7 +39,9 @@ pub async fn fresh_database(
         .max_connections(connections)
         .connect(&url)
         .await?;
-    Store::new(pool.clone(), pool.clone()).migrate().await?;
+    Store::postgres(pool.clone(), pool.clone())
+        .migrate()
+        .await?;
     Ok((admin, pool))
 }
 

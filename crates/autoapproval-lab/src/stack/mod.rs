@@ -19,7 +19,7 @@ use throwaway_db::MariaDb;
 
 use autoapproval::controller::crd::AutoApproval;
 use autoapproval::shutdown::Termination;
-use autoapproval::store::mysql::MysqlStore;
+use autoapproval::store::mysql;
 use autoapproval::store::{Store, StoreError};
 use autoapproval_sim::{SimConfig, SimError, SimHandle, Simulator};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -301,7 +301,9 @@ impl Stack {
         }
         admin.close().await;
         let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
-        Store::new(worker.clone(), worker.clone()).migrate().await?;
+        Store::postgres(worker.clone(), worker.clone())
+            .migrate()
+            .await?;
         worker.close().await;
         self.postgres = Some(postgres);
         Ok(Harness::new(
@@ -326,10 +328,8 @@ impl Stack {
             .parse()
             .map_err(|e| StackError::Mariadb(format!("{url}: {e}")))?;
         // The store's own session settings (READ COMMITTED, UTC).
-        let pool = MysqlStore::pool(options, 4, None);
-        Store::mysql(MysqlStore::new(pool.clone(), pool.clone()))
-            .migrate()
-            .await?;
+        let pool = mysql::pool(options, 4, None);
+        Store::mysql(pool.clone(), pool.clone()).migrate().await?;
         Ok(Harness::mysql(pool))
     }
 
