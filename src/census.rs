@@ -61,7 +61,7 @@ impl Census {
                         continue;
                     }
                 }
-                () = crate::controller::discovery::stopped(&mut stopping) => {
+                _ = stopping.wait_for(|s| *s) => {
                     self.metrics.census_withdrawn();
                     return;
                 }

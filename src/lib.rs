@@ -14,6 +14,7 @@ pub mod controller;
 pub mod coordination;
 pub mod domain;
 pub mod endpoints;
+pub mod events;
 pub mod external;
 pub mod flags;
 pub mod operator;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::controller::config::SettingError;
+use crate::flags::SettingError;
 
 /// `--otlp-*` flags of `run`.
 #[derive(clap::Args, Clone, Debug)]

@@ -19,12 +19,12 @@ use super::cached::{CachedAutoApproval, CachedStatus, digest};
 use super::crd::{
     ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
 };
-use super::events::Publisher;
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
 use crate::domain::{Candidate, DECIDED_BY_US, Request, RequestStatus, State, StateStatus};
+use crate::events::Publisher;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 

@@ -14,7 +14,7 @@ use super::fence::next_generation;
 use super::lease::{
     is_member, member_lease_name, shard_lease_name, shard_of_lease, speaks_protocol,
 };
-use super::{Coordinator, balance};
+use super::{Coordinator, TAKEN_FROM_ANNOTATION, balance};
 
 /// A shard Lease's holder, for the balance.
 enum Holder<'l> {
@@ -32,10 +32,6 @@ enum MemberState<'l> {
     Live,
     Gone(Option<&'l Lease>),
 }
-
-/// On a shard Lease handed back because its fence failed: the holder it
-/// had been taken from, whose failover the next acquisition completes.
-pub const TAKEN_FROM_ANNOTATION: &str = "autoapproval.io/taken-from";
 
 /// The holder a shard Lease is taken from: the one it names, or the one a
 /// hand-back after a failed fence kept ([`TAKEN_FROM_ANNOTATION`]).

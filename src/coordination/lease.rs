@@ -38,7 +38,7 @@ impl Coordinator {
                 lease.spec = Some(spec);
                 // Taken now: a failed fence's note has served its purpose.
                 if let Some(annotations) = lease.metadata.annotations.as_mut() {
-                    annotations.remove(super::acquire::TAKEN_FROM_ANNOTATION);
+                    annotations.remove(super::TAKEN_FROM_ANNOTATION);
                 }
                 mark_protocol(&mut lease);
                 self.api.replace(name, &post_params(), &lease).await

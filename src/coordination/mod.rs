@@ -38,7 +38,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-pub use self::acquire::TAKEN_FROM_ANNOTATION;
 pub use self::lease::{
     NameInUse, PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, refuse_a_live_namesake,
     shard_lease_name,
@@ -57,6 +56,9 @@ pub const SHARD_LEASE_PREFIX: &str = "autoapproval-shard-";
 pub const MEMBER_LEASE_PREFIX: &str = "autoapproval-member-";
 /// Name of the leader Lease.
 pub const LEADER_LEASE: &str = "autoapproval-leader";
+/// On a shard Lease handed back because its fence failed: the holder it
+/// had been taken from, whose failover the next acquisition completes.
+pub const TAKEN_FROM_ANNOTATION: &str = "autoapproval.io/taken-from";
 const FIELD_MANAGER: &str = "autoapproval";
 /// How often a lasting API server outage is reported again.
 const OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -175,7 +177,7 @@ pub struct Coordinator {
     /// Every Lease was given back because the database does not answer.
     withdrawn: bool,
     /// Publishes Events on Leases: leadership taken, a shard failed over.
-    recorder: crate::controller::events::Publisher,
+    recorder: crate::events::Publisher,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -197,7 +199,7 @@ impl Coordinator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Lease>,
-        recorder: crate::controller::events::Publisher,
+        recorder: crate::events::Publisher,
         api_server: &str,
         identity: &str,
         cleanser: Arc<Cleanser>,

@@ -13,6 +13,7 @@ mod external;
 mod fencing;
 mod helm;
 mod inputs;
+mod layout;
 mod malformed;
 mod manual;
 mod migrate;
