@@ -277,17 +277,17 @@ impl Coordinator {
         });
     }
 
-    /// Runs turns until `release` turns true, then hands every Lease back
+    /// Runs turns until `release` is cancelled, then hands every Lease back
     /// (the caller has released its claims by then). Shutting down only
     /// stops acquiring: held shards keep being renewed while chains finish.
-    pub async fn run(mut self, mut release: watch::Receiver<bool>) {
+    pub async fn run(mut self, release: tokio_util::sync::CancellationToken) {
         // Turns start every retry period, however long the last one took.
         let mut every = tokio::time::interval(self.settings.retry_period);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = every.tick() => self.turn().await,
-                _ = async { release.wait_for(|r| *r).await.map(|_| ()) } => break,
+                () = release.cancelled() => break,
             }
         }
         self.release_all().await;
