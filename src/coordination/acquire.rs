@@ -77,7 +77,7 @@ impl Coordinator {
 
     pub(super) fn lose(&mut self, shard: u32, to: &str) {
         self.shards.remove(shard);
-        self.mine.remove(&shard_lease_name(shard));
+        self.held_leases.remove(&shard_lease_name(shard));
         self.metrics.shard_lost();
         warn!(shard, to, "shard lost: no more claims in it");
     }
@@ -302,10 +302,10 @@ impl Coordinator {
 
     /// Hands back a shard Lease taken but not fenced. The holder it was
     /// taken from is kept on it ([`TAKEN_FROM_ANNOTATION`]): the next
-    /// acquisition, ours or another replica's, is that holder's failover,
+    /// acquisition, this replica's or another's, is that holder's failover,
     /// and is counted and reported as one.
     async fn hand_back_unfenced(&mut self, name: &str, previous: Option<&str>, now: DateTime<Utc>) {
-        if let (Some(previous), Some(lease)) = (previous, self.mine.get_mut(name)) {
+        if let (Some(previous), Some(lease)) = (previous, self.held_leases.get_mut(name)) {
             lease
                 .metadata
                 .annotations
@@ -335,7 +335,7 @@ impl Coordinator {
         let Some(lease) = self.take(&name, "shard", existing, generation, now).await else {
             return;
         };
-        self.mine.insert(name.clone(), lease.clone());
+        self.held_leases.insert(name.clone(), lease.clone());
         match self.fence(shard, generation).await {
             Ok(Some(recovered)) => {
                 self.shards.insert(shard, generation, sent);

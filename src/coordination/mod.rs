@@ -22,11 +22,11 @@
 //! `Store::fence_shard`).
 
 mod acquire;
-pub mod balance;
+mod balance;
 mod fence;
 mod leader;
 mod lease;
-pub mod shards;
+mod shards;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -130,7 +130,7 @@ impl Acquired {
 }
 
 /// The coordination loop of one replica.
-pub struct Coordinator {
+pub(crate) struct Coordinator {
     api: Api<Lease>,
     shards: Arc<Shards>,
     cleanser: Arc<Cleanser>,
@@ -142,8 +142,9 @@ pub struct Coordinator {
     seen: HashMap<String, Seen>,
     /// When the last successful list was sent.
     last_list: Option<Instant>,
-    /// The last version we wrote of each Lease we hold.
-    mine: HashMap<String, Lease>,
+    /// The last version written of each Lease this replica holds: the base
+    /// of its next renew or release.
+    held_leases: HashMap<String, Lease>,
     /// Shard Leases whose release failed, as they were to be written: the
     /// release is tried again every turn until it lands or another replica
     /// wrote the Lease. Left alone, such a Lease names us while our member
@@ -181,7 +182,7 @@ pub struct Coordinator {
 }
 
 /// What the rest of the replica observes of the coordination.
-pub struct Handles {
+pub(crate) struct Handles {
     /// The shards held.
     pub shards: Arc<Shards>,
     /// True while this replica is the leader.
@@ -222,7 +223,7 @@ impl Coordinator {
             acquired: acquired.clone(),
             seen: HashMap::new(),
             last_list: None,
-            mine: HashMap::new(),
+            held_leases: HashMap::new(),
             unreleased: HashMap::new(),
             leader_renewed: None,
             turns: 0,
@@ -297,7 +298,7 @@ impl Coordinator {
     /// A replica that has not reached the database for the renew deadline
     /// holds nothing: it could claim nothing, and its shards would wait for
     /// their Leases to expire while the others can work them.
-    pub async fn turn(&mut self) {
+    async fn turn(&mut self) {
         let sent = Instant::now();
         if !self.database_answers(sent).await {
             if !self.withdrawn {
@@ -461,7 +462,7 @@ impl Coordinator {
         for shard in self.shards.held() {
             kept += usize::from(!self.release_shard(shard, now).await);
         }
-        if self.mine.contains_key(LEADER_LEASE) {
+        if self.held_leases.contains_key(LEADER_LEASE) {
             if let Err(error) = self.release(LEADER_LEASE, now).await {
                 kept += 1;
                 warn!(%error, "could not release the leader Lease; it will expire");
@@ -470,7 +471,7 @@ impl Coordinator {
             let _ = self.leader.send(false);
         }
         let member = member_lease_name(self.identity());
-        if self.mine.remove(&member).is_some()
+        if self.held_leases.remove(&member).is_some()
             && let Err(error) = self.api.delete(&member, &DeleteParams::default()).await
         {
             kept += 1;
