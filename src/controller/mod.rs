@@ -87,9 +87,9 @@ pub enum ControllerError {
         requested: u32,
         /// The K in the database.
         in_force: u32,
-        /// Who recorded it.
+        /// The replica that recorded it.
         set_by: String,
-        /// When.
+        /// When it was recorded.
         set_at: chrono::DateTime<chrono::Utc>,
     },
     /// The start-up check of the shard count could not read the database.
@@ -111,17 +111,18 @@ pub enum ControllerError {
 
 /// What the controller runs on.
 pub struct Parts {
-    /// The Kubernetes client.
+    /// Reaches the API server as the replica's service account (CRs,
+    /// Events, Leases).
     pub client: kube::Client,
     /// The API server's URL, for the messages about it.
     pub api_server: String,
-    /// The store.
+    /// The request tables and the controller's own (claims, fences, wakes).
     pub store: Store,
-    /// The external systems.
+    /// What the chain's steps call.
     pub external: ExternalSystems,
-    /// The clock.
+    /// "Now" for claims, retries and the census; tests pass a manual one.
     pub clock: SharedClock,
-    /// Metrics.
+    /// Where every task publishes; `/metrics` reads it.
     pub metrics: Metrics,
     /// Readiness, marked synced once the CR cache is.
     pub health: Option<Health>,
