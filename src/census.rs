@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::clock::SharedClock;
@@ -43,9 +44,9 @@ pub struct Census {
 // === impl Census ===
 
 impl Census {
-    /// Runs until `stopping`: a census every interval, one at once when
+    /// Runs until `stopping` is cancelled: a census every interval, one at once when
     /// leadership is gained, and the numbers withdrawn when it is lost.
-    pub async fn run(self, mut leader: watch::Receiver<bool>, mut stopping: watch::Receiver<bool>) {
+    pub async fn run(self, mut leader: watch::Receiver<bool>, stopping: CancellationToken) {
         let mut every = tokio::time::interval(self.config.interval);
         every.set_missed_tick_behavior(MissedTickBehavior::Delay);
         loop {
@@ -61,7 +62,7 @@ impl Census {
                         continue;
                     }
                 }
-                () = crate::controller::discovery::stopped(&mut stopping) => {
+                () = stopping.cancelled() => {
                     self.metrics.census_withdrawn();
                     return;
                 }

@@ -51,7 +51,7 @@ pub enum CliError {
     Store(#[from] StoreError),
     /// A setting is invalid.
     #[error(transparent)]
-    Setting(#[from] crate::controller::config::SettingError),
+    Setting(#[from] crate::flags::SettingError),
     /// An external-system setting is invalid.
     #[error(transparent)]
     External(#[from] crate::external::http::ConfigError),

@@ -13,6 +13,18 @@ pub fn defaults_of<A: clap::Args + clap::FromArgMatches>() -> Result<A, clap::Er
     A::from_arg_matches(&command.try_get_matches_from(["defaults"])?)
 }
 
+/// A setting refused at start-up, naming its flag.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {value}: {message}")]
+pub struct SettingError {
+    /// The flag.
+    pub flag: &'static str,
+    /// The value given.
+    pub value: String,
+    /// Why it is refused: the invariant it would break.
+    pub message: &'static str,
+}
+
 /// A duration that `parse_duration` refused.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid duration {input:?}: {reason} (expected e.g. 500ms, 5s, 2m, 1m30s)")]

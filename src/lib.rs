@@ -1,8 +1,9 @@
 //! autoapproval: a Kubernetes-native controller that auto-approves contract
-//! requests kept in PostgreSQL. This crate is what ships: the `autoapproval`
-//! binary (`run`, `migrate`, `crd`, `request`) and the library it is built from. The
-//! simulator, the lab and the test API server are crates of their own under
-//! `crates/`, never normal dependencies of this one.
+//! requests kept in PostgreSQL or MySQL/MariaDB. This crate is what ships:
+//! the `autoapproval` binary (`run`, `migrate`, `crd`, `request`) and the
+//! library it is built from. The simulator, the lab and the test API server
+//! are crates of their own under `crates/`, never normal dependencies of
+//! this one.
 #![warn(missing_docs)]
 
 pub mod approval;
@@ -14,6 +15,7 @@ pub mod controller;
 pub mod coordination;
 pub mod domain;
 pub mod endpoints;
+pub mod events;
 pub mod external;
 pub mod flags;
 pub mod operator;

@@ -8,7 +8,7 @@
 
 use std::time::Duration;
 
-use crate::controller::config::SettingError;
+use crate::flags::SettingError;
 
 /// `--otlp-*` flags of `run`; the OpenTelemetry `OTEL_*` variables are
 /// read too, and a flag (or its `AUTOAPPROVAL_*` variable) wins over them.

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::approval::{ApproverConfig, TurnConfig};
 use crate::external::http::ExternalArgs;
+pub use crate::flags::SettingError;
 use crate::flags::{format_duration, parse_duration};
 use crate::retry::RetryPolicy;
 use crate::store::{DatabaseArgs, SessionArgs};
@@ -127,18 +128,6 @@ pub struct ControllerArgs {
     /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; at least --lease-duration.
     #[arg(long, env = "AUTOAPPROVAL_API_LIVENESS_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
     pub api_liveness_timeout: Duration,
-}
-
-/// A setting refused at start-up.
-#[derive(Debug, thiserror::Error)]
-#[error("{flag} {value}: {message}")]
-pub struct SettingError {
-    /// The flag.
-    pub flag: &'static str,
-    /// The value given.
-    pub value: String,
-    /// Why it is refused.
-    pub message: &'static str,
 }
 
 /// The validated settings of `run`, built only by [`ControllerArgs::config`],

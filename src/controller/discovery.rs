@@ -35,9 +35,9 @@ use std::time::Duration;
 use kube::api::{Api, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store as Cache};
 use rand::Rng;
-use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::cached::CachedAutoApproval;
@@ -208,7 +208,7 @@ pub struct TurnSummary {
 }
 
 impl Discovery {
-    /// Runs until `stopping` turns true. `deleted` carries the request ids
+    /// Runs until `stopping` is cancelled. `deleted` carries the request ids
     /// of CRs deleted from the API server: a CR whose request is still open
     /// is put back at once, since the DB, not the CR, says what is left.
     /// `acquired` carries shards just acquired: their CRs are reconciled and
@@ -217,10 +217,10 @@ impl Discovery {
     /// off then, as the Controller's are.
     pub async fn run(
         self,
-        mut stopping: watch::Receiver<bool>,
+        stopping: CancellationToken,
         mut deleted: tokio::sync::mpsc::Receiver<i64>,
         acquired: Arc<Acquired>,
-        mut cut_off: watch::Receiver<bool>,
+        cut_off: CancellationToken,
     ) {
         let (changes_tx, mut changes) = changes_channel();
         if self.settings.notify {
@@ -243,7 +243,7 @@ impl Discovery {
                     self.metrics.notify_wakeup();
                     self.attempt_before_sync(&woken.ids, &mut early).await;
                 }
-                () = stopped(&mut stopping) => return finish(early, &mut cut_off).await,
+                () = stopping.cancelled() => return finish(early, &cut_off).await,
             }
         }
         debug!(
@@ -272,7 +272,7 @@ impl Discovery {
                     Woken::default()
                 }
                 Some(_) = early.join_next(), if !early.is_empty() => continue,
-                () = stopped(&mut stopping) => return finish(early, &mut cut_off).await,
+                () = stopping.cancelled() => return finish(early, &cut_off).await,
             };
             if !woken.ids.is_empty() {
                 self.metrics.notify_wakeup();
@@ -917,12 +917,12 @@ fn drain(first: RequestChange, changes: &mut Changes) -> Woken {
 
 /// Forwards request changes from LISTEN; reconnects with backoff. A
 /// reconnection is forwarded too, so discovery runs a full turn.
-async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bool>) {
+async fn listen(store: Store, tx: ChangeSender, stopping: CancellationToken) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let connected = tokio::select! {
             changes = store.request_changes() => changes,
-            () = stopped(&mut stopping) => return,
+            () = stopping.cancelled() => return,
         };
         let mut changes = match connected {
             Ok(changes) => {
@@ -934,7 +934,7 @@ async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bo
                 warn!(%error, retry_in = ?backoff, "cannot LISTEN for request changes; polling only");
                 tokio::select! {
                     () = tokio::time::sleep(backoff) => {}
-                    () = stopped(&mut stopping) => return,
+                    () = stopping.cancelled() => return,
                 }
                 backoff = (backoff * 2).min(Duration::from_secs(30));
                 continue;
@@ -947,7 +947,7 @@ async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bo
         loop {
             let change = tokio::select! {
                 change = changes.next() => change,
-                () = stopped(&mut stopping) => return,
+                () = stopping.cancelled() => return,
             };
             match change {
                 Ok(RequestChange::Malformed(payload)) => {
@@ -972,20 +972,15 @@ async fn listen(store: Store, tx: ChangeSender, mut stopping: watch::Receiver<bo
 /// it like any chain in flight) and are aborted once `cut_off` says the
 /// grace is over, before the claims are released: no chain outlives its
 /// claim.
-async fn finish(mut early: JoinSet<()>, cut_off: &mut watch::Receiver<bool>) {
+async fn finish(mut early: JoinSet<()>, cut_off: &CancellationToken) {
     tokio::select! {
         () = async { while early.join_next().await.is_some() {} } => {}
-        () = stopped(cut_off) => {
+        () = cut_off.cancelled() => {
             early.abort_all();
             // Each ends at its next await; none is left running.
             while early.join_next().await.is_some() {}
         }
     }
-}
-
-/// Resolves once `stopping` is true (or its sender is gone).
-pub(crate) async fn stopped(stopping: &mut watch::Receiver<bool>) {
-    let _ = stopping.wait_for(|s| *s).await;
 }
 
 /// Waits for the cache's first sync. A fresh wait each 100 ms: with several

@@ -5,7 +5,6 @@ pub mod cached;
 pub mod config;
 pub mod crd;
 pub mod discovery;
-pub mod events;
 pub mod gc;
 pub mod reconcile;
 pub mod status;
@@ -16,22 +15,27 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::channel::mpsc;
+use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt, TryStreamExt};
 use kube::api::Api;
 use kube::runtime::controller::{self, Controller};
 use kube::runtime::events::Reporter;
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Predicate;
 use kube::runtime::{WatchStreamExt, predicates, reflector, watcher};
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
 use crate::approval::Approver;
 use crate::census::Census;
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
-use crate::coordination::Coordinator;
+use crate::coordination::{Coordinator, Shards};
 use crate::endpoints::Health;
+use crate::events::Publisher;
 use crate::external::ExternalSystems;
 use crate::outage::{Outage, Report};
 use crate::store::{Store, StoreError};
@@ -41,7 +45,6 @@ use self::cached::CachedAutoApproval;
 use self::config::ControllerConfig;
 use self::crd::AutoApproval;
 use self::discovery::{Discovery, TRIGGER_CAPACITY};
-use self::events::Publisher;
 use self::gc::Collector;
 use self::reconcile::Context;
 
@@ -84,9 +87,9 @@ pub enum ControllerError {
         requested: u32,
         /// The K in the database.
         in_force: u32,
-        /// Who recorded it.
+        /// The replica that recorded it.
         set_by: String,
-        /// When.
+        /// When it was recorded.
         set_at: chrono::DateTime<chrono::Utc>,
     },
     /// The start-up check of the shard count could not read the database.
@@ -108,17 +111,18 @@ pub enum ControllerError {
 
 /// What the controller runs on.
 pub struct Parts {
-    /// The Kubernetes client.
+    /// Reaches the API server as the replica's service account (CRs,
+    /// Events, Leases).
     pub client: kube::Client,
     /// The API server's URL, for the messages about it.
     pub api_server: String,
-    /// The store.
+    /// The request tables and the controller's own (claims, fences, wakes).
     pub store: Store,
-    /// The external systems.
+    /// What the chain's steps call.
     pub external: ExternalSystems,
-    /// The clock.
+    /// "Now" for claims, retries and the census; tests pass a manual one.
     pub clock: SharedClock,
-    /// Metrics.
+    /// Where every task publishes; `/metrics` reads it.
     pub metrics: Metrics,
     /// Readiness, marked synced once the CR cache is.
     pub health: Option<Health>,
@@ -131,100 +135,392 @@ pub async fn run_until(
     parts: Parts,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), ControllerError> {
-    let Parts {
-        client,
-        api_server,
-        store,
-        external,
-        clock,
-        metrics,
-        health,
-    } = parts;
-    let api: Api<AutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
-    crd_installed(&api).await?;
-    shards_agree(&store, &settings).await?;
-    crate::coordination::refuse_a_live_namesake(
-        &Api::namespaced(client.clone(), &settings.namespace),
-        &settings.replica_name,
-        settings.coordination.lease_duration,
-        settings.coordination.retry_period,
-    )
-    .await?;
-    let approver = Arc::new(Approver::new(
-        store.clone(),
-        external,
-        clock.clone(),
-        metrics.clone(),
-        settings.approver.clone(),
-    ));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let cleanser = Arc::new(Cleanser::new(
-        store.clone(),
-        clock.clone(),
-        metrics.clone(),
-        settings.stuck_threshold,
-    ));
-    // The Lease loop fences and recovers shards on connections of its own:
-    // a pool busy with chains must not delay a renewal past its deadline.
-    let coordination_store = store.dedicated(COORDINATION_CONNECTIONS);
-    for (name, pool) in store.pools() {
-        metrics.watch_pool(name, pool);
-    }
-    metrics.watch_pool("coordination", coordination_store.primary_pool());
-    metrics.shards(settings.coordination.shard_count);
-    let fencer = Arc::new(Cleanser::new(
-        coordination_store,
-        clock.clone(),
-        metrics.clone(),
-        settings.stuck_threshold,
-    ));
-    let reporter = Reporter {
-        controller: CONTROLLER_NAME.into(),
-        instance: Some(settings.replica_name.clone()),
-    };
-    let (coordinator, coordination) = Coordinator::new(
-        Api::namespaced(client.clone(), &settings.namespace),
-        Publisher::new(client.clone(), reporter.clone()),
-        &api_server,
-        &settings.replica_name,
-        fencer,
-        clock.clone(),
-        metrics.clone(),
-        settings.coordination.clone(),
-    );
-    let shards = coordination.shards.clone();
-    let (release_tx, release_rx) = watch::channel(false);
-    // True once the shutdown's grace is over: what still runs is cut off.
-    let (cut_tx, cut_rx) = watch::channel(false);
-    // A task that ends before shutdown, by panic or otherwise, stops the
-    // replica. Each of the six tasks sends at most once: never full.
-    let (failed_tx, mut failed_rx) = mpsc::channel(SUPERVISED_TASKS);
-    let supervise = Supervisor {
-        failed: failed_tx,
-        stopping: stop_rx.clone(),
-    };
-    let coordinator = supervise.spawn("coordination", coordinator.run(release_rx));
+    Replica::start(settings, parts).await?.run(shutdown).await
+}
 
-    // Only spec changes and a retry asked for trigger a reconcile from the
-    // watch: our own status writes would otherwise come straight back as
-    // work. A CR that waits quietly beyond one poll period is not reconciled
-    // on sight either (a restart or a re-list sees every CR): the candidate
-    // query finds it when it is due. A deletion goes to discovery, which
-    // puts back the CR of an open request.
-    let (cache, writer) = reflector::store::<CachedAutoApproval>();
-    // Full (1024 deletions discovery has not looked at yet): the deletion
-    // is dropped, and the CR comes back when its request is next a
-    // candidate (due, or woken by a change) instead of at once.
-    let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
-    let horizon = chrono::Duration::from_std(settings.discovery.poll_period).unwrap_or_default();
-    let watched: Api<CachedAutoApproval> = Api::namespaced(client.clone(), &settings.namespace);
-    let crs = watcher(watched, watcher::Config::default())
+/// What every part of a replica is made from: built once from [`Parts`]
+/// and the settings, handed around as one `Arc`.
+struct Shared {
+    client: kube::Client,
+    /// For the messages about the API server.
+    api_server: String,
+    store: Store,
+    clock: SharedClock,
+    metrics: Metrics,
+    settings: ControllerConfig,
+}
+
+impl Shared {
+    /// An API of kind `K` in the replica's namespace.
+    fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        Api::namespaced(self.client.clone(), &self.settings.namespace)
+    }
+
+    /// Events reported by this replica.
+    fn publisher(&self) -> Publisher {
+        let reporter = Reporter {
+            controller: CONTROLLER_NAME.into(),
+            instance: Some(self.settings.replica_name.clone()),
+        };
+        Publisher::new(self.client.clone(), reporter)
+    }
+
+    /// A cleanser over `store`.
+    fn cleanser(&self, store: Store) -> Arc<Cleanser> {
+        Arc::new(Cleanser::new(
+            store,
+            self.clock.clone(),
+            self.metrics.clone(),
+            self.settings.stuck_threshold,
+        ))
+    }
+}
+
+/// The replica's one cancellation: a token per shutdown stage. Each is a
+/// child of the next stage's, so a later stage, or the replica dropped,
+/// cancels the earlier ones too.
+struct Stages {
+    /// No new claim; discovery, the census, the leader's passes and the
+    /// sweeper end.
+    intake: CancellationToken,
+    /// The grace is over: what still runs is aborted.
+    cut: CancellationToken,
+    /// The claims are back: the Leases are handed back.
+    leases: CancellationToken,
+}
+
+impl Stages {
+    fn new() -> Self {
+        let leases = CancellationToken::new();
+        let cut = leases.child_token();
+        let intake = cut.child_token();
+        Self {
+            intake,
+            cut,
+            leases,
+        }
+    }
+}
+
+/// Why the replica began to stop.
+enum Stop {
+    Signal,
+    StreamEnded,
+    TaskFailed(&'static str, String),
+}
+
+/// A started replica: its tasks and what its shutdown acts on.
+struct Replica {
+    shared: Arc<Shared>,
+    stages: Stages,
+    shards: Arc<Shards>,
+    /// The kube-runtime Controller: dropping it aborts its reconciles.
+    controller: BoxFuture<'static, ()>,
+    failed: mpsc::Receiver<(&'static str, String)>,
+    /// Ends once the Leases are handed back.
+    coordinator: JoinHandle<()>,
+    /// Discovery, the leader's passes, the census, the sweeper: they end at
+    /// `intake` (discovery's own attempts at `cut`).
+    loops: Vec<JoinHandle<()>>,
+}
+
+impl Replica {
+    /// Checks what must hold before anything is claimed, makes the
+    /// components once and starts every task.
+    async fn start(settings: ControllerConfig, parts: Parts) -> Result<Self, ControllerError> {
+        let Parts {
+            client,
+            api_server,
+            store,
+            external,
+            clock,
+            metrics,
+            health,
+        } = parts;
+        let shared = Arc::new(Shared {
+            client,
+            api_server,
+            store,
+            clock,
+            metrics,
+            settings,
+        });
+        let settings = &shared.settings;
+        let api: Api<AutoApproval> = shared.api();
+        crd_installed(&api).await?;
+        shards_agree(&shared.store, settings).await?;
+        crate::coordination::refuse_a_live_namesake(
+            &shared.api(),
+            &settings.replica_name,
+            settings.coordination.lease_duration,
+            settings.coordination.retry_period,
+        )
+        .await?;
+        let stages = Stages::new();
+        // A task that ends before shutdown, by panic or otherwise, stops the
+        // replica. Each of the six tasks sends at most once: never full.
+        let (failed_tx, failed) = mpsc::channel(SUPERVISED_TASKS);
+        let supervise = Supervisor {
+            failed: failed_tx,
+            stopping: stages.intake.clone(),
+        };
+        let approver = Arc::new(Approver::new(
+            shared.store.clone(),
+            external,
+            shared.clock.clone(),
+            shared.metrics.clone(),
+            settings.approver.clone(),
+        ));
+
+        // The Lease loop fences and recovers shards on connections of its own:
+        // a pool busy with chains must not delay a renewal past its deadline.
+        let coordination_store = shared.store.dedicated(COORDINATION_CONNECTIONS);
+        for (name, pool) in shared.store.pools() {
+            shared.metrics.watch_pool(name, pool);
+        }
+        shared
+            .metrics
+            .watch_pool("coordination", coordination_store.primary_pool());
+        shared.metrics.shards(settings.coordination.shard_count);
+        let (coordinator, coordination) = Coordinator::new(
+            shared.api(),
+            shared.publisher(),
+            &shared.api_server,
+            &settings.replica_name,
+            shared.cleanser(coordination_store),
+            shared.clock.clone(),
+            shared.metrics.clone(),
+            settings.coordination.clone(),
+        );
+        let shards = coordination.shards.clone();
+        let coordinator = supervise.spawn("coordination", coordinator.run(stages.leases.clone()));
+
+        let (cache, writer) = reflector::store::<CachedAutoApproval>();
+        // Full (1024 deletions discovery has not looked at yet): the deletion
+        // is dropped, and the CR comes back when its request is next a
+        // candidate (due, or woken by a change) instead of at once.
+        let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+        // Full: discovery and the sweeper wait (see discovery::Trigger).
+        let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+        let context = Arc::new(Context {
+            approver: approver.clone(),
+            api: api.clone(),
+            events: shared.publisher(),
+            shards: shards.clone(),
+            clock: shared.clock.clone(),
+            metrics: shared.metrics.clone(),
+            settings: settings.reconcile.clone(),
+            stopping: stages.intake.clone(),
+            failures: Mutex::new(HashMap::new()),
+            written: Mutex::new(HashMap::new()),
+        });
+        let controller = controller_stream(
+            &shared,
+            watched_crs(&shared, writer, deleted_tx),
+            cache.clone(),
+            trigger_rx,
+            context.clone(),
+            stages.intake.clone(),
+        );
+
+        if let Some(health) = health {
+            health.watch_api(
+                coordination.api_ok.clone(),
+                &shared.api_server,
+                settings.api_liveness_timeout,
+            );
+            let cache = cache.clone();
+            tokio::spawn(async move {
+                discovery::wait_ready(&cache).await;
+                health.set_synced();
+                info!("AutoApproval cache synced");
+            });
+        }
+        let collector = Collector {
+            api: api.clone(),
+            cache: cache.clone(),
+            store: shared.store.clone(),
+            clock: shared.clock.clone(),
+            metrics: shared.metrics.clone(),
+            settings: settings.gc.clone(),
+        };
+        let sweeper = supervise.spawn(
+            "sweeper",
+            sweep(
+                approver,
+                shards.clone(),
+                settings.replica_name.clone(),
+                trigger_tx.clone(),
+                settings.namespace.clone(),
+                stages.intake.clone(),
+            ),
+        );
+        let discovery = Discovery {
+            store: shared.store.clone(),
+            api,
+            cache,
+            trigger: trigger_tx,
+            clock: shared.clock.clone(),
+            metrics: shared.metrics.clone(),
+            settings: settings.discovery.clone(),
+            shards: shards.clone(),
+            context,
+            concurrency: usize::from(settings.concurrency),
+            created: Default::default(),
+        };
+        let discovery = supervise.spawn(
+            "discovery",
+            discovery.run(
+                stages.intake.clone(),
+                deleted_rx,
+                coordination.acquired.clone(),
+                stages.cut.clone(),
+            ),
+        );
+        let census = Census {
+            store: shared.store.clone(),
+            clock: shared.clock.clone(),
+            metrics: shared.metrics.clone(),
+            config: settings.census.clone(),
+        };
+        let census = supervise.spawn(
+            "census",
+            census.run(coordination.leader.clone(), stages.intake.clone()),
+        );
+        let leading = supervise.spawn(
+            "leader",
+            lead(
+                shared.cleanser(shared.store.clone()),
+                collector,
+                settings.cleanse_interval,
+                coordination.leader,
+                stages.intake.clone(),
+            ),
+        );
+        info!(
+            replica = %settings.replica_name,
+            namespace = %settings.namespace,
+            shards = settings.coordination.shard_count,
+            "controller started"
+        );
+        Ok(Self {
+            shared,
+            stages,
+            shards,
+            controller,
+            failed,
+            coordinator,
+            loops: vec![discovery, leading, census, sweeper],
+        })
+    }
+
+    /// Runs until `shutdown`, a task's failure or the Controller's end, then
+    /// stops in stages: no new claims; (on `shutdown`) the chains in flight
+    /// drain within the grace; what still runs is cut off; its claims go
+    /// back, and only then the Leases, so the next holder finds them due.
+    async fn run(
+        mut self,
+        shutdown: impl Future<Output = ()> + Send,
+    ) -> Result<(), ControllerError> {
+        // Dropped midway, the replica cancels every stage at once.
+        let _cancel_on_drop = self.stages.leases.clone().drop_guard();
+        let shared = self.shared.clone();
+        let settings = &shared.settings;
+        let stop = tokio::select! {
+            () = &mut self.controller => Stop::StreamEnded,
+            Some((task, reason)) = self.failed.next() => Stop::TaskFailed(task, reason),
+            () = shutdown => Stop::Signal,
+        };
+        match &stop {
+            Stop::StreamEnded => warn!("controller stream ended"),
+            Stop::TaskFailed(task, reason) => {
+                error!(task, %reason, "a task of this replica stopped: releasing claims and Leases, then exiting");
+            }
+            Stop::Signal => info!(grace = ?settings.shutdown_grace, "shutting down: no new claims"),
+        }
+        // 1. Intake: no new claim; the loops end.
+        self.shards.stop_claiming();
+        self.stages.intake.cancel();
+        // 2. Drain: after a signal, the chains in flight finish within the grace.
+        if let Stop::Signal = stop {
+            self.drain(settings.shutdown_grace).await;
+        }
+        // 3. Cut: dropping the Controller aborts what still runs, and
+        // discovery aborts its own attempts.
+        drop(self.controller);
+        self.stages.cut.cancel();
+        for task in self.loops {
+            let _ = task.await;
+        }
+        // 4. Claims back, then 5. Leases back: the next holder finds them due.
+        let now = shared.clock.now();
+        let released = shared
+            .store
+            .release_all(&settings.replica_name, &self.shards.tokens(), &[], now)
+            .await;
+        self.stages.leases.cancel();
+        // An API server that does not answer must not hold the exit: Leases
+        // left behind expire after the lease duration.
+        if tokio::time::timeout(LEASE_RELEASE_TIMEOUT, self.coordinator)
+            .await
+            .is_err()
+        {
+            warn!(api = %shared.api_server, "the API server did not take the Leases back in time; they will expire");
+        }
+        let released = released.map_err(ControllerError::Release)?;
+        for request_id in &released {
+            info!(request_id, "claim released at shutdown");
+        }
+        info!(released = released.len(), "controller stopped");
+        match stop {
+            Stop::TaskFailed(task, reason) => Err(ControllerError::TaskFailed { task, reason }),
+            Stop::Signal | Stop::StreamEnded => Ok(()),
+        }
+    }
+
+    /// Waits, within `grace`, for the chains in flight (no new claim starts
+    /// now) or the Controller's end.
+    async fn drain(&mut self, grace: Duration) {
+        let drained = async {
+            while self.shards.in_flight() > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        };
+        tokio::select! {
+            () = &mut self.controller => {}
+            () = drained => {}
+            () = tokio::time::sleep(grace) => {
+                warn!("grace period over with chains still running");
+            }
+        }
+    }
+}
+
+/// The CRs as the Controller sees them. Only spec changes and a retry asked
+/// for trigger a reconcile from the watch: our own status writes would
+/// otherwise come straight back as work. A CR that waits quietly beyond one
+/// poll period is not reconciled on sight either (a restart or a re-list
+/// sees every CR): the candidate query finds it when it is due. A deletion
+/// goes to discovery, which puts back the CR of an open request.
+fn watched_crs(
+    shared: &Shared,
+    writer: reflector::store::Writer<CachedAutoApproval>,
+    deleted: tokio::sync::mpsc::Sender<i64>,
+) -> impl futures::Stream<Item = Result<CachedAutoApproval, watcher::Error>> + Send + 'static {
+    let horizon =
+        chrono::Duration::from_std(shared.settings.discovery.poll_period).unwrap_or_default();
+    let clock = shared.clock.clone();
+    watcher(shared.api(), watcher::Config::default())
         .default_backoff()
         .modify(CachedAutoApproval::forget_version)
         .reflect(writer)
         .inspect_ok(move |event| {
             if let watcher::Event::Delete(cr) = event {
-                let _ = deleted_tx.try_send(cr.spec.request_id);
+                let _ = deleted.try_send(cr.spec.request_id);
             }
         })
         .applied_objects()
@@ -232,201 +528,56 @@ pub async fn run_until(
             predicates::generation::<CachedAutoApproval>.combine(retry_asked),
             Default::default(),
         )
-        .try_filter({
-            let clock = clock.clone();
-            move |cr| {
-                let quiet = cr
-                    .settled_until()
-                    .is_some_and(|due| due > clock.now() + horizon);
-                futures::future::ready(!quiet)
-            }
-        });
-    // Full: discovery and the sweeper wait (see discovery::Trigger).
-    let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
-    let trigger_rx = futures::stream::unfold(trigger_rx, |mut rx| async move {
+        .try_filter(move |cr| {
+            let quiet = cr
+                .settled_until()
+                .is_some_and(|due| due > clock.now() + horizon);
+            futures::future::ready(!quiet)
+        })
+}
+
+/// kube-runtime's Controller over `crs` and the triggers, its results
+/// logged; it stops taking work at `intake`.
+fn controller_stream(
+    shared: &Shared,
+    crs: impl futures::Stream<Item = Result<CachedAutoApproval, watcher::Error>> + Send + 'static,
+    cache: reflector::Store<CachedAutoApproval>,
+    triggers: tokio::sync::mpsc::Receiver<ObjectRef<CachedAutoApproval>>,
+    context: Arc<Context>,
+    intake: CancellationToken,
+) -> BoxFuture<'static, ()> {
+    let triggers = futures::stream::unfold(triggers, |mut rx| async move {
         rx.recv().await.map(|key| (key, rx))
     });
-
-    let context = Arc::new(Context {
-        approver: approver.clone(),
-        api: api.clone(),
-        events: Publisher::new(client.clone(), reporter),
-        shards: shards.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        settings: settings.reconcile.clone(),
-        stopping: stop_rx.clone(),
-        failures: Mutex::new(HashMap::new()),
-        written: Mutex::new(HashMap::new()),
-    });
-    let mut stopping = stop_rx.clone();
-    let controller = Controller::for_stream(crs, cache.clone())
-        .with_config(controller::Config::default().concurrency(settings.concurrency))
-        .reconcile_on(trigger_rx)
-        .graceful_shutdown_on(async move { discovery::stopped(&mut stopping).await })
-        .run(reconcile::reconcile, reconcile::error_policy, context.clone())
-        .for_each({
-            // The watcher retries a failing list or watch every few seconds;
-            // one line when it starts failing and one per period after.
-            let mut outage = Outage::new(WATCH_OUTAGE_REPORT_EVERY);
-            let api_server = api_server.clone();
-            move |result| {
-                match result {
-                    Err(controller::Error::QueueError(error)) => {
-                        let lasted = match outage.failed(tokio::time::Instant::now()) {
-                            Report::Began => Some(Duration::ZERO),
-                            Report::Still(lasted) => Some(lasted),
-                            _ => None,
-                        };
-                        if let Some(lasted) = lasted {
-                            warn!(api = %api_server, %error, outage_s = lasted.as_secs(), "cannot list or watch AutoApprovals; retrying");
-                        }
-                    }
-                    Err(error) => warn!(%error, "controller"),
-                    Ok(_) => {
-                        outage.succeeded(tokio::time::Instant::now());
+    // The watcher retries a failing list or watch every few seconds; one
+    // line when it starts failing and one per period after.
+    let mut outage = Outage::new(WATCH_OUTAGE_REPORT_EVERY);
+    let api_server = shared.api_server.clone();
+    Controller::for_stream(crs, cache)
+        .with_config(controller::Config::default().concurrency(shared.settings.concurrency))
+        .reconcile_on(triggers)
+        .graceful_shutdown_on(intake.cancelled_owned())
+        .run(reconcile::reconcile, reconcile::error_policy, context)
+        .for_each(move |result| {
+            match result {
+                Err(controller::Error::QueueError(error)) => {
+                    let lasted = match outage.failed(tokio::time::Instant::now()) {
+                        Report::Began => Some(Duration::ZERO),
+                        Report::Still(lasted) => Some(lasted),
+                        _ => None,
+                    };
+                    if let Some(lasted) = lasted {
+                        warn!(api = %api_server, %error, outage_s = lasted.as_secs(), "cannot list or watch AutoApprovals; retrying");
                     }
                 }
-                futures::future::ready(())
-            }
-        });
-
-    if let Some(health) = health {
-        health.watch_api(
-            coordination.api_ok.clone(),
-            &api_server,
-            settings.api_liveness_timeout,
-        );
-        let cache = cache.clone();
-        tokio::spawn(async move {
-            discovery::wait_ready(&cache).await;
-            health.set_synced();
-            info!("AutoApproval cache synced");
-        });
-    }
-    let collector = Collector {
-        api: api.clone(),
-        cache: cache.clone(),
-        store: store.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        settings: settings.gc.clone(),
-    };
-    let sweeper = supervise.spawn(
-        "sweeper",
-        sweep(
-            approver.clone(),
-            shards.clone(),
-            settings.replica_name.clone(),
-            trigger_tx.clone(),
-            settings.namespace.clone(),
-            stop_rx.clone(),
-        ),
-    );
-    let discovery = Discovery {
-        store: store.clone(),
-        api,
-        cache,
-        trigger: trigger_tx,
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        settings: settings.discovery.clone(),
-        shards: shards.clone(),
-        context,
-        concurrency: usize::from(settings.concurrency),
-        created: Default::default(),
-    };
-    let discovery = supervise.spawn(
-        "discovery",
-        discovery.run(
-            stop_rx.clone(),
-            deleted_rx,
-            coordination.acquired.clone(),
-            cut_rx,
-        ),
-    );
-    let census = Census {
-        store: store.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
-        config: settings.census.clone(),
-    };
-    let census = supervise.spawn(
-        "census",
-        census.run(coordination.leader.clone(), stop_rx.clone()),
-    );
-    let leading = supervise.spawn(
-        "leader",
-        lead(
-            cleanser,
-            collector,
-            settings.cleanse_interval,
-            coordination.leader,
-            stop_rx,
-        ),
-    );
-
-    info!(
-        replica = %settings.replica_name,
-        namespace = %settings.namespace,
-        shards = settings.coordination.shard_count,
-        "controller started"
-    );
-    let mut controller = Box::pin(controller);
-    let mut failure = None;
-    tokio::select! {
-        () = &mut controller => warn!("controller stream ended"),
-        Some((task, reason)) = failed_rx.next() => {
-            error!(task, %reason, "a task of this replica stopped: releasing claims and Leases, then exiting");
-            failure = Some(ControllerError::TaskFailed { task, reason });
-        }
-        () = shutdown => {
-            info!(grace = ?settings.shutdown_grace, "shutting down: no new claims");
-            shards.stop_claiming();
-            let _ = stop_tx.send(true);
-            // No new claim starts now; wait only for the chains that run.
-            let drained = async {
-                while shards.in_flight() > 0 {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            };
-            tokio::select! {
-                () = &mut controller => {}
-                () = drained => {}
-                () = tokio::time::sleep(settings.shutdown_grace) => {
-                    warn!("grace period over with chains still running");
+                Err(error) => warn!(%error, "controller"),
+                Ok(_) => {
+                    outage.succeeded(tokio::time::Instant::now());
                 }
             }
-        }
-    }
-    shards.stop_claiming();
-    let _ = stop_tx.send(true);
-    // Dropping the controller aborts whatever still runs; then its claims go
-    // back, and only then the Leases, so the next holder finds them due.
-    drop(controller);
-    let _ = cut_tx.send(true);
-    let _ = discovery.await;
-    let _ = leading.await;
-    let _ = census.await;
-    let _ = sweeper.await;
-    let released = store
-        .release_all(&settings.replica_name, &shards.tokens(), &[], clock.now())
-        .await;
-    let _ = release_tx.send(true);
-    // An API server that does not answer must not hold the exit: Leases
-    // left behind expire after the lease duration.
-    if tokio::time::timeout(LEASE_RELEASE_TIMEOUT, coordinator)
-        .await
-        .is_err()
-    {
-        warn!(api = %api_server, "the API server did not take the Leases back in time; they will expire");
-    }
-    let released = released.map_err(ControllerError::Release)?;
-    for request_id in &released {
-        info!(request_id, "claim released at shutdown");
-    }
-    info!(released = released.len(), "controller stopped");
-    failure.map_or(Ok(()), Err)
+            futures::future::ready(())
+        })
+        .boxed()
 }
 
 /// Fails, saying which value is in force and how to change it, when the
@@ -476,7 +627,7 @@ fn retry_asked(cr: &CachedAutoApproval) -> Option<u64> {
 /// while the replica is not stopping, with its panic message.
 struct Supervisor {
     failed: mpsc::Sender<(&'static str, String)>,
-    stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
 }
 
 impl Supervisor {
@@ -490,7 +641,7 @@ impl Supervisor {
             let ended = std::panic::AssertUnwindSafe(work).catch_unwind().await;
             let reason = match ended {
                 Err(panic) => panic_message(panic.as_ref()),
-                Ok(()) if !*stopping.borrow() => "it returned before shutdown".to_owned(),
+                Ok(()) if !stopping.is_cancelled() => "it returned before shutdown".to_owned(),
                 Ok(()) => return,
             };
             let _ = failed.try_send((task, reason));
@@ -512,18 +663,18 @@ fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
 /// the release), and reconciles their CRs so they run again at once.
 async fn sweep(
     approver: Arc<Approver>,
-    shards: Arc<crate::coordination::Shards>,
+    shards: Arc<Shards>,
     holder: String,
     trigger: discovery::Trigger,
     namespace: String,
-    mut stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
 ) {
     let mut every = tokio::time::interval(SWEEP_EVERY);
     every.set_missed_tick_behavior(MissedTickBehavior::Delay);
     loop {
         tokio::select! {
             _ = every.tick() => {}
-            () = discovery::stopped(&mut stopping) => return,
+            () = stopping.cancelled() => return,
         }
         let tokens = shards.tokens();
         if tokens.is_empty() {
@@ -532,8 +683,7 @@ async fn sweep(
         match approver.release_idle(&holder, &tokens).await {
             Ok(released) => {
                 for request_id in released {
-                    let key = kube::runtime::reflector::ObjectRef::new(&crd::cr_name(request_id))
-                        .within(&namespace);
+                    let key = ObjectRef::new(&crd::cr_name(request_id)).within(&namespace);
                     let _ = trigger.send(key).await;
                 }
             }
@@ -549,12 +699,12 @@ async fn lead(
     collector: Collector,
     cleanse_every: Duration,
     mut leader: watch::Receiver<bool>,
-    mut stopping: watch::Receiver<bool>,
+    stopping: CancellationToken,
 ) {
     loop {
         tokio::select! {
             led = async { leader.wait_for(|l| *l).await.map(|_| ()) } => if led.is_err() { return },
-            () = discovery::stopped(&mut stopping) => return,
+            () = stopping.cancelled() => return,
         }
         let mut cleanse = tokio::time::interval(cleanse_every);
         let mut collect = tokio::time::interval(collector.settings.interval);
@@ -573,7 +723,7 @@ async fn lead(
                     }
                 }
                 _ = async { leader.wait_for(|l| !*l).await.map(|_| ()) } => break,
-                () = discovery::stopped(&mut stopping) => return,
+                () = stopping.cancelled() => return,
             }
         }
     }
@@ -586,14 +736,17 @@ mod tests {
     #[tokio::test]
     async fn a_task_that_panics_or_returns_early_is_reported_and_one_that_stops_is_not() {
         let (failed, mut reports) = mpsc::channel(SUPERVISED_TASKS);
-        let (stop, stopping) = watch::channel(false);
-        let supervisor = Supervisor { failed, stopping };
+        let stopping = CancellationToken::new();
+        let supervisor = Supervisor {
+            failed,
+            stopping: stopping.clone(),
+        };
         supervisor
             .spawn("discovery", async { panic!("window out of range") })
             .await
             .unwrap();
         supervisor.spawn("leader", async {}).await.unwrap();
-        stop.send(true).unwrap();
+        stopping.cancel();
         supervisor.spawn("coordination", async {}).await.unwrap();
         drop(supervisor);
         let reports: Vec<_> = reports.by_ref().collect().await;

@@ -12,19 +12,18 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
-use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::cached::{CachedAutoApproval, CachedStatus, digest};
 use super::crd::{
     ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
 };
-use super::events::Publisher;
 use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
 use crate::domain::{Candidate, DECIDED_BY_US, Request, RequestStatus, State, StateStatus};
+use crate::events::Publisher;
 use crate::store::StoreError;
 use crate::telemetry::Metrics;
 
@@ -106,7 +105,7 @@ pub struct Context {
     /// Timings.
     pub settings: ReconcileConfig,
     /// True once shutdown began: no new claims.
-    pub stopping: watch::Receiver<bool>,
+    pub stopping: tokio_util::sync::CancellationToken,
     /// Consecutive errors per CR, for the backoff: at most
     /// [`FAILURES_TRACKED`] CRs.
     pub failures: Mutex<HashMap<String, u32>>,
@@ -300,7 +299,7 @@ impl Reconcile<'_> {
         if self.cr.status.is_none()
             && !was_paused
             && self.cr.retry_pending().is_none()
-            && !*self.ctx.stopping.borrow()
+            && !self.ctx.stopping.is_cancelled()
         {
             // A CR no status was written to: discovery has just created it
             // for a new request of this type. Claimed at once, without
@@ -360,7 +359,7 @@ impl Reconcile<'_> {
         } else {
             state
         };
-        if *self.ctx.stopping.borrow() {
+        if self.ctx.stopping.is_cancelled() {
             // Shutting down: leave it for the next holder.
             return Ok(Action::requeue(Duration::from_secs(1)));
         }

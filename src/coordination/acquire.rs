@@ -14,7 +14,7 @@ use super::fence::next_generation;
 use super::lease::{
     is_member, member_lease_name, shard_lease_name, shard_of_lease, speaks_protocol,
 };
-use super::{Coordinator, balance};
+use super::{Coordinator, TAKEN_FROM_ANNOTATION, balance};
 
 /// A shard Lease's holder, for the balance.
 enum Holder<'l> {
@@ -32,10 +32,6 @@ enum MemberState<'l> {
     Live,
     Gone(Option<&'l Lease>),
 }
-
-/// On a shard Lease handed back because its fence failed: the holder it
-/// had been taken from, whose failover the next acquisition completes.
-pub const TAKEN_FROM_ANNOTATION: &str = "autoapproval.io/taken-from";
 
 /// The holder a shard Lease is taken from: the one it names, or the one a
 /// hand-back after a failed fence kept ([`TAKEN_FROM_ANNOTATION`]).
@@ -81,7 +77,7 @@ impl Coordinator {
 
     pub(super) fn lose(&mut self, shard: u32, to: &str) {
         self.shards.remove(shard);
-        self.mine.remove(&shard_lease_name(shard));
+        self.held_leases.remove(&shard_lease_name(shard));
         self.metrics.shard_lost();
         warn!(shard, to, "shard lost: no more claims in it");
     }
@@ -306,10 +302,10 @@ impl Coordinator {
 
     /// Hands back a shard Lease taken but not fenced. The holder it was
     /// taken from is kept on it ([`TAKEN_FROM_ANNOTATION`]): the next
-    /// acquisition, ours or another replica's, is that holder's failover,
+    /// acquisition, this replica's or another's, is that holder's failover,
     /// and is counted and reported as one.
     async fn hand_back_unfenced(&mut self, name: &str, previous: Option<&str>, now: DateTime<Utc>) {
-        if let (Some(previous), Some(lease)) = (previous, self.mine.get_mut(name)) {
+        if let (Some(previous), Some(lease)) = (previous, self.held_leases.get_mut(name)) {
             lease
                 .metadata
                 .annotations
@@ -339,7 +335,7 @@ impl Coordinator {
         let Some(lease) = self.take(&name, "shard", existing, generation, now).await else {
             return;
         };
-        self.mine.insert(name.clone(), lease.clone());
+        self.held_leases.insert(name.clone(), lease.clone());
         match self.fence(shard, generation).await {
             Ok(Some(recovered)) => {
                 self.shards.insert(shard, generation, sent);

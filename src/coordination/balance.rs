@@ -98,13 +98,13 @@ mod tests {
                     .map(|(n, s)| (n.as_str(), s.clone()))
                     .collect();
                 let p = plan(&view(me, k, &members));
-                let mine = holdings.get_mut(*me).expect("member");
+                let held = holdings.get_mut(*me).expect("member");
                 if let Some(s) = p.give_up {
-                    mine.retain(|x| *x != s);
+                    held.retain(|x| *x != s);
                     changed = true;
                 }
                 for s in p.acquire {
-                    mine.push(s);
+                    held.push(s);
                     changed = true;
                 }
             }

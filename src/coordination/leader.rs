@@ -22,7 +22,7 @@ impl Coordinator {
     /// at once, before the Lease is taken again.
     pub(super) async fn renew_member(&mut self, sent: Instant, now: DateTime<Utc>) {
         let name = member_lease_name(self.identity());
-        if self.mine.contains_key(&name) {
+        if self.held_leases.contains_key(&name) {
             if !self.renew_due(self.member_turn) {
                 return;
             }
@@ -50,7 +50,7 @@ impl Coordinator {
         let generation = next_generation(existing.as_ref(), 0);
         if let Some(lease) = self.take(&name, "member", existing, generation, now).await {
             info!(lease = %name, "joined as a member");
-            self.mine.insert(name, lease);
+            self.held_leases.insert(name, lease);
             self.member_renewed(sent);
         }
     }
@@ -74,7 +74,7 @@ impl Coordinator {
     fn evicted(&mut self) {
         let lost = self.shards.remove_all();
         for shard in &lost {
-            self.mine.remove(&shard_lease_name(*shard));
+            self.held_leases.remove(&shard_lease_name(*shard));
             self.metrics.shard_lost();
         }
         self.member_renewed = None;
@@ -118,7 +118,7 @@ impl Coordinator {
 
     /// Holds or takes the leader Lease.
     pub(super) async fn lead(&mut self, leases: &[Lease], sent: Instant, now: DateTime<Utc>) {
-        if self.mine.contains_key(LEADER_LEASE) {
+        if self.held_leases.contains_key(LEADER_LEASE) {
             if !self.renew_due(self.leader_turn) {
                 return;
             }
@@ -130,7 +130,7 @@ impl Coordinator {
                 Ok(false) => {
                     // Someone else's now: forgotten, so that a later turn
                     // takes it again once it is free or expired.
-                    self.mine.remove(LEADER_LEASE);
+                    self.held_leases.remove(LEADER_LEASE);
                     self.leader_renewed = None;
                     self.metrics.leadership_lost();
                     warn!("leadership lost");
@@ -165,7 +165,7 @@ impl Coordinator {
                 "LeaderElection",
                 format!("{} became leader", self.identity()),
             );
-            self.mine.insert(LEADER_LEASE.to_owned(), lease);
+            self.held_leases.insert(LEADER_LEASE.to_owned(), lease);
             self.leader_renewed = Some(sent);
             self.leader_turn = Some(self.turns);
             info!("became the leader: running the cleanser and the CR garbage collector");

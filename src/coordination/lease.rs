@@ -38,7 +38,7 @@ impl Coordinator {
                 lease.spec = Some(spec);
                 // Taken now: a failed fence's note has served its purpose.
                 if let Some(annotations) = lease.metadata.annotations.as_mut() {
-                    annotations.remove(super::acquire::TAKEN_FROM_ANNOTATION);
+                    annotations.remove(super::TAKEN_FROM_ANNOTATION);
                 }
                 mark_protocol(&mut lease);
                 self.api.replace(name, &post_params(), &lease).await
@@ -72,7 +72,7 @@ impl Coordinator {
         name: &str,
         now: DateTime<Utc>,
     ) -> Result<bool, kube::Error> {
-        let Some(mut lease) = self.mine.get(name).cloned() else {
+        let Some(mut lease) = self.held_leases.get(name).cloned() else {
             return Ok(false);
         };
         for _ in 0..2 {
@@ -82,19 +82,19 @@ impl Coordinator {
             mark_protocol(&mut lease);
             match self.api.replace(name, &post_params(), &lease).await {
                 Ok(renewed) => {
-                    self.mine.insert(name.to_owned(), renewed);
+                    self.held_leases.insert(name.to_owned(), renewed);
                     return Ok(true);
                 }
-                // Someone wrote it since: still ours only if it still names us
+                // Someone wrote it since: still held only if it still names us
                 // at the same generation.
                 Err(kube::Error::Api(e)) if e.code == 409 => {
                     let fresh = self.api.get(name).await?;
-                    let ours = fresh.spec.as_ref().is_some_and(|s| {
+                    let still_held = fresh.spec.as_ref().is_some_and(|s| {
                         s.holder_identity.as_deref() == Some(self.identity())
                             && s.lease_transitions
                                 == lease.spec.as_ref().and_then(|s| s.lease_transitions)
                     });
-                    if !ours {
+                    if !still_held {
                         return Ok(false);
                     }
                     lease = fresh;
@@ -111,7 +111,7 @@ impl Coordinator {
         name: &str,
         now: DateTime<Utc>,
     ) -> Result<(), kube::Error> {
-        let Some(mut lease) = self.mine.remove(name) else {
+        let Some(mut lease) = self.held_leases.remove(name) else {
             return Ok(());
         };
         if let Some(spec) = lease.spec.as_mut() {
@@ -136,7 +136,7 @@ impl Coordinator {
             let Some(mut lease) = self.unreleased.remove(&name) else {
                 continue;
             };
-            if self.mine.contains_key(&name) {
+            if self.held_leases.contains_key(&name) {
                 continue;
             }
             if let Some(spec) = lease.spec.as_mut() {

@@ -22,11 +22,11 @@
 //! `Store::fence_shard`).
 
 mod acquire;
-pub mod balance;
+mod balance;
 mod fence;
 mod leader;
 mod lease;
-pub mod shards;
+mod shards;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -38,7 +38,6 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-pub use self::acquire::TAKEN_FROM_ANNOTATION;
 pub use self::lease::{
     NameInUse, PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, refuse_a_live_namesake,
     shard_lease_name,
@@ -57,6 +56,9 @@ pub const SHARD_LEASE_PREFIX: &str = "autoapproval-shard-";
 pub const MEMBER_LEASE_PREFIX: &str = "autoapproval-member-";
 /// Name of the leader Lease.
 pub const LEADER_LEASE: &str = "autoapproval-leader";
+/// On a shard Lease handed back because its fence failed: the holder it
+/// had been taken from, whose failover the next acquisition completes.
+pub const TAKEN_FROM_ANNOTATION: &str = "autoapproval.io/taken-from";
 const FIELD_MANAGER: &str = "autoapproval";
 /// How often a lasting API server outage is reported again.
 const OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -128,7 +130,7 @@ impl Acquired {
 }
 
 /// The coordination loop of one replica.
-pub struct Coordinator {
+pub(crate) struct Coordinator {
     api: Api<Lease>,
     shards: Arc<Shards>,
     cleanser: Arc<Cleanser>,
@@ -140,8 +142,9 @@ pub struct Coordinator {
     seen: HashMap<String, Seen>,
     /// When the last successful list was sent.
     last_list: Option<Instant>,
-    /// The last version we wrote of each Lease we hold.
-    mine: HashMap<String, Lease>,
+    /// The last version written of each Lease this replica holds: the base
+    /// of its next renew or release.
+    held_leases: HashMap<String, Lease>,
     /// Shard Leases whose release failed, as they were to be written: the
     /// release is tried again every turn until it lands or another replica
     /// wrote the Lease. Left alone, such a Lease names us while our member
@@ -175,11 +178,11 @@ pub struct Coordinator {
     /// Every Lease was given back because the database does not answer.
     withdrawn: bool,
     /// Publishes Events on Leases: leadership taken, a shard failed over.
-    recorder: crate::controller::events::Publisher,
+    recorder: crate::events::Publisher,
 }
 
 /// What the rest of the replica observes of the coordination.
-pub struct Handles {
+pub(crate) struct Handles {
     /// The shards held.
     pub shards: Arc<Shards>,
     /// True while this replica is the leader.
@@ -197,7 +200,7 @@ impl Coordinator {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         api: Api<Lease>,
-        recorder: crate::controller::events::Publisher,
+        recorder: crate::events::Publisher,
         api_server: &str,
         identity: &str,
         cleanser: Arc<Cleanser>,
@@ -220,7 +223,7 @@ impl Coordinator {
             acquired: acquired.clone(),
             seen: HashMap::new(),
             last_list: None,
-            mine: HashMap::new(),
+            held_leases: HashMap::new(),
             unreleased: HashMap::new(),
             leader_renewed: None,
             turns: 0,
@@ -275,17 +278,17 @@ impl Coordinator {
         });
     }
 
-    /// Runs turns until `release` turns true, then hands every Lease back
+    /// Runs turns until `release` is cancelled, then hands every Lease back
     /// (the caller has released its claims by then). Shutting down only
     /// stops acquiring: held shards keep being renewed while chains finish.
-    pub async fn run(mut self, mut release: watch::Receiver<bool>) {
+    pub async fn run(mut self, release: tokio_util::sync::CancellationToken) {
         // Turns start every retry period, however long the last one took.
         let mut every = tokio::time::interval(self.settings.retry_period);
         every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 _ = every.tick() => self.turn().await,
-                _ = async { release.wait_for(|r| *r).await.map(|_| ()) } => break,
+                () = release.cancelled() => break,
             }
         }
         self.release_all().await;
@@ -295,7 +298,7 @@ impl Coordinator {
     /// A replica that has not reached the database for the renew deadline
     /// holds nothing: it could claim nothing, and its shards would wait for
     /// their Leases to expire while the others can work them.
-    pub async fn turn(&mut self) {
+    async fn turn(&mut self) {
         let sent = Instant::now();
         if !self.database_answers(sent).await {
             if !self.withdrawn {
@@ -459,7 +462,7 @@ impl Coordinator {
         for shard in self.shards.held() {
             kept += usize::from(!self.release_shard(shard, now).await);
         }
-        if self.mine.contains_key(LEADER_LEASE) {
+        if self.held_leases.contains_key(LEADER_LEASE) {
             if let Err(error) = self.release(LEADER_LEASE, now).await {
                 kept += 1;
                 warn!(%error, "could not release the leader Lease; it will expire");
@@ -468,7 +471,7 @@ impl Coordinator {
             let _ = self.leader.send(false);
         }
         let member = member_lease_name(self.identity());
-        if self.mine.remove(&member).is_some()
+        if self.held_leases.remove(&member).is_some()
             && let Err(error) = self.api.delete(&member, &DeleteParams::default()).await
         {
             kept += 1;

@@ -173,8 +173,8 @@ async fn the_census_follows_leadership_as_it_changes(db: Db) {
     // A turn an hour away: only the changes of leadership can act.
     census.config.interval = StdDuration::from_secs(3600);
     let (leader, leading) = tokio::sync::watch::channel(false);
-    let (stop, stopping) = tokio::sync::watch::channel(false);
-    let running = tokio::spawn(census.run(leading, stopping));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = tokio::spawn(census.run(leading, stop.clone()));
     let counted = |text: &str| text.contains("autoapproval_requests{");
     // The first turn runs at start: a ping, no counts.
     eventually("the first ping", || async {
@@ -192,7 +192,7 @@ async fn the_census_follows_leadership_as_it_changes(db: Db) {
         (!counted(&metrics.encode())).then_some(())
     })
     .await;
-    stop.send(true).unwrap();
+    stop.cancel();
     running.await.expect("the census stops");
 }
 

@@ -15,6 +15,7 @@ mod external;
 mod fencing;
 mod helm;
 mod inputs;
+mod layout;
 mod least_privilege;
 mod malformed;
 mod manual;

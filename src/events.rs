@@ -24,7 +24,7 @@ pub struct Publisher {
 }
 
 impl Publisher {
-    /// A publisher reporting as `reporter`.
+    /// Events name `reporter` as their reporting controller and instance.
     pub fn new(client: kube::Client, reporter: Reporter) -> Self {
         Self { client, reporter }
     }
