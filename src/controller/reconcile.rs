@@ -1047,3 +1047,590 @@ pub(crate) fn after_pause_lookup(pause: Option<&Pause>) -> Decision {
         None => Decision::NotClaimed,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use chrono::TimeZone;
+
+    use super::*;
+    use crate::controller::crd::AutoApprovalSpec;
+    use crate::domain::RequestType;
+    use crate::processors::RetryReason;
+
+    const ID: i64 = 7;
+    const LIMIT: i32 = 5;
+
+    fn at(minute: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 7, 9, minute, 0)
+            .single()
+            .unwrap()
+    }
+
+    /// What the CR shows, as the cases vary it.
+    #[derive(Default)]
+    struct Shown {
+        name: Option<&'static str>,
+        paused: bool,
+        ad: bool,
+        phase: Option<Phase>,
+        reason: Option<&'static str>,
+        retry_asked: Option<&'static str>,
+        retry_done: Option<&'static str>,
+    }
+
+    fn cr(shown: Shown) -> CachedAutoApproval {
+        let spec = AutoApprovalSpec {
+            request_id: ID,
+            request_type: if shown.ad {
+                ApprovalType::AdContract
+            } else {
+                ApprovalType::OwnerContract
+            },
+            paused: shown.paused,
+        };
+        let mut cr = AutoApproval::new(shown.name.unwrap_or("request-7"), spec);
+        cr.metadata.uid = Some("uid-7".into());
+        if let Some(asked) = shown.retry_asked {
+            cr.metadata.annotations = Some(BTreeMap::from([(
+                RETRY_ANNOTATION.to_owned(),
+                asked.to_owned(),
+            )]));
+        }
+        if shown.phase.is_some() || shown.retry_done.is_some() {
+            cr.status = Some(AutoApprovalStatus {
+                phase: shown.phase,
+                last_reason: shown.reason.map(Into::into),
+                last_retry_request: shown.retry_done.map(Into::into),
+                ..AutoApprovalStatus::default()
+            });
+        }
+        CachedAutoApproval::of(&cr)
+    }
+
+    fn request(status: RequestStatus, decided_by: Option<&str>) -> Request {
+        Request {
+            id: ID,
+            request_type: RequestType::OwnerContract,
+            status,
+            sort_time: at(0),
+            created_at: at(1),
+            business_name: "Cafe".into(),
+            documents_released: true,
+            operational_hold: false,
+            menu_registered: true,
+            logo_registered: true,
+            previous_step_approved: true,
+            econtract_ref: None,
+            target_store_number: None,
+            owner_number: None,
+            store_number: None,
+            campaign_id: None,
+            decided_by: decided_by.map(Into::into),
+        }
+    }
+
+    fn open() -> Request {
+        request(RequestStatus::Pending, None)
+    }
+
+    fn of_type(request_type: RequestType) -> Request {
+        Request {
+            request_type,
+            ..open()
+        }
+    }
+
+    fn state(status: StateStatus, retry_count: i32, due: Option<u32>) -> State {
+        State {
+            id: 70,
+            request_id: ID,
+            status,
+            next_retry_time: due.map(at),
+            retry_count,
+            holder: "replica-b".into(),
+            fencing_token: 3,
+            step: Some("owner".into()),
+            last_reason: Some("documents not released".into()),
+            modified_at: at(2),
+        }
+    }
+
+    fn waiting(retry_count: i32, due: Option<u32>) -> State {
+        state(StateStatus::RetryWaiting, retry_count, due)
+    }
+
+    fn recovered() -> State {
+        State {
+            last_reason: Some("recovered: claim of a dead replica".into()),
+            ..waiting(1, Some(5))
+        }
+    }
+
+    fn found(request: Request, state: Option<State>) -> Option<Lookup> {
+        Some(Lookup::Found(request, state))
+    }
+
+    fn candidate(request_type: RequestType, state_id: Option<i64>) -> Candidate {
+        Candidate {
+            request_id: ID,
+            request_type,
+            state_id,
+        }
+    }
+
+    fn claim(state_id: Option<i64>, eligible_at: DateTime<Utc>) -> Decision {
+        Decision::Claim {
+            candidate: candidate(RequestType::OwnerContract, state_id),
+            eligible_at,
+            recovered: None,
+        }
+    }
+
+    fn shown_phase(phase: Phase) -> Shown {
+        Shown {
+            phase: Some(phase),
+            ..Shown::default()
+        }
+    }
+
+    /// One row: what the CR shows, what was read (`None`: nothing yet),
+    /// whether shutdown began, whether the CR's retry was acted on.
+    struct Case {
+        name: &'static str,
+        cr: Shown,
+        lookup: Option<Lookup>,
+        stopping: bool,
+        retry_acted: bool,
+        want: Decision,
+    }
+
+    fn case(name: &'static str, cr: Shown, lookup: Option<Lookup>, want: Decision) -> Case {
+        Case {
+            name,
+            cr,
+            lookup,
+            stopping: false,
+            retry_acted: false,
+            want,
+        }
+    }
+
+    #[test]
+    fn decide_names_the_next_step_of_every_reconcile() {
+        let now = at(10);
+        let asked = || Shown {
+            retry_asked: Some("2026-12-07T09:09:00Z"),
+            ..shown_phase(Phase::Exhausted)
+        };
+        let cases = [
+            case(
+                "a CR named after another request is refused",
+                Shown {
+                    name: Some("copy-of-request-7"),
+                    ..Shown::default()
+                },
+                found(open(), None),
+                Decision::NameMismatch {
+                    reason: "spec.requestId 7 belongs to the AutoApproval named request-7, not copy-of-request-7".into(),
+                },
+            ),
+            case(
+                "spec.paused pauses, whatever the database says",
+                Shown {
+                    paused: true,
+                    ..shown_phase(Phase::RetryWaiting)
+                },
+                found(open(), Some(waiting(1, Some(5)))),
+                Decision::Pause,
+            ),
+            case(
+                "a new CR is claimed before any read",
+                Shown::default(),
+                None,
+                Decision::ClaimAtOnce(candidate(RequestType::OwnerContract, None)),
+            ),
+            case(
+                "a new ad CR is claimed at once as an ad",
+                Shown {
+                    ad: true,
+                    ..Shown::default()
+                },
+                None,
+                Decision::ClaimAtOnce(candidate(RequestType::AdContract, None)),
+            ),
+            Case {
+                stopping: true,
+                ..case(
+                    "a new CR seen while stopping is read, not claimed",
+                    Shown::default(),
+                    None,
+                    Decision::Read { resume: false },
+                )
+            },
+            case(
+                "a new CR with a retry asked for is read first",
+                Shown {
+                    retry_asked: Some("now"),
+                    ..Shown::default()
+                },
+                None,
+                Decision::Read { resume: false },
+            ),
+            case(
+                "a CR with a status is read",
+                shown_phase(Phase::RetryWaiting),
+                None,
+                Decision::Read { resume: false },
+            ),
+            case(
+                "an unpaused CR ends its pause as it reads",
+                shown_phase(Phase::Paused),
+                None,
+                Decision::Read { resume: true },
+            ),
+            case(
+                "a request that does not exist",
+                shown_phase(Phase::RetryWaiting),
+                Some(Lookup::Missing),
+                Decision::RequestNotFound,
+            ),
+            case(
+                "a malformed row is shown and looked at again",
+                shown_phase(Phase::RetryWaiting),
+                Some(Lookup::Malformed(UnknownValue {
+                    column: "approval_request.status",
+                    value: "WHATEVER".into(),
+                })),
+                Decision::MalformedRow {
+                    column: "approval_request.status",
+                    reason: "malformed request row: unknown approval_request.status \"WHATEVER\""
+                        .into(),
+                },
+            ),
+            case(
+                "a type changed to another auto-approvable one replaces the CR",
+                shown_phase(Phase::RetryWaiting),
+                found(of_type(RequestType::AdContract), None),
+                Decision::TypeChanged {
+                    reason: "spec.requestType is OWNER_CONTRACT but request 7 is AD_CONTRACT"
+                        .into(),
+                },
+            ),
+            case(
+                "a type changed to one not auto-approvable is refused",
+                shown_phase(Phase::RetryWaiting),
+                found(of_type(RequestType::MenuChange), None),
+                Decision::TypeMismatch {
+                    reason: "spec.requestType is OWNER_CONTRACT but request 7 is MENU_CHANGE"
+                        .into(),
+                },
+            ),
+            case(
+                "approved by us and shown: nothing more to write",
+                shown_phase(Phase::Approved),
+                found(request(RequestStatus::Approved, Some(DECIDED_BY_US)), None),
+                Decision::Closed(Closed::ApprovedShown),
+            ),
+            case(
+                "approved by us, the status lost: shown now",
+                shown_phase(Phase::InProgress),
+                found(request(RequestStatus::Approved, Some(DECIDED_BY_US)), None),
+                Decision::Closed(Closed::ApprovedUnshown),
+            ),
+            case(
+                "approved by a person: superseded",
+                shown_phase(Phase::RetryWaiting),
+                found(request(RequestStatus::Approved, Some("alice")), None),
+                Decision::Closed(Closed::ByPerson {
+                    status: RequestStatus::Approved,
+                    by: Some("alice".into()),
+                }),
+            ),
+            case(
+                "rejected by nobody named: superseded",
+                shown_phase(Phase::RetryWaiting),
+                found(request(RequestStatus::Rejected, None), Some(waiting(1, Some(5)))),
+                Decision::Closed(Closed::ByPerson {
+                    status: RequestStatus::Rejected,
+                    by: None,
+                }),
+            ),
+            case(
+                "a retry asked for on the CR is acted on",
+                asked(),
+                found(open(), Some(waiting(LIMIT, Some(5)))),
+                Decision::ActOnRetryRequest,
+            ),
+            Case {
+                retry_acted: true,
+                ..case(
+                    "once acted on, the retry made due is claimed",
+                    asked(),
+                    found(open(), Some(waiting(LIMIT - 1, Some(10)))),
+                    claim(Some(70), at(10)),
+                )
+            },
+            case(
+                "a retry asked for and acknowledged already is not acted on again",
+                Shown {
+                    retry_done: Some("2026-12-07T09:09:00Z"),
+                    ..asked()
+                },
+                found(open(), Some(waiting(LIMIT, Some(5)))),
+                Decision::Exhausted(waiting(LIMIT, Some(5))),
+            ),
+            Case {
+                stopping: true,
+                ..case(
+                    "an open request seen while stopping is left for the next holder",
+                    shown_phase(Phase::RetryWaiting),
+                    found(open(), Some(waiting(1, Some(5)))),
+                    Decision::Stopping,
+                )
+            },
+            case(
+                "a request with no state row is claimed, eligible since its creation",
+                shown_phase(Phase::InProgress),
+                found(open(), None),
+                claim(None, at(1)),
+            ),
+            case(
+                "a request claimed elsewhere is shown held",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(state(StateStatus::InProgress, 1, None))),
+                Decision::Held(state(StateStatus::InProgress, 1, None)),
+            ),
+            case(
+                "held wins over the limit: the holder's outcome is shown",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(state(StateStatus::InProgress, LIMIT, None))),
+                Decision::Held(state(StateStatus::InProgress, LIMIT, None)),
+            ),
+            case(
+                "at the retry limit: exhausted",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(waiting(LIMIT, Some(5)))),
+                Decision::Exhausted(waiting(LIMIT, Some(5))),
+            ),
+            case(
+                "a retry not yet due waits, requeued just after it is",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(waiting(1, Some(12)))),
+                Decision::Waiting {
+                    state: waiting(1, Some(12)),
+                    requeue: Duration::from_secs(120) + Duration::from_millis(20),
+                },
+            ),
+            case(
+                "a retry due now is claimed, eligible since it was due",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(waiting(LIMIT - 1, Some(10)))),
+                claim(Some(70), at(10)),
+            ),
+            case(
+                "a retry with no time is due, eligible now",
+                shown_phase(Phase::RetryWaiting),
+                found(open(), Some(waiting(1, None))),
+                claim(Some(70), now),
+            ),
+            case(
+                "a claim the cleanser recovered is announced when claimed",
+                shown_phase(Phase::InProgress),
+                found(open(), Some(recovered())),
+                Decision::Claim {
+                    candidate: candidate(RequestType::OwnerContract, Some(70)),
+                    eligible_at: at(5),
+                    recovered: Some(
+                        "recovered: claim of a dead replica; last held by replica-b".into(),
+                    ),
+                },
+            ),
+            case(
+                "a recovery the CR shows already is not announced again",
+                Shown {
+                    reason: Some("recovered: claim of a dead replica"),
+                    ..shown_phase(Phase::RetryWaiting)
+                },
+                found(open(), Some(recovered())),
+                claim(Some(70), at(5)),
+            ),
+        ];
+        let mut failed = Vec::new();
+        for case in cases {
+            let cr = cr(case.cr);
+            let facts = Facts {
+                cr: &cr,
+                now,
+                stopping: case.stopping,
+                retry_limit: LIMIT,
+                lookup: case.lookup,
+                retry_acted: case.retry_acted,
+            };
+            let got = decide(&facts);
+            if got != case.want {
+                failed.push(format!(
+                    "{}:\n  got  {got:?}\n  want {:?}",
+                    case.name, case.want
+                ));
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
+
+    #[test]
+    fn after_attempt_shows_every_outcome() {
+        let retry = |retry_count| AttemptOutcome::RetryScheduled {
+            step: Step::Store,
+            reason: RetryReason::transient("store system timed out"),
+            next_retry_time: at(20),
+            retry_count,
+        };
+        let before = waiting(3, Some(5));
+        // Name, outcome, the state row it started from, claimed at once.
+        let cases: [(&str, AttemptOutcome, Option<&State>, bool, Decision); 14] = [
+            (
+                "refused at once: read to say why",
+                AttemptOutcome::NotClaimed,
+                None,
+                true,
+                Decision::Read { resume: false },
+            ),
+            (
+                "decided before the claim at once: read to say by whom",
+                AttemptOutcome::Superseded(RequestStatus::Rejected),
+                None,
+                true,
+                Decision::Read { resume: false },
+            ),
+            (
+                "vanished at once: read to say so",
+                AttemptOutcome::Vanished,
+                None,
+                true,
+                Decision::Read { resume: false },
+            ),
+            (
+                "approved at once: no retries",
+                AttemptOutcome::Approved,
+                None,
+                true,
+                Decision::Approved { retry_count: 0 },
+            ),
+            (
+                "a retry scheduled at once",
+                retry(1),
+                None,
+                true,
+                Decision::RetryScheduled {
+                    step: Step::Store,
+                    reason: "store system timed out".into(),
+                    next_retry_time: at(20),
+                    retry_count: 1,
+                },
+            ),
+            (
+                "approved on a retry: its retries shown",
+                AttemptOutcome::Approved,
+                Some(&before),
+                false,
+                Decision::Approved { retry_count: 3 },
+            ),
+            (
+                "a retry below the limit waits",
+                retry(LIMIT - 1),
+                Some(&before),
+                false,
+                Decision::RetryScheduled {
+                    step: Step::Store,
+                    reason: "store system timed out".into(),
+                    next_retry_time: at(20),
+                    retry_count: LIMIT - 1,
+                },
+            ),
+            (
+                "the last retry gives up",
+                retry(LIMIT),
+                Some(&before),
+                false,
+                Decision::GaveUp {
+                    step: Step::Store,
+                    reason: "store system timed out".into(),
+                    retry_count: LIMIT,
+                },
+            ),
+            (
+                "a person decided mid-chain",
+                AttemptOutcome::Superseded(RequestStatus::Canceled),
+                Some(&before),
+                false,
+                Decision::Superseded(RequestStatus::Canceled),
+            ),
+            (
+                "the row vanished mid-chain",
+                AttemptOutcome::Vanished,
+                Some(&before),
+                false,
+                Decision::RequestNotFound,
+            ),
+            (
+                "not claimed: is it paused elsewhere?",
+                AttemptOutcome::NotClaimed,
+                Some(&before),
+                false,
+                Decision::LookForPause,
+            ),
+            (
+                "not claimed on a new request: is it paused elsewhere?",
+                AttemptOutcome::NotClaimed,
+                None,
+                false,
+                Decision::LookForPause,
+            ),
+            (
+                "the claim was taken over",
+                AttemptOutcome::FenceLost,
+                Some(&before),
+                false,
+                Decision::FenceLost,
+            ),
+            (
+                "the claim at once was taken over",
+                AttemptOutcome::FenceLost,
+                None,
+                true,
+                Decision::FenceLost,
+            ),
+        ];
+        for (name, outcome, before, at_once, want) in cases {
+            assert_eq!(
+                after_attempt(outcome, before, LIMIT, at_once),
+                want,
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_request_not_claimed_is_shown_paused_only_when_the_database_says_so() {
+        let pause = Pause {
+            paused_by: "dba".into(),
+            cr_uid: None,
+            paused_at: at(3),
+        };
+        let cases = [
+            (
+                "paused by hand",
+                Some(&pause),
+                Decision::PausedElsewhere {
+                    reason: "paused in the database by dba at 2026-12-07 09:03:00 UTC; set spec.paused to true, then false, to resume".into(),
+                },
+            ),
+            ("not paused", None, Decision::NotClaimed),
+        ];
+        for (name, pause, want) in cases {
+            assert_eq!(after_pause_lookup(pause), want, "{name}");
+        }
+    }
+}
