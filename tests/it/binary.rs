@@ -221,6 +221,59 @@ fn the_shipped_binary_links_no_test_tooling() {
     for tool in &TOOLING[..3] {
         assert!(lab.contains(*tool), "{tool} not seen in the lab's graph");
     }
+    // The poll turn the lab and the tests drive is behind `test-support`,
+    // which the binary's own build (as the Dockerfile runs it) never enables.
+    assert_eq!(shipped_features(), ["otlp"]);
+    assert!(features_of("autoapproval-lab").contains(&"test-support".to_owned()));
+}
+
+/// The product's features in its build for the image: `cargo build -p
+/// autoapproval --features otlp`, no dev-dependency unified in.
+fn shipped_features() -> Vec<String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(["tree", "--locked", "--offline", "-p", "autoapproval"])
+        .args(["--features", "otlp", "-e", "no-dev", "--depth", "0"])
+        .args(["--format", "{f}"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo tree runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let mut features: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .trim()
+        .split(',')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    features.sort();
+    features
+}
+
+/// The features of the product that `package` asks for on its dependency line.
+fn features_of(package: &str) -> Vec<String> {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates")
+        .join(package)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).expect("the package's manifest");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("autoapproval = "))
+        .expect("a dependency on the product");
+    line.split('[')
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .map(|list| {
+            list.split(',')
+                .map(|f| f.trim().trim_matches('"').to_owned())
+                .filter(|f| !f.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]
