@@ -384,3 +384,76 @@ pub async fn run_filters(
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::external::System;
+
+    fn failed(kind: ErrorKind) -> ExternalError {
+        ExternalError {
+            system: System::Store,
+            operation: "create_store",
+            kind,
+            message: "no".into(),
+        }
+    }
+
+    #[test]
+    fn each_reason_to_wait_has_its_class_and_counts_as_named() {
+        // Name, the reason, its class, whether it counts towards the limit.
+        let cases = [
+            (
+                "an unmet condition waits long and does not count",
+                RetryReason::condition("documents not released"),
+                RetryClass::ConditionNotMet,
+                false,
+            ),
+            (
+                "our own transient failure backs off and counts",
+                RetryReason::transient("processing timed out"),
+                RetryClass::Transient,
+                true,
+            ),
+            (
+                "a downstream's transient failure backs off and counts",
+                RetryReason::external(&failed(ErrorKind::Transient)),
+                RetryClass::Transient,
+                true,
+            ),
+            (
+                "a downstream's refusal waits long but counts",
+                RetryReason::external(&failed(ErrorKind::Permanent)),
+                RetryClass::ConditionNotMet,
+                true,
+            ),
+        ];
+        for (name, reason, class, counted) in cases {
+            assert_eq!((reason.class, reason.counted), (class, counted), "{name}");
+        }
+    }
+
+    #[test]
+    fn each_request_type_starts_its_chain_where_named() {
+        let cases = [
+            (
+                "an owner contract",
+                RequestType::OwnerContract,
+                Some(Step::Owner),
+            ),
+            (
+                "an ad contract",
+                RequestType::AdContract,
+                Some(Step::AdCampaign),
+            ),
+            (
+                "a menu change is not auto-approved",
+                RequestType::MenuChange,
+                None,
+            ),
+        ];
+        for (name, request_type, first) in cases {
+            assert_eq!(Step::first_for(request_type), first, "{name}");
+        }
+    }
+}
