@@ -191,11 +191,6 @@ impl Approver {
         &self.store
     }
 
-    /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
     /// The settings.
     pub fn config(&self) -> &ApproverConfig {
         &self.config

@@ -165,7 +165,7 @@ fn freshest<'a>(ctx: &Context, cr: &'a CachedAutoApproval) -> Cow<'a, CachedAuto
 /// CRs whose consecutive errors are counted. When that many fail at once,
 /// one count is dropped: one more CR starts its backoff from the
 /// base again, and the map stays bounded whatever the API server does.
-pub const FAILURES_TRACKED: usize = 1024;
+pub(crate) const FAILURES_TRACKED: usize = 1024;
 
 /// Keeps a per-CR map within [`FAILURES_TRACKED`] entries: when it is full
 /// and `key` is not in it, any one entry goes (the map has no order).
@@ -346,7 +346,7 @@ impl Reconcile<'_> {
                 .map_err(self.store_err())?;
         }
         match store.request_with_state(id).await {
-            Ok(Some((request, state))) => Ok(Lookup::Found(request, state)),
+            Ok(Some((request, state))) => Ok(Lookup::Found(Box::new(request), state)),
             Ok(None) => Ok(Lookup::Missing),
             Err(StoreError::Malformed { error, .. }) => Ok(Lookup::Malformed(error)),
             Err(e) => Err(self.store_err()(e)),
@@ -772,7 +772,7 @@ impl Facts<'_> {
 /// The request and its state row, as read from the primary.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Lookup {
-    Found(Request, Option<State>),
+    Found(Box<Request>, Option<State>),
     Missing,
     Malformed(UnknownValue),
 }
@@ -1169,7 +1169,7 @@ mod tests {
     }
 
     fn found(request: Request, state: Option<State>) -> Option<Lookup> {
-        Some(Lookup::Found(request, state))
+        Some(Lookup::Found(Box::new(request), state))
     }
 
     fn candidate(request_type: RequestType, state_id: Option<i64>) -> Candidate {

@@ -3,10 +3,10 @@
 //! re-reads the request from the primary before every step, and stops as soon
 //! as a person has decided.
 
-pub mod ad_campaign;
+mod ad_campaign;
 pub mod filters;
-pub mod owner;
-pub mod store_approval;
+mod owner;
+mod store_approval;
 
 use std::fmt;
 
@@ -35,7 +35,7 @@ impl Step {
     /// Where the chain starts for a request type; `None` when not auto-approvable.
     /// A retry always starts here again: every gate runs again, and only
     /// the creations whose results are stored are skipped.
-    pub fn first_for(request_type: RequestType) -> Option<Step> {
+    fn first_for(request_type: RequestType) -> Option<Step> {
         match request_type {
             RequestType::OwnerContract => Some(Step::Owner),
             RequestType::AdContract => Some(Step::AdCampaign),
@@ -109,7 +109,7 @@ impl RetryReason {
 
 /// What a processor answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Transition {
+enum Transition {
     /// Go on with this processor.
     Next(Step),
     /// Every step is done: approve.
@@ -181,7 +181,7 @@ impl ChainContext<'_> {
     /// body, so the first body is resent verbatim until the result is saved
     /// even when the request changed meanwhile (a rename). A change that
     /// makes another creation must make another key (the campaign's store).
-    pub async fn body_for<T>(&self, key: &IdempotencyKey, fresh: T) -> Result<T, ChainError>
+    pub(crate) async fn body_for<T>(&self, key: &IdempotencyKey, fresh: T) -> Result<T, ChainError>
     where
         T: serde::Serialize + serde::de::DeserializeOwned + PartialEq,
     {
@@ -210,7 +210,7 @@ impl ChainContext<'_> {
     /// earlier attempt made and `find` looks up first (that attempt's answer
     /// was lost). `find` answers only a creation made from the current
     /// inputs; it is not called when the system honours keys.
-    pub async fn create_once<T>(
+    pub(crate) async fn create_once<T>(
         &self,
         system: crate::external::System,
         dedup: Dedup,
@@ -247,7 +247,7 @@ fn recorded_body_error(key: &IdempotencyKey, error: serde_json::Error) -> StoreE
 
 /// One processor of the chain.
 #[async_trait]
-pub trait Processor: Send + Sync {
+trait Processor: Send + Sync {
     /// Which step this is.
     fn step(&self) -> Step;
 
@@ -368,7 +368,7 @@ impl Chain {
 }
 
 /// Runs `filters` in order; the first that is not satisfied decides the retry.
-pub async fn run_filters(
+async fn run_filters(
     filters: &[std::sync::Arc<dyn filters::Filter>],
     step: Step,
     cx: &ChainContext<'_>,
