@@ -34,7 +34,7 @@ pub const WOKEN_BEFORE_COMPLETION: &str =
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
-    /// Approved by us.
+    /// Approved by us: the request APPROVED, our state row gone.
     Approved,
     /// Waiting for a retry.
     RetryScheduled {
@@ -82,7 +82,8 @@ pub struct ApproverConfig {
     pub processing_timeout: Duration,
 }
 
-/// Runs attempts. Shared by the poll turn and the controller's reconcile.
+/// Runs attempts, one per request at a time in this process: for the
+/// controller's reconcile (and, with `test-support`, the seed's poll turn).
 pub struct Approver {
     store: Store,
     external: ExternalSystems,
@@ -120,7 +121,7 @@ impl Drop for Running<'_> {
 // === impl Approver ===
 
 impl Approver {
-    /// An approver over these components.
+    /// With the chain owner → store for owner contracts, ad campaign for ads.
     pub fn new(
         store: Store,
         external: ExternalSystems,
@@ -186,12 +187,13 @@ impl Approver {
         })
     }
 
-    /// The store.
+    /// The database the attempts claim in and write to; reconcile reads
+    /// the truth through it.
     pub fn store(&self) -> &Store {
         &self.store
     }
 
-    /// The settings.
+    /// The retry policy, heartbeat and timeout every attempt runs under.
     pub fn config(&self) -> &ApproverConfig {
         &self.config
     }
@@ -492,7 +494,8 @@ impl Approver {
     }
 }
 
-/// Limits and window of the poll turn.
+/// Limits and window of the candidate queries (discovery's catch-up, and
+/// the seed's poll turn).
 #[derive(Clone, Debug)]
 pub struct TurnConfig {
     /// Owner contracts per turn (the seed's 20).

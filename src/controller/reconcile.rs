@@ -37,33 +37,33 @@ pub enum ReconcileError {
     /// The database failed.
     #[error("request {request_id}: {source}")]
     Store {
-        /// The request.
+        /// Whose CR is backed off.
         request_id: i64,
-        /// What failed.
+        /// The database's error.
         #[source]
         source: StoreError,
     },
     /// The API server refused to delete a CR being replaced.
     #[error("request {request_id}: replacing the AutoApproval: {source}")]
     Replace {
-        /// The request.
+        /// Whose CR is backed off.
         request_id: i64,
-        /// What failed.
+        /// The API server's refusal.
         #[source]
         source: kube::Error,
     },
     /// The API server refused a status write.
     #[error("request {request_id}: writing the status: {source}")]
     Status {
-        /// The request.
+        /// Whose CR is backed off.
         request_id: i64,
-        /// What failed.
+        /// The API server's refusal.
         #[source]
         source: kube::Error,
     },
 }
 
-/// Timings of reconcile.
+/// How soon reconcile looks again, and when a slow chain shows InProgress.
 #[derive(Clone, Debug)]
 pub struct ReconcileConfig {
     /// A chain still running after this shows InProgress on the CR (one

@@ -20,7 +20,8 @@ use crate::retry::RetryClass;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
-/// A processor in the chain.
+/// A step of the chain: shown in the status, labels metrics, and names
+/// the idempotency key of its creation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
     /// Creates the owner.
