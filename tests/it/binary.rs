@@ -144,20 +144,15 @@ fn shipped_closure(root: &str) -> std::collections::BTreeSet<String> {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .expect("rustc names its host");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // This machine's graph only: other platforms' crates need not be downloaded.
-    let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
-        .args(["--filter-platform", &host])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let output = cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--filter-platform",
+        &host,
+    ]);
+    let metadata: serde_json::Value = serde_json::from_slice(&output).expect("JSON");
     let name_of = |id: &str| -> String {
         metadata["packages"]
             .as_array()
@@ -230,20 +225,20 @@ fn the_shipped_binary_links_no_test_tooling() {
 /// The product's features in its build for the image: `cargo build -p
 /// autoapproval --features otlp`, no dev-dependency unified in.
 fn shipped_features() -> Vec<String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let output = std::process::Command::new(cargo)
-        .args(["tree", "--locked", "--offline", "-p", "autoapproval"])
-        .args(["--features", "otlp", "-e", "no-dev", "--depth", "0"])
-        .args(["--format", "{f}"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo tree runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let mut features: Vec<String> = String::from_utf8_lossy(&output.stdout)
+    let output = cargo(&[
+        "tree",
+        "-p",
+        "autoapproval",
+        "--features",
+        "otlp",
+        "-e",
+        "no-dev",
+        "--depth",
+        "0",
+        "--format",
+        "{f}",
+    ]);
+    let mut features: Vec<String> = String::from_utf8_lossy(&output)
         .trim()
         .split(',')
         .filter(|f| !f.is_empty())
@@ -251,6 +246,23 @@ fn shipped_features() -> Vec<String> {
         .collect();
     features.sort();
     features
+}
+
+/// What `cargo <args> --locked --offline` prints, run on this workspace.
+fn cargo(args: &[&str]) -> Vec<u8> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(args)
+        .args(["--locked", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
 }
 
 /// The features of the product that `package` asks for on its dependency line.
