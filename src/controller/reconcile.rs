@@ -264,7 +264,6 @@ impl Reconcile<'_> {
     /// Decides, carries the decision out, and decides again with what that
     /// taught (a read, an attempt's outcome) until a decision ends it.
     async fn run(&self) -> Result<Action, ReconcileError> {
-        let id = self.request_id();
         let mut facts = Facts {
             cr: self.cr,
             now: self.ctx.clock.now(),
@@ -275,55 +274,10 @@ impl Reconcile<'_> {
         };
         let mut decision = decide(&facts);
         loop {
-            decision = match decision {
-                Decision::ClaimAtOnce(candidate) => {
-                    let outcome = self.attempt(&candidate, None).await?;
-                    after_attempt(outcome, None, facts.retry_limit, true)
-                }
-                Decision::Read { resume } => {
-                    facts.lookup = Some(self.read(resume).await?);
-                    self.decide_again(&mut facts)
-                }
-                Decision::ActOnRetryRequest => {
-                    // A retry that made the row due changed it: read it again.
-                    if self.act_on_retry_request().await?
-                        && let Some(Lookup::Found(_, state)) = &mut facts.lookup
-                    {
-                        *state = self
-                            .ctx
-                            .approver
-                            .store()
-                            .state(id)
-                            .await
-                            .map_err(self.store_err())?;
-                    }
-                    facts.retry_acted = true;
-                    self.decide_again(&mut facts)
-                }
-                Decision::Claim {
-                    candidate,
-                    eligible_at,
-                    recovered,
-                } => {
-                    if let Some(note) = recovered {
-                        self.event(EventType::Normal, "Recovered", "Recover", note)
-                            .await;
-                    }
-                    let outcome = self.attempt(&candidate, Some(eligible_at)).await?;
-                    after_attempt(outcome, facts.state(), facts.retry_limit, false)
-                }
-                Decision::LookForPause => {
-                    let pause = self
-                        .ctx
-                        .approver
-                        .store()
-                        .pause_of(id)
-                        .await
-                        .map_err(self.store_err())?;
-                    after_pause_lookup(pause.as_ref())
-                }
-                done => return self.carry_out(done).await,
-            };
+            match self.carry_out(decision, &mut facts).await? {
+                Flow::Next(next) => decision = next,
+                Flow::Done(action) => return Ok(action),
+            }
         }
     }
 
@@ -353,12 +307,73 @@ impl Reconcile<'_> {
         }
     }
 
-    /// Carries out a decision that ends the reconcile.
-    async fn carry_out(&self, decision: Decision) -> Result<Action, ReconcileError> {
+    /// Carries out a decision: what it taught and the next decision, or the
+    /// reconcile's end.
+    async fn carry_out(
+        &self,
+        decision: Decision,
+        facts: &mut Facts<'_>,
+    ) -> Result<Flow, ReconcileError> {
         let id = self.request_id();
         let settings = &self.ctx.settings;
         let soon = Action::requeue(Duration::from_secs(1));
-        match decision {
+        let done = match decision {
+            Decision::ClaimAtOnce(candidate) => {
+                let outcome = self.attempt(&candidate, None).await?;
+                return Ok(Flow::Next(after_attempt(
+                    outcome,
+                    None,
+                    facts.retry_limit,
+                    true,
+                )));
+            }
+            Decision::Read { resume } => {
+                facts.lookup = Some(self.read(resume).await?);
+                return Ok(Flow::Next(self.decide_again(facts)));
+            }
+            Decision::ActOnRetryRequest => {
+                // A retry that made the row due changed it: read it again.
+                if self.act_on_retry_request().await?
+                    && let Some(Lookup::Found(_, state)) = &mut facts.lookup
+                {
+                    *state = self
+                        .ctx
+                        .approver
+                        .store()
+                        .state(id)
+                        .await
+                        .map_err(self.store_err())?;
+                }
+                facts.retry_acted = true;
+                return Ok(Flow::Next(self.decide_again(facts)));
+            }
+            Decision::Claim {
+                candidate,
+                eligible_at,
+                recovered,
+            } => {
+                if let Some(note) = recovered {
+                    self.event(EventType::Normal, "Recovered", "Recover", note)
+                        .await;
+                }
+                let outcome = self.attempt(&candidate, Some(eligible_at)).await?;
+                return Ok(Flow::Next(after_attempt(
+                    outcome,
+                    facts.state(),
+                    facts.retry_limit,
+                    false,
+                )));
+            }
+            Decision::LookForPause => {
+                let pause = self
+                    .ctx
+                    .approver
+                    .store()
+                    .pause_of(id)
+                    .await
+                    .map_err(self.store_err())?;
+                return Ok(Flow::Next(after_pause_lookup(pause.as_ref())));
+            }
             Decision::NameMismatch { reason } => self.invalid("NameMismatch", reason).await,
             Decision::Pause => {
                 // Recorded in the database: no replica claims it, and a
@@ -477,13 +492,8 @@ impl Reconcile<'_> {
             // Someone else has it, the retry moved, or our claim was taken
             // over: look at the truth again shortly.
             Decision::NotClaimed | Decision::FenceLost => Ok(soon),
-            // The steps that learn something are carried out by `run`.
-            Decision::ClaimAtOnce(_)
-            | Decision::Read { .. }
-            | Decision::ActOnRetryRequest
-            | Decision::Claim { .. }
-            | Decision::LookForPause => Ok(soon),
-        }
+        };
+        done.map(Flow::Done)
     }
 
     /// Runs the attempt; a chain slower than `in_progress_after` shows
@@ -777,8 +787,8 @@ pub(crate) enum Lookup {
     Malformed(UnknownValue),
 }
 
-/// What to do next. The first five find something out and `run` decides
-/// again; every other one ends the reconcile.
+/// What to do next. The first five find something out, and the reconcile
+/// decides again with it; every other one ends the reconcile.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Decision {
     /// A CR no status was written to (discovery just made it): claimed
@@ -862,6 +872,14 @@ pub(crate) enum Decision {
     NotClaimed,
     /// Our claim was taken over mid-chain: looked at again shortly.
     FenceLost,
+}
+
+/// What carrying out a decision leads to.
+enum Flow {
+    /// Decide again: this is the next step.
+    Next(Decision),
+    /// The reconcile ends so.
+    Done(Action),
 }
 
 /// How a decided request is shown.
