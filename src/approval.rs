@@ -1,13 +1,15 @@
 //! One attempt at one request: claim, run the chain while heartbeating,
-//! write the outcome under the fence. Plus the poll turn that feeds attempts
-//! from the candidate queries.
+//! write the outcome under the fence.
+
+#[cfg(feature = "test-support")]
+mod turn;
+#[cfg(feature = "test-support")]
+pub use turn::{TurnReport, attempt_all, run_turn};
 
 use std::collections::HashSet;
-use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use tracing::{Instrument, debug, info, warn};
 
 use crate::clock::SharedClock;
@@ -32,7 +34,7 @@ pub const WOKEN_BEFORE_COMPLETION: &str =
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
-    /// Approved by us.
+    /// Approved by us: the request APPROVED, our state row gone.
     Approved,
     /// Waiting for a retry.
     RetryScheduled {
@@ -80,7 +82,8 @@ pub struct ApproverConfig {
     pub processing_timeout: Duration,
 }
 
-/// Runs attempts. Shared by the poll turn and the controller's reconcile.
+/// Runs attempts, one per request at a time in this process: for the
+/// controller's reconcile (and, with `test-support`, the seed's poll turn).
 pub struct Approver {
     store: Store,
     external: ExternalSystems,
@@ -118,7 +121,7 @@ impl Drop for Running<'_> {
 // === impl Approver ===
 
 impl Approver {
-    /// An approver over these components.
+    /// With the chain owner → store for owner contracts, ad campaign for ads.
     pub fn new(
         store: Store,
         external: ExternalSystems,
@@ -184,17 +187,13 @@ impl Approver {
         })
     }
 
-    /// The store.
+    /// The database the attempts claim in and write to; reconcile reads
+    /// the truth through it.
     pub fn store(&self) -> &Store {
         &self.store
     }
 
-    /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The settings.
+    /// The retry policy, heartbeat and timeout every attempt runs under.
     pub fn config(&self) -> &ApproverConfig {
         &self.config
     }
@@ -287,44 +286,51 @@ impl Approver {
         let current = std::sync::Mutex::new(Step::Owner);
         let result = match self.run_claimed(&claim, &current, held).await {
             Ok(outcome) => Ok(outcome),
-            Err(ChainError::FenceLost(_)) => {
-                warn!(
-                    request_id = claim.request_id,
-                    "claim taken over mid-chain; stopping"
-                );
-                return Ok(AttemptOutcome::FenceLost);
-            }
-            Err(ChainError::ShardLost(_)) => {
-                // The claim stays as it is: the shard's next holder fences
-                // and recovers it, or, when only the renewal was late, the
-                // sweep gives it back.
-                self.metrics.chain_cancelled();
-                warn!(
-                    request_id = claim.request_id,
-                    "shard lost or its renewal overdue mid-chain; stopped before any further call"
-                );
-                return Ok(AttemptOutcome::FenceLost);
-            }
-            Err(ChainError::Store(StoreError::Malformed { request_id, error })) => {
-                // Reported and parked, never lost: it waits the long interval
-                // and is visible in the state row and the memo.
-                self.metrics.malformed_row(error.column);
-                warn!(request_id, column = error.column, value = %error.value, "malformed request row skipped");
-                let reason = RetryReason::condition(format!("malformed row: {error}"));
-                self.schedule_retry(&claim, Step::Owner, reason).await
-            }
-            Err(ChainError::Store(error)) => {
-                // A statement the database refuses fails the same way on
-                // every attempt: released uncounted, it would be claimed and
-                // its external calls repeated every poll, for ever. Counted
-                // as a transient retry, it backs off and the limit ends it.
+            Err(error) => {
                 let step = *current.lock().unwrap_or_else(|e| e.into_inner());
-                warn!(request_id = claim.request_id, %step, %error, "a database call after the claim failed; retrying with backoff");
-                let reason = RetryReason::transient(format!("store error: {error}"));
-                match self.schedule_retry(&claim, step, reason).await {
-                    Ok(outcome) => Ok(outcome),
-                    // Unreachable for this too: give the claim back below.
-                    Err(_) => Err(error),
+                match after_chain_error(&error, step) {
+                    Settle::ShardLost => {
+                        // The claim stays as it is: the shard's next holder
+                        // fences and recovers it, or, when only the renewal
+                        // was late, the sweep gives it back.
+                        self.metrics.chain_cancelled();
+                        warn!(
+                            request_id = claim.request_id,
+                            "shard lost or its renewal overdue mid-chain; stopped before any further call"
+                        );
+                        return Ok(AttemptOutcome::FenceLost);
+                    }
+                    Settle::Park {
+                        column,
+                        value,
+                        reason,
+                    } => {
+                        // Reported and parked, never lost: it waits the long
+                        // interval and is visible in the state row and the memo.
+                        self.metrics.malformed_row(column);
+                        warn!(request_id = claim.request_id, column, %value, "malformed request row skipped");
+                        self.schedule_retry_at(&claim, Step::Owner, reason, None)
+                            .await
+                    }
+                    Settle::Retry { step, reason, due } => {
+                        warn!(request_id = claim.request_id, %step, %error, "a database call after the claim failed; retrying with backoff");
+                        self.schedule_retry_at(&claim, step, reason, due)
+                            .await
+                            // Unreachable for this too: the claim is given
+                            // back below, and the first failure reported.
+                            .map_err(|scheduling| match error {
+                                ChainError::Store(first) => first,
+                                _ => scheduling,
+                            })
+                    }
+                    // Taken over: no other answer follows an error.
+                    _ => {
+                        warn!(
+                            request_id = claim.request_id,
+                            "claim taken over mid-chain; stopping"
+                        );
+                        return Ok(AttemptOutcome::FenceLost);
+                    }
                 }
             }
         };
@@ -391,46 +397,45 @@ impl Approver {
             }
         };
         let step = *current.lock().unwrap_or_else(|e| e.into_inner());
-        let result = match outcome {
-            ChainOutcome::Success => match self.store.complete(claim).await? {
-                Completion::Approved => {
+        let mut next = after_chain(outcome);
+        let result = loop {
+            next = match next {
+                Settle::Approve => {
+                    let completion = self.store.complete(claim).await?;
+                    if completion == Completion::Woken {
+                        info!(
+                            request_id = claim.request_id,
+                            "a fact changed while the attempt ran; not approved, checked again at once"
+                        );
+                    }
+                    after_completion(completion, step, self.clock.now())
+                }
+                Settle::Retry { step, reason, due } => {
+                    break self.schedule_retry_at(claim, step, reason, due).await?;
+                }
+                Settle::Drop(outcome) => {
+                    if !self.store.drop_claim(claim).await? {
+                        return Err(ChainError::FenceLost(claim.request_id));
+                    }
+                    match &outcome {
+                        AttemptOutcome::Superseded(status) => {
+                            info!(request_id = claim.request_id, %status, "decided by a person; superseded");
+                        }
+                        _ => warn!(request_id = claim.request_id, "request vanished"),
+                    }
+                    break outcome;
+                }
+                Settle::Approved => {
                     info!(request_id = claim.request_id, "approved");
-                    AttemptOutcome::Approved
+                    break AttemptOutcome::Approved;
                 }
-                Completion::Stale => return Err(ChainError::FenceLost(claim.request_id)),
-                // A fact changed after the claim, maybe after the gate that
-                // reads it: nothing approved, the request is due again at
-                // once and its next attempt reads the new fact.
-                Completion::Woken => {
-                    info!(
-                        request_id = claim.request_id,
-                        "a fact changed while the attempt ran; not approved, checked again at once"
-                    );
-                    let reason = RetryReason::condition(WOKEN_BEFORE_COMPLETION);
-                    self.schedule_retry_at(claim, step, reason, Some(self.clock.now()))
-                        .await?
+                Settle::LookUpClosed => {
+                    break AttemptOutcome::Superseded(self.closed_status(claim).await?);
                 }
-                Completion::RequestClosed => {
-                    AttemptOutcome::Superseded(self.closed_status(claim).await?)
-                }
-            },
-            ChainOutcome::Retry { step, reason } => {
-                self.schedule_retry(claim, step, reason).await?
-            }
-            ChainOutcome::Closed(status) => {
-                if !self.store.drop_claim(claim).await? {
+                Settle::TakenOver | Settle::ShardLost | Settle::Park { .. } => {
                     return Err(ChainError::FenceLost(claim.request_id));
                 }
-                info!(request_id = claim.request_id, %status, "decided by a person; superseded");
-                AttemptOutcome::Superseded(status)
-            }
-            ChainOutcome::Vanished => {
-                if !self.store.drop_claim(claim).await? {
-                    return Err(ChainError::FenceLost(claim.request_id));
-                }
-                warn!(request_id = claim.request_id, "request vanished");
-                AttemptOutcome::Vanished
-            }
+            };
         };
         let reason = match &result {
             AttemptOutcome::RetryScheduled { reason, .. } => reason.class.as_str(),
@@ -448,17 +453,8 @@ impl Approver {
             .map_or(RequestStatus::Canceled, |r| r.status))
     }
 
-    async fn schedule_retry(
-        &self,
-        claim: &Claim,
-        step: Step,
-        reason: RetryReason,
-    ) -> Result<AttemptOutcome, StoreError> {
-        self.schedule_retry_at(claim, step, reason, None).await
-    }
-
-    /// Like [`Approver::schedule_retry`], due at `due` instead of the
-    /// policy's time when given.
+    /// Records a retry of `claim`, due at `due`, or at the policy's time
+    /// for the reason's class.
     async fn schedule_retry_at(
         &self,
         claim: &Claim,
@@ -467,18 +463,14 @@ impl Approver {
         due: Option<DateTime<Utc>>,
     ) -> Result<AttemptOutcome, StoreError> {
         let now = self.clock.now();
-        let transient = reason.class == RetryClass::Transient;
-        // The claim already read the streak: no extra round-trip.
-        let streak = if transient {
-            claim.transient_streak + 1
-        } else {
-            0
-        };
-        let next_retry_time = due.unwrap_or_else(|| {
-            self.config
-                .retry
-                .next_retry_time(now, reason.class, streak, &mut rand::rng())
-        });
+        let (transient, next_retry_time) = retry_due(
+            &self.config.retry,
+            reason.class,
+            claim.transient_streak,
+            now,
+            due,
+            &mut rand::rng(),
+        );
         let write = RetryWrite {
             next_retry_time,
             transient,
@@ -502,7 +494,8 @@ impl Approver {
     }
 }
 
-/// Limits and window of the poll turn.
+/// Limits and window of the candidate queries (discovery's catch-up, and
+/// the seed's poll turn).
 #[derive(Clone, Debug)]
 pub struct TurnConfig {
     /// Owner contracts per turn (the seed's 20).
@@ -513,27 +506,6 @@ pub struct TurnConfig {
     pub window: Duration,
     /// Attempts run at once.
     pub concurrency: usize,
-}
-
-/// What one turn did.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct TurnReport {
-    /// Candidates returned.
-    pub candidates: usize,
-    /// Outcomes per request, in completion order.
-    pub outcomes: Vec<(i64, AttemptOutcome)>,
-    /// Attempts that failed with a store error (already released).
-    pub errors: usize,
-}
-
-impl TurnReport {
-    /// How many attempts won their claim.
-    pub fn claimed(&self) -> usize {
-        self.outcomes
-            .iter()
-            .filter(|(_, o)| *o != AttemptOutcome::NotClaimed)
-            .count()
-    }
 }
 
 impl TurnConfig {
@@ -560,58 +532,305 @@ impl TurnConfig {
     }
 }
 
-/// Runs the candidate query of each auto-approvable type and attempts every
-/// candidate, `concurrency` at a time.
-pub async fn run_turn(
-    approver: &Arc<Approver>,
-    turn: &TurnConfig,
-    fence: &Fence,
-    shards: Option<ShardFilter>,
-) -> Result<TurnReport, StoreError> {
-    let now = approver.clock.now();
-    let mut candidates = Vec::new();
-    for request_type in RequestType::AUTO_APPROVABLE {
-        let query = turn.query(
-            request_type,
-            now,
-            approver.config.retry.limit,
-            shards.clone(),
-        );
-        let found = approver.store.candidates(&query).await?;
-        approver
-            .metrics
-            .candidates(request_type.as_str(), found.len() as u64);
-        candidates.extend(found);
-    }
-    Ok(attempt_all(approver, &candidates, fence, turn.concurrency).await)
+// === Decisions ===
+//
+// Pure: what an attempt writes once its chain has stopped, and when a
+// retry is due. `Approver` only carries them out.
+
+/// What an attempt does once its chain stopped, or a write after it answered.
+#[derive(Clone, Debug, PartialEq)]
+enum Settle {
+    /// Every step passed: approve under the fence.
+    Approve,
+    /// The approval is written.
+    Approved,
+    /// Record a retry, due at `due`, or at the policy's time for its class.
+    Retry {
+        step: Step,
+        reason: RetryReason,
+        due: Option<DateTime<Utc>>,
+    },
+    /// A malformed row: parked as an unmet condition, never lost.
+    Park {
+        column: &'static str,
+        value: String,
+        reason: RetryReason,
+    },
+    /// A person decided, or the row vanished: drop our claim, end so.
+    Drop(AttemptOutcome),
+    /// Refused as decided by a person: read how, to show it.
+    LookUpClosed,
+    /// The claim was taken over: write nothing more.
+    TakenOver,
+    /// The shard was lost or its renewal is overdue: write nothing more,
+    /// call nothing more; the claim stays for the next holder.
+    ShardLost,
 }
 
-/// Attempts each candidate, `concurrency` at a time; one failing or
-/// malformed request never stops the others.
-pub async fn attempt_all(
-    approver: &Arc<Approver>,
-    candidates: &[Candidate],
-    fence: &Fence,
-    concurrency: usize,
-) -> TurnReport {
-    let mut report = TurnReport {
-        candidates: candidates.len(),
-        ..TurnReport::default()
-    };
-    let mut attempts = futures::stream::iter(
-        candidates
-            .iter()
-            .map(|c| async move { (c.request_id, approver.attempt(c, fence).await) }),
-    )
-    .buffer_unordered(concurrency.max(1));
-    while let Some((request_id, result)) = attempts.next().await {
-        match result {
-            Ok(outcome) => report.outcomes.push((request_id, outcome)),
-            Err(error) => {
-                warn!(request_id, %error, "attempt failed");
-                report.errors += 1;
+/// What follows the chain's own answer.
+fn after_chain(outcome: ChainOutcome) -> Settle {
+    match outcome {
+        ChainOutcome::Success => Settle::Approve,
+        ChainOutcome::Retry { step, reason } => Settle::Retry {
+            step,
+            reason,
+            due: None,
+        },
+        ChainOutcome::Closed(status) => Settle::Drop(AttemptOutcome::Superseded(status)),
+        ChainOutcome::Vanished => Settle::Drop(AttemptOutcome::Vanished),
+    }
+}
+
+/// What follows the completion's answer; `step` is the chain's last.
+fn after_completion(completion: Completion, step: Step, now: DateTime<Utc>) -> Settle {
+    match completion {
+        Completion::Approved => Settle::Approved,
+        Completion::Stale => Settle::TakenOver,
+        // A fact changed after the claim, maybe after the gate that reads
+        // it: nothing approved, due again at once, and the next attempt
+        // reads the new fact.
+        Completion::Woken => Settle::Retry {
+            step,
+            reason: RetryReason::condition(WOKEN_BEFORE_COMPLETION),
+            due: Some(now),
+        },
+        Completion::RequestClosed => Settle::LookUpClosed,
+    }
+}
+
+/// What follows a chain that failed at `step`.
+fn after_chain_error(error: &ChainError, step: Step) -> Settle {
+    match error {
+        ChainError::FenceLost(_) => Settle::TakenOver,
+        ChainError::ShardLost(_) => Settle::ShardLost,
+        ChainError::Store(StoreError::Malformed { error, .. }) => Settle::Park {
+            column: error.column,
+            value: error.value.clone(),
+            reason: RetryReason::condition(format!("malformed row: {error}")),
+        },
+        // A statement the database refuses fails the same way on every
+        // attempt: released uncounted, it would be claimed and its external
+        // calls repeated every poll, for ever. Counted as a transient retry,
+        // it backs off and the limit ends it.
+        ChainError::Store(error) => Settle::Retry {
+            step,
+            reason: RetryReason::transient(format!("store error: {error}")),
+            due: None,
+        },
+    }
+}
+
+/// Whether a retry of `class` continues the transient streak, and when it
+/// is due: at `due` when given, else transient failures back off with the
+/// streak (the one the claim read, plus this one) and unmet conditions wait
+/// the long interval and end the streak.
+fn retry_due(
+    policy: &RetryPolicy,
+    class: RetryClass,
+    streak_before: i32,
+    now: DateTime<Utc>,
+    due: Option<DateTime<Utc>>,
+    rng: &mut impl rand::Rng,
+) -> (bool, DateTime<Utc>) {
+    let transient = class == RetryClass::Transient;
+    let streak = if transient { streak_before + 1 } else { 0 };
+    let at = due.unwrap_or_else(|| policy.next_retry_time(now, class, streak, rng));
+    (transient, at)
+}
+
+#[cfg(test)]
+mod tests {
+    use chrono::TimeZone;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::domain::UnknownValue;
+    use crate::external::{ErrorKind, ExternalError, System};
+
+    fn at(minute: u32) -> DateTime<Utc> {
+        Utc.with_ymd_and_hms(2026, 12, 7, 9, minute, 0)
+            .single()
+            .unwrap()
+    }
+
+    fn retry(step: Step, reason: RetryReason, due: Option<DateTime<Utc>>) -> Settle {
+        Settle::Retry { step, reason, due }
+    }
+
+    #[test]
+    fn each_way_a_chain_ends_settles_as_named() {
+        let not_signed = RetryReason::condition("e-contract not signed");
+        let store_down = StoreError::Database {
+            operation: "save the owner number",
+            source: sqlx::Error::PoolTimedOut,
+        };
+        let store_down_reason = format!("store error: {store_down}");
+        let malformed = StoreError::Malformed {
+            request_id: 7,
+            error: UnknownValue {
+                column: "approval_request.status",
+                value: "WHATEVER".into(),
+            },
+        };
+        let cases = [
+            (
+                "every step passed: approve",
+                after_chain(ChainOutcome::Success),
+                Settle::Approve,
+            ),
+            (
+                "a gate refused: its retry at the policy's time",
+                after_chain(ChainOutcome::Retry {
+                    step: Step::Store,
+                    reason: not_signed.clone(),
+                }),
+                retry(Step::Store, not_signed, None),
+            ),
+            (
+                "a person decided mid-chain: drop the claim",
+                after_chain(ChainOutcome::Closed(RequestStatus::Rejected)),
+                Settle::Drop(AttemptOutcome::Superseded(RequestStatus::Rejected)),
+            ),
+            (
+                "the row vanished mid-chain: drop the claim",
+                after_chain(ChainOutcome::Vanished),
+                Settle::Drop(AttemptOutcome::Vanished),
+            ),
+            (
+                "the completion approved",
+                after_completion(Completion::Approved, Step::Store, at(3)),
+                Settle::Approved,
+            ),
+            (
+                "the completion found our fence gone",
+                after_completion(Completion::Stale, Step::Store, at(3)),
+                Settle::TakenOver,
+            ),
+            (
+                "a fact changed during the attempt: due again at once",
+                after_completion(Completion::Woken, Step::Store, at(3)),
+                retry(
+                    Step::Store,
+                    RetryReason::condition(WOKEN_BEFORE_COMPLETION),
+                    Some(at(3)),
+                ),
+            ),
+            (
+                "the completion found it decided: read by whom",
+                after_completion(Completion::RequestClosed, Step::Store, at(3)),
+                Settle::LookUpClosed,
+            ),
+            (
+                "the claim was taken over mid-chain",
+                after_chain_error(&ChainError::FenceLost(7), Step::Store),
+                Settle::TakenOver,
+            ),
+            (
+                "the shard was lost mid-chain",
+                after_chain_error(&ChainError::ShardLost(7), Step::Owner),
+                Settle::ShardLost,
+            ),
+            (
+                "a malformed row is parked as an unmet condition",
+                after_chain_error(&ChainError::Store(malformed), Step::Store),
+                Settle::Park {
+                    column: "approval_request.status",
+                    value: "WHATEVER".into(),
+                    reason: RetryReason::condition(
+                        "malformed row: unknown approval_request.status \"WHATEVER\"",
+                    ),
+                },
+            ),
+            (
+                "a database failure after the claim is a counted transient retry",
+                after_chain_error(&ChainError::Store(store_down), Step::Store),
+                retry(Step::Store, RetryReason::transient(store_down_reason), None),
+            ),
+        ];
+        let mut failed = Vec::new();
+        for (name, got, want) in cases {
+            if got != want {
+                failed.push(format!("{name}:\n  got  {got:?}\n  want {want:?}"));
             }
         }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
     }
-    report
+
+    #[test]
+    fn each_retry_class_is_due_as_its_policy_says() {
+        let policy = RetryPolicy {
+            condition_interval: Duration::from_secs(600),
+            transient_base: Duration::from_secs(2),
+            transient_max: Duration::from_secs(600),
+            limit: 5,
+        };
+        let now = at(0);
+        let secs = |s: i64| now + chrono::Duration::seconds(s);
+        let external = |kind| {
+            RetryReason::external(&ExternalError {
+                system: System::Owner,
+                operation: "create_owner",
+                kind,
+                message: "timed out".into(),
+            })
+        };
+        // Name, the reason's class, the streak the claim read, a due time
+        // given, and what is recorded: the streak goes on, due between.
+        let cases = [
+            (
+                "an unmet condition waits the long interval and ends the streak",
+                RetryReason::condition("documents not released").class,
+                3,
+                None,
+                (false, secs(600), secs(600)),
+            ),
+            (
+                "a refusal waits the long interval and ends the streak",
+                external(ErrorKind::Permanent).class,
+                3,
+                None,
+                (false, secs(600), secs(600)),
+            ),
+            (
+                "a first transient failure backs off about the base",
+                external(ErrorKind::Transient).class,
+                0,
+                None,
+                (true, secs(1), secs(2)),
+            ),
+            (
+                "a fourth transient failure backs off eight times the base",
+                RetryReason::transient("processing timed out").class,
+                3,
+                None,
+                (true, secs(8), secs(16)),
+            ),
+            (
+                "a long streak backs off at most the cap",
+                RetryClass::Transient,
+                40,
+                None,
+                (true, secs(300), secs(600)),
+            ),
+            (
+                "a wake during the attempt is due when given",
+                RetryClass::ConditionNotMet,
+                2,
+                Some(now),
+                (false, now, now),
+            ),
+        ];
+        let mut rng = StdRng::seed_from_u64(34);
+        let mut failed = Vec::new();
+        for (name, class, streak, due, (transient, earliest, latest)) in cases {
+            let (got_transient, got) = retry_due(&policy, class, streak, now, due, &mut rng);
+            if got_transient != transient || got < earliest || got > latest {
+                failed.push(format!(
+                    "{name}: got ({got_transient}, {got}), want ({transient}, {earliest}..={latest})"
+                ));
+            }
+        }
+        assert!(failed.is_empty(), "{}", failed.join("\n"));
+    }
 }

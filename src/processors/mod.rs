@@ -3,10 +3,10 @@
 //! re-reads the request from the primary before every step, and stops as soon
 //! as a person has decided.
 
-pub mod ad_campaign;
+mod ad_campaign;
 pub mod filters;
-pub mod owner;
-pub mod store_approval;
+mod owner;
+mod store_approval;
 
 use std::fmt;
 
@@ -20,7 +20,8 @@ use crate::retry::RetryClass;
 use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
-/// A processor in the chain.
+/// A step of the chain: shown in the status, labels metrics, and names
+/// the idempotency key of its creation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Step {
     /// Creates the owner.
@@ -35,7 +36,7 @@ impl Step {
     /// Where the chain starts for a request type; `None` when not auto-approvable.
     /// A retry always starts here again: every gate runs again, and only
     /// the creations whose results are stored are skipped.
-    pub fn first_for(request_type: RequestType) -> Option<Step> {
+    fn first_for(request_type: RequestType) -> Option<Step> {
         match request_type {
             RequestType::OwnerContract => Some(Step::Owner),
             RequestType::AdContract => Some(Step::AdCampaign),
@@ -109,7 +110,7 @@ impl RetryReason {
 
 /// What a processor answers.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Transition {
+enum Transition {
     /// Go on with this processor.
     Next(Step),
     /// Every step is done: approve.
@@ -181,7 +182,7 @@ impl ChainContext<'_> {
     /// body, so the first body is resent verbatim until the result is saved
     /// even when the request changed meanwhile (a rename). A change that
     /// makes another creation must make another key (the campaign's store).
-    pub async fn body_for<T>(&self, key: &IdempotencyKey, fresh: T) -> Result<T, ChainError>
+    pub(crate) async fn body_for<T>(&self, key: &IdempotencyKey, fresh: T) -> Result<T, ChainError>
     where
         T: serde::Serialize + serde::de::DeserializeOwned + PartialEq,
     {
@@ -210,7 +211,7 @@ impl ChainContext<'_> {
     /// earlier attempt made and `find` looks up first (that attempt's answer
     /// was lost). `find` answers only a creation made from the current
     /// inputs; it is not called when the system honours keys.
-    pub async fn create_once<T>(
+    pub(crate) async fn create_once<T>(
         &self,
         system: crate::external::System,
         dedup: Dedup,
@@ -247,7 +248,7 @@ fn recorded_body_error(key: &IdempotencyKey, error: serde_json::Error) -> StoreE
 
 /// One processor of the chain.
 #[async_trait]
-pub trait Processor: Send + Sync {
+trait Processor: Send + Sync {
     /// Which step this is.
     fn step(&self) -> Step;
 
@@ -368,7 +369,7 @@ impl Chain {
 }
 
 /// Runs `filters` in order; the first that is not satisfied decides the retry.
-pub async fn run_filters(
+async fn run_filters(
     filters: &[std::sync::Arc<dyn filters::Filter>],
     step: Step,
     cx: &ChainContext<'_>,
@@ -383,4 +384,77 @@ pub async fn run_filters(
         }
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::external::System;
+
+    fn failed(kind: ErrorKind) -> ExternalError {
+        ExternalError {
+            system: System::Store,
+            operation: "create_store",
+            kind,
+            message: "no".into(),
+        }
+    }
+
+    #[test]
+    fn each_reason_to_wait_has_its_class_and_counts_as_named() {
+        // Name, the reason, its class, whether it counts towards the limit.
+        let cases = [
+            (
+                "an unmet condition waits long and does not count",
+                RetryReason::condition("documents not released"),
+                RetryClass::ConditionNotMet,
+                false,
+            ),
+            (
+                "our own transient failure backs off and counts",
+                RetryReason::transient("processing timed out"),
+                RetryClass::Transient,
+                true,
+            ),
+            (
+                "a downstream's transient failure backs off and counts",
+                RetryReason::external(&failed(ErrorKind::Transient)),
+                RetryClass::Transient,
+                true,
+            ),
+            (
+                "a downstream's refusal waits long but counts",
+                RetryReason::external(&failed(ErrorKind::Permanent)),
+                RetryClass::ConditionNotMet,
+                true,
+            ),
+        ];
+        for (name, reason, class, counted) in cases {
+            assert_eq!((reason.class, reason.counted), (class, counted), "{name}");
+        }
+    }
+
+    #[test]
+    fn each_request_type_starts_its_chain_where_named() {
+        let cases = [
+            (
+                "an owner contract",
+                RequestType::OwnerContract,
+                Some(Step::Owner),
+            ),
+            (
+                "an ad contract",
+                RequestType::AdContract,
+                Some(Step::AdCampaign),
+            ),
+            (
+                "a menu change is not auto-approved",
+                RequestType::MenuChange,
+                None,
+            ),
+        ];
+        for (name, request_type, first) in cases {
+            assert_eq!(Step::first_for(request_type), first, "{name}");
+        }
+    }
 }

@@ -144,20 +144,15 @@ fn shipped_closure(root: &str) -> std::collections::BTreeSet<String> {
         .lines()
         .find_map(|l| l.strip_prefix("host: ").map(str::to_owned))
         .expect("rustc names its host");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     // This machine's graph only: other platforms' crates need not be downloaded.
-    let output = std::process::Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--locked", "--offline"])
-        .args(["--filter-platform", &host])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .output()
-        .expect("cargo metadata runs");
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let metadata: serde_json::Value = serde_json::from_slice(&output.stdout).expect("JSON");
+    let output = cargo(&[
+        "metadata",
+        "--format-version",
+        "1",
+        "--filter-platform",
+        &host,
+    ]);
+    let metadata: serde_json::Value = serde_json::from_slice(&output).expect("JSON");
     let name_of = |id: &str| -> String {
         metadata["packages"]
             .as_array()
@@ -221,6 +216,76 @@ fn the_shipped_binary_links_no_test_tooling() {
     for tool in &TOOLING[..3] {
         assert!(lab.contains(*tool), "{tool} not seen in the lab's graph");
     }
+    // The poll turn the lab and the tests drive is behind `test-support`,
+    // which the binary's own build (as the Dockerfile runs it) never enables.
+    assert_eq!(shipped_features(), ["otlp"]);
+    assert!(features_of("autoapproval-lab").contains(&"test-support".to_owned()));
+}
+
+/// The product's features in its build for the image: `cargo build -p
+/// autoapproval --features otlp`, no dev-dependency unified in.
+fn shipped_features() -> Vec<String> {
+    let output = cargo(&[
+        "tree",
+        "-p",
+        "autoapproval",
+        "--features",
+        "otlp",
+        "-e",
+        "no-dev",
+        "--depth",
+        "0",
+        "--format",
+        "{f}",
+    ]);
+    let mut features: Vec<String> = String::from_utf8_lossy(&output)
+        .trim()
+        .split(',')
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned)
+        .collect();
+    features.sort();
+    features
+}
+
+/// What `cargo <args> --locked --offline` prints, run on this workspace.
+fn cargo(args: &[&str]) -> Vec<u8> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let output = std::process::Command::new(cargo)
+        .args(args)
+        .args(["--locked", "--offline"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "cargo {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output.stdout
+}
+
+/// The features of the product that `package` asks for on its dependency line.
+fn features_of(package: &str) -> Vec<String> {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("crates")
+        .join(package)
+        .join("Cargo.toml");
+    let text = std::fs::read_to_string(&manifest).expect("the package's manifest");
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("autoapproval = "))
+        .expect("a dependency on the product");
+    line.split('[')
+        .nth(1)
+        .and_then(|rest| rest.split(']').next())
+        .map(|list| {
+            list.split(',')
+                .map(|f| f.trim().trim_matches('"').to_owned())
+                .filter(|f| !f.is_empty())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 #[test]
