@@ -12,6 +12,7 @@ mod deploy;
 mod external;
 mod fencing;
 mod helm;
+mod image;
 mod inputs;
 mod malformed;
 mod manual;
