@@ -326,3 +326,84 @@ fn the_dockerfile_pins_every_base_image_by_digest() {
         );
     }
 }
+
+#[test]
+fn the_sbom_lists_every_crate_of_the_released_binary_as_locked_and_no_test_tooling() {
+    let dir = std::env::temp_dir().join(format!("aa-sbom-{}", std::process::id()));
+    let mut script = Command::new("bash");
+    script
+        .arg(repo().join("scripts/build-image.sh"))
+        .args(["--sbom-only", "--out"])
+        .arg(&dir);
+    let stdout = stdout_of(script, "scripts/build-image.sh --sbom-only");
+    let path = PathBuf::from(stdout.lines().last().expect("the SBOM's path").trim());
+    let sbom: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    assert_eq!(sbom["bomFormat"], "CycloneDX");
+    assert_eq!(sbom["specVersion"], "1.5");
+    let binary = &sbom["metadata"]["component"];
+    assert_eq!(binary["name"], "autoapproval");
+    assert_eq!(binary["version"], env!("CARGO_PKG_VERSION"));
+
+    // (name, version) -> checksum, from the lockfile the release is built with.
+    let lock = std::fs::read_to_string(repo().join("Cargo.lock")).unwrap();
+    let field = |block: &str, key: &str| {
+        block.lines().find_map(|l| {
+            l.strip_prefix(&format!("{key} = \""))
+                .and_then(|v| v.strip_suffix('"'))
+                .map(str::to_owned)
+        })
+    };
+    let locked: std::collections::BTreeMap<(String, String), Option<String>> = lock
+        .split("[[package]]")
+        .skip(1)
+        .map(|block| {
+            let key = (
+                field(block, "name").unwrap(),
+                field(block, "version").unwrap(),
+            );
+            (key, field(block, "checksum"))
+        })
+        .collect();
+
+    let components = sbom["components"].as_array().expect("components");
+    let mut names = BTreeSet::new();
+    for c in components {
+        let (name, version) = (c["name"].as_str().unwrap(), c["version"].as_str().unwrap());
+        names.insert(name);
+        let checksum = locked
+            .get(&(name.to_owned(), version.to_owned()))
+            .unwrap_or_else(|| panic!("{name} {version} is not in Cargo.lock"));
+        // A crate from crates.io carries the lockfile's checksum and its package URL.
+        if let Some(checksum) = checksum {
+            assert_eq!(
+                c["hashes"][0],
+                json!({"alg": "SHA-256", "content": checksum}),
+                "{name}"
+            );
+            assert_eq!(c["purl"], format!("pkg:cargo/{name}@{version}"), "{name}");
+        }
+    }
+    // What the release links (the `otlp` feature on, as the Dockerfile and the script build it)…
+    for linked in [
+        "kube-client",
+        "sqlx",
+        "tokio",
+        "rustls",
+        "mimalloc",
+        "opentelemetry-otlp",
+    ] {
+        assert!(names.contains(linked), "{linked} missing from the SBOM");
+    }
+    // …and none of the tools it is tested with.
+    for tooling in [
+        "kube-testserver",
+        "autoapproval-sim",
+        "control-plane",
+        "throwaway-db",
+        "dockerfile-parser",
+    ] {
+        assert!(!names.contains(tooling), "{tooling} is in the SBOM");
+    }
+}
