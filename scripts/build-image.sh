@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Builds the controller's OCI image without a container engine, and the SBOM of its crates.
 #
-# Out (in target/image/ unless --out): autoapproval-VERSION.oci.tar, an OCI image layout in a tar
-# (`oci-archive:` to skopeo, podman and buildah; `crane push` takes it untarred), and
-# autoapproval-VERSION.cdx.json, the CycloneDX SBOM of the binary's crates. The last line of
-# stdout is the archive's path. docs/IMAGE.md says what is in the image and how to push it.
+# Out, in target/image/ (the target directory's image/, unless --out):
+#   autoapproval-VERSION.oci.tar   an OCI image layout in a tar (`oci-archive:` to skopeo, podman
+#                                  and buildah; `crane push` takes it untarred)
+#   autoapproval-VERSION.cdx.json  the CycloneDX SBOM of the binary's crates
+# The last line of stdout is the archive's path. docs/IMAGE.md says what is in the image and how
+# to push it to a registry.
 #
 # The image has no base image: its two layers are written here (Python's tarfile, sha256
 # digests), so it needs no engine and no registry.
@@ -31,7 +33,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 
 binary=""
-out="$repo/target/image"
+out=""
 sbom=1
 while [[ $# -gt 0 ]]; do
   case "$1" in
@@ -43,11 +45,19 @@ while [[ $# -gt 0 ]]; do
     *) echo "build-image.sh: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
-mkdir -p "$out"
 
-version="$(cargo metadata --locked --no-deps --format-version 1 |
-  python3 -c 'import json,sys; print(next(p["version"] for p in json.load(sys.stdin)["packages"] if p["name"] == "autoapproval"))')"
+# The crate's version and the target directory (CARGO_TARGET_DIR may move it), from cargo.
+read -r version target_dir < <(cargo metadata --locked --no-deps --format-version 1 | python3 -c '
+import json, sys
+m = json.load(sys.stdin)
+print(next(p["version"] for p in m["packages"] if p["name"] == "autoapproval"), m["target_directory"])')
+[[ -n "$version" && -n "$target_dir" ]] || { echo "build-image.sh: cargo metadata failed" >&2; exit 1; }
+out="${out:-$target_dir/image}"
+mkdir -p "$out"
 revision="$(git rev-parse HEAD)"
+if ! git diff --quiet HEAD -- Cargo.toml Cargo.lock build.rs src migrations; then
+  echo "build-image.sh: warning: the revision label names $revision, but the sources differ from it" >&2
+fi
 : "${SOURCE_DATE_EPOCH:=$(git log -1 --format=%ct)}"
 if [[ -z "${IMAGE_SOURCE+set}" ]]; then
   # Never credentials in a label: drop any user:password@ from the remote's URL.
@@ -57,7 +67,7 @@ fi
 if [[ -z "$binary" && "$sbom" != only ]]; then
   echo "build-image.sh: cargo build --release --locked -p autoapproval --features otlp" >&2
   cargo build --release --locked -p autoapproval --bin autoapproval --features otlp >&2
-  binary="$repo/target/release/autoapproval"
+  binary="$target_dir/release/autoapproval"
 fi
 
 sbom_file="$out/autoapproval-$version.cdx.json"
