@@ -119,7 +119,12 @@ def run(*args):
 def needed_libraries(path):
     """The absolute paths the dynamic loader resolves for the binary, the loader itself included."""
     libs = []
-    for line in run("ldd", path).splitlines():
+    ldd = subprocess.run(["ldd", path], capture_output=True, text=True)
+    if "not a dynamic executable" in ldd.stdout + ldd.stderr or "statically linked" in ldd.stdout:
+        return libs  # a static binary (musl) needs none
+    if ldd.returncode != 0:
+        fail(f"ldd {path}: {ldd.stderr.strip()}")
+    for line in ldd.stdout.splitlines():
         line = line.strip()
         if "not found" in line:
             fail(f"{path} needs a library this machine lacks: {line}")
@@ -127,7 +132,7 @@ def needed_libraries(path):
         if m:
             libs.append(m.group(1))
     if not libs:
-        fail(f"ldd found no libraries for {path}: not a dynamically linked binary?")
+        fail(f"ldd found no libraries for {path}:\n{ldd.stdout}")
     return libs
 
 def owning_package(path):
