@@ -1,6 +1,7 @@
 //! The controller's OCI image as `scripts/build-image.sh` writes it with no container engine:
 //! the archive followed from its index to the layers by digest, the root filesystem unpacked
-//! and the binary run inside it (chroot), and the Dockerfile's base images pinned by digest.
+//! and the binary run inside it (chroot); the SBOM beside it checked against Cargo.lock; and
+//! the Dockerfile's base images pinned by digest.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
