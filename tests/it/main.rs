@@ -14,6 +14,7 @@ mod docs;
 mod external;
 mod fencing;
 mod helm;
+mod image;
 mod inputs;
 mod layout;
 mod least_privilege;
