@@ -455,7 +455,7 @@ fn assert_role_grants_what_was_used(server: &ApiServer) {
     let missing: Vec<_> = used
         .iter()
         .filter(|a| {
-            !crate::deploy::ROLE_GRANTS
+            !crate::support::ROLE_GRANTS
                 .iter()
                 .any(|(g, r, v)| a.group == *g && a.resource == *r && a.verb == *v)
         })

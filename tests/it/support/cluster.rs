@@ -490,6 +490,16 @@ impl Cluster {
     }
 }
 
+/// Calls the simulator has answered, of every kind.
+pub fn total_calls(sim: &SimHandle) -> u64 {
+    sim.stats().calls.values().sum()
+}
+
+/// Status patches the API server has received (the CRs' only patches).
+pub fn status_patches(c: &Cluster) -> u64 {
+    c.api_requests("patch autoapprovals")
+}
+
 /// Reconciles the replica of `c` has finished.
 pub fn reconciles_done(c: &Cluster) -> f64 {
     super::metric_sum(
