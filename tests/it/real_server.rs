@@ -2,7 +2,7 @@
 //! the chart's ServiceAccount with only what the chart's Role grants: what the test API
 //! server cannot show (authentication, RBAC, server-side apply's field ownership, the
 //! events API as kube-apiserver serves it). The tests written with `on_both_servers!`
-//! (controller.rs) also run here, as `<test>::{postgres,mysql}_real_server`.
+//! (in the other modules) also run here, as `<test>::{postgres,mysql}_real_server`.
 
 use autoapproval::controller::crd::{FIELD_MANAGER, Phase};
 use kube::ResourceExt;
@@ -11,8 +11,8 @@ use crate::support::*;
 
 on_both!(the_status_is_the_service_accounts_by_server_side_apply);
 /// The end-to-end approval on this server is
-/// `controller::an_owner_contract_is_approved_end_to_end::*_real_server`, and kubectl's
-/// views of it `controller::kubectl_get_autoapprovals_shows_the_printer_columns::*`;
+/// `approvals::an_owner_contract_is_approved_end_to_end::*_real_server`, and kubectl's
+/// views of it `crd::kubectl_get_autoapprovals_shows_the_printer_columns::*`;
 /// here what the test API server does not keep: the status written by server-side apply
 /// on the status subresource, owned by the controller's field manager, and the CRD's
 /// spec as `kubectl explain` shows it.
