@@ -19,7 +19,7 @@ use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::support::{MysqlScratch, t0};
+use crate::support::{MysqlScratch, migrate_twice, t0};
 
 /// The wake poller's interval in these tests.
 const POLL: StdDuration = StdDuration::from_millis(20);
@@ -148,17 +148,7 @@ fn new_candidate(id: i64) -> Candidate {
 #[tokio::test]
 async fn mysql_migrations_apply_twice() {
     scratch(false, |db| async move {
-        for run in 1..=2 {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-                .args(["migrate", "--database-url", &db.url()])
-                .output()
-                .expect("run autoapproval migrate");
-            assert!(
-                out.status.success(),
-                "run {run}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        migrate_twice(&db.url());
         let (tables,): (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM information_schema.tables
               WHERE table_schema = DATABASE()

@@ -430,18 +430,9 @@ impl Cluster {
 
     /// Runs the real kubectl against the test API server with `args`.
     pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
-        let dir = std::env::temp_dir().join(format!(
-            "aa-kubectl-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = super::fresh_dir("kubectl");
         let kubeconfig = match &self.server {
-            ApiServer::Test(server) => {
-                let kubeconfig = dir.join("kubeconfig");
-                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-                kubeconfig
-            }
+            ApiServer::Test(server) => super::kubeconfig_in(&dir, server),
             // The admin's, as a cluster's operator looks: the ServiceAccount may only
             // do what the controller does.
             ApiServer::Real(real) => real.ns.admin_kubeconfig.clone(),
