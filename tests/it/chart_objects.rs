@@ -4,31 +4,23 @@
 //! and `helm test` and NOTES.
 
 use std::collections::BTreeSet;
-use std::process::Command;
 
 use autoapproval::flags::parse_duration;
 use serde_json::Value;
 
 use crate::support::{
-    NAMESPACE, RELEASE, ROLE_GRANTS, chart, helm, help_env, minimal_values, parse_yaml_stream,
-    path_str, renders, selects, strs, tool,
+    NAMESPACE, RELEASE, ROLE_GRANTS, helm_release, help_env, parse_yaml_stream, renders, selects,
+    stdout_of, strs,
 };
 
 #[test]
 fn helm_test_fetches_readyz_through_the_service_and_notes_never_chain_after_port_forward() {
-    let chart = chart();
-    let minimal = minimal_values();
-    let yaml = helm(&[
-        "template",
-        RELEASE,
-        path_str(&chart),
-        "-n",
-        NAMESPACE,
-        "-f",
-        path_str(&minimal),
-        "--show-only",
-        "templates/tests/readyz.yaml",
-    ]);
+    let mut template = helm_release("template");
+    template.args(["--show-only", "templates/tests/readyz.yaml"]);
+    let yaml = stdout_of(
+        template,
+        "helm template --show-only templates/tests/readyz.yaml",
+    );
     let pods = parse_yaml_stream(&yaml);
     assert_eq!(pods.len(), 1);
     let pod = &pods[0];
@@ -50,17 +42,8 @@ fn helm_test_fetches_readyz_through_the_service_and_notes_never_chain_after_port
     );
 
     // NOTES: port-forward blocks, so nothing may follow it with `&&`.
-    let out = Command::new(tool("helm"))
-        .args([
-            "install",
-            RELEASE,
-            path_str(&chart),
-            "-n",
-            NAMESPACE,
-            "-f",
-            path_str(&minimal),
-            "--dry-run=client",
-        ])
+    let out = helm_release("install")
+        .arg("--dry-run=client")
         .output()
         .unwrap();
     let notes = String::from_utf8_lossy(&out.stdout);

@@ -8,9 +8,7 @@ use std::process::Command;
 
 use autoapproval::flags::parse_duration;
 
-use crate::support::{
-    NAMESPACE, RELEASE, Rendered, chart, help_env, minimal_values, path_str, renders, tool,
-};
+use crate::support::{NAMESPACE, RELEASE, Rendered, helm_release, help_env, renders};
 
 #[test]
 fn every_run_setting_is_reachable_from_the_chart_and_the_chart_sets_no_other() {
@@ -121,14 +119,7 @@ fn the_rendered_settings_pass_the_binarys_validation() {
 /// (`--set`, or `--set-string` to keep it a string), the ConfigMap only.
 fn helm_takes(flag: &str, key: &str, value: &str) -> std::process::Output {
     let set = format!("config.{key}={value}");
-    Command::new(tool("helm"))
-        .args([
-            "template",
-            RELEASE,
-            path_str(&chart()),
-            "-f",
-            path_str(&minimal_values()),
-        ])
+    helm_release("template")
         .args([flag, &set, "--show-only", "templates/configmap.yaml"])
         .output()
         .expect("run helm")

@@ -33,6 +33,14 @@ async fn a_cr_naming_a_missing_request_ends_invalid_without_db_writes(db: Db, on
     cluster.stop().await;
 }
 
+/// `kubectl get`'s table: a row a line, a cell a word.
+fn table(stdout: &str) -> Vec<Vec<&str>> {
+    stdout
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect()
+}
+
 on_both_servers!(kubectl_get_autoapprovals_shows_the_printer_columns);
 async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db, on: On) {
     let mut cluster = Cluster::on(on, db.clone()).await;
@@ -58,10 +66,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db, on: On) {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let lines: Vec<Vec<&str>> = stdout
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let lines = table(&stdout);
     assert_eq!(
         lines[0],
         ["NAME", "REQUEST", "TYPE", "PHASE", "RETRIES", "AGE"],
@@ -92,10 +97,7 @@ async fn kubectl_get_autoapprovals_shows_the_printer_columns(db: Db, on: On) {
         .kubectl(&["get", "aa", "-n", &cluster.ns, "-o", "wide"])
         .await;
     let stdout = String::from_utf8_lossy(&output.stdout);
-    let lines: Vec<Vec<&str>> = stdout
-        .lines()
-        .map(|l| l.split_whitespace().collect())
-        .collect();
+    let lines = table(&stdout);
     assert_eq!(
         lines[0],
         [

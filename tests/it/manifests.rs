@@ -56,37 +56,29 @@ fn the_plain_manifests_are_the_chart_rendered_for_kubectl_without_a_trace_of_hel
     );
 }
 
-/// Stand-ins for the Prometheus Operator's CRDs, so the ServiceMonitor and the PrometheusRule can be dry-run too.
-const MONITORING_CRDS: &str = r#"apiVersion: apiextensions.k8s.io/v1
+/// A stand-in for one of the Prometheus Operator's CRDs (`ServiceMonitor`, `PrometheusRule`), so
+/// those objects can be dry-run too.
+fn monitoring_crd(kind: &str) -> String {
+    let singular = kind.to_lowercase();
+    let plural = format!("{singular}s");
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1
 kind: CustomResourceDefinition
 metadata:
-  name: servicemonitors.monitoring.coreos.com
+  name: {plural}.monitoring.coreos.com
 spec:
   group: monitoring.coreos.com
-  names: {kind: ServiceMonitor, listKind: ServiceMonitorList, plural: servicemonitors, singular: servicemonitor}
+  names: {{kind: {kind}, listKind: {kind}List, plural: {plural}, singular: {singular}}}
   scope: Namespaced
   versions:
     - name: v1
       served: true
       storage: true
       schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
----
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: prometheusrules.monitoring.coreos.com
-spec:
-  group: monitoring.coreos.com
-  names: {kind: PrometheusRule, listKind: PrometheusRuleList, plural: prometheusrules, singular: prometheusrule}
-  scope: Namespaced
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
-"#;
+        openAPIV3Schema: {{type: object, x-kubernetes-preserve-unknown-fields: true}}
+"
+    )
+}
 
 on_both_servers!(kubectl_apply_k_creates_the_objects_of_the_helm_release);
 /// `kubectl apply -k deploy/manifests` against an API server of its own (the test API server or
@@ -200,7 +192,12 @@ fn apply_k(k: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     // Every optional object too: the chart with every value set, ServiceMonitor,
     // PrometheusRule and the dashboard (in Grafana's namespace) included.
     let crd = k.dir.join("monitoring-crds.yaml");
-    std::fs::write(&crd, MONITORING_CRDS).unwrap();
+    let crds = [
+        monitoring_crd("ServiceMonitor"),
+        monitoring_crd("PrometheusRule"),
+    ]
+    .join("---\n");
+    std::fs::write(&crd, crds).unwrap();
     k.kubectl(&["apply", "-f", path_str(&crd)]);
     k.kubectl(&["create", "namespace", "monitoring"]);
     let everything = k.dir.join("all-values.yaml");

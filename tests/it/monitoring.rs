@@ -8,8 +8,7 @@ use std::process::Command;
 use serde_json::Value;
 
 use crate::support::{
-    NAMESPACE, RELEASE, chart, helm, minimal_values, ok, parse_yaml_stream, path_str, renders,
-    repo, scratch, tool,
+    chart, fresh_dir, helm_release, ok, parse_yaml_stream, renders, repo, stdout_of,
 };
 
 /// The runbook address the promtool unit tests expect in every alert.
@@ -35,19 +34,9 @@ fn promtool() -> PathBuf {
 
 /// The PrometheusRule's `spec` (a Prometheus rule file) rendered with `args` added.
 fn rule_file(args: &[&str]) -> Value {
-    let chart = chart();
-    let minimal = minimal_values();
-    let mut all = vec![
-        "template",
-        RELEASE,
-        chart.to_str().expect("utf-8 path"),
-        "--namespace",
-        NAMESPACE,
-        "-f",
-        path_str(&minimal),
-    ];
-    all.extend_from_slice(args);
-    let objects = parse_yaml_stream(&helm(&all));
+    let mut template = helm_release("template");
+    template.args(args);
+    let objects = parse_yaml_stream(&stdout_of(template, &format!("helm template {args:?}")));
     let rules: Vec<&Value> = objects
         .iter()
         .filter(|o| o["kind"] == "PrometheusRule")
@@ -73,11 +62,7 @@ fn the_prometheus_rule_and_the_dashboard_are_off_by_default() {
     assert!(defaults.all("PrometheusRule").is_empty());
     assert_eq!(defaults.all("ConfigMap").len(), 1, "only the settings");
     // Enabled without a runbook address: refused, naming the value.
-    let chart = chart();
-    let minimal = minimal_values();
-    let out = Command::new(tool("helm"))
-        .args(["template", RELEASE, chart.to_str().expect("utf-8 path")])
-        .args(["-f", path_str(&minimal)])
+    let out = helm_release("template")
         .args(["--set", "prometheusRule.enabled=true"])
         .output()
         .expect("helm");
@@ -99,7 +84,7 @@ fn every_alert_passes_promtool_and_its_unit_tests_fire_it_and_keep_it_silent_whe
         "--set",
         &format!("prometheusRule.runbookBaseUrl={RUNBOOK}"),
     ]);
-    let dir = scratch("promtool");
+    let dir = fresh_dir("promtool");
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, serde_yaml::to_string(&spec).expect("YAML")).expect("write rules");
     let tests = repo().join("tests/promtool/rules.test.yaml");
@@ -189,7 +174,7 @@ fn every_alert_passes_promtool_and_its_unit_tests_fire_it_and_keep_it_silent_whe
 fn the_rule_selects_the_configured_job_and_passes_promtool_with_every_value_set() {
     let r = &renders()[1];
     let spec = &r.one("PrometheusRule")["spec"];
-    let dir = scratch("promtool-all-values");
+    let dir = fresh_dir("promtool-all-values");
     let rules = dir.join("rules.yaml");
     std::fs::write(&rules, serde_yaml::to_string(spec).expect("YAML")).expect("write rules");
     ok(
@@ -274,7 +259,7 @@ fn the_dashboard_ships_in_a_configmap_grafana_finds_with_the_panels_the_readme_l
         }
     }
     let file = serde_json::json!({"groups": [{"name": "dashboard", "rules": rules}]});
-    let dir = scratch("dashboard-promql");
+    let dir = fresh_dir("dashboard-promql");
     let path = dir.join("dashboard.yaml");
     std::fs::write(&path, serde_yaml::to_string(&file).expect("YAML")).expect("write");
     let checked = ok(

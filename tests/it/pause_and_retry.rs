@@ -25,6 +25,38 @@ async fn create_paused(cluster: &Cluster, request_id: i64) {
         .expect("create paused CR");
 }
 
+/// Sets `spec.paused: false` on the CR of `request_id`, as a person would.
+async fn unpause(cluster: &Cluster, request_id: i64) {
+    cluster
+        .api
+        .patch(
+            &crd::cr_name(request_id),
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
+        )
+        .await
+        .expect("unpause");
+}
+
+/// `kubectl annotate aa request-<request_id> <annotation>`, which must succeed.
+async fn annotate(cluster: &Cluster, request_id: i64, annotation: &str) {
+    let out = cluster
+        .kubectl(&[
+            "-n",
+            &cluster.ns,
+            "annotate",
+            "aa",
+            &crd::cr_name(request_id),
+            annotation,
+        ])
+        .await;
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 on_both_servers!(a_paused_cr_is_not_touched_until_unpaused);
 async fn a_paused_cr_is_not_touched_until_unpaused(db: Db, on: On) {
     let mut cluster = Cluster::on(on, db.clone()).await;
@@ -46,15 +78,7 @@ async fn a_paused_cr_is_not_touched_until_unpaused(db: Db, on: On) {
     assert_eq!(total_calls(&cluster.sim), 0);
     assert_eq!(request_status(&db, 106).await, "PENDING");
 
-    cluster
-        .api
-        .patch(
-            &crd::cr_name(106),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
-        )
-        .await
-        .expect("unpause");
+    unpause(&cluster, 106).await;
     cluster.wait_phase(106, Phase::Approved).await;
     assert_eq!(request_status(&db, 106).await, "APPROVED");
     cluster.stop().await;
@@ -102,21 +126,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
 
     let asked = "2026-12-03T10:00:00Z";
     for id in [120, 121, 122] {
-        let out = cluster
-            .kubectl(&[
-                "-n",
-                &cluster.ns,
-                "annotate",
-                "aa",
-                &crd::cr_name(id),
-                &format!("{}={asked}", crd::RETRY_ANNOTATION),
-            ])
-            .await;
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        annotate(&cluster, id, &format!("{}={asked}", crd::RETRY_ANNOTATION)).await;
     }
     for id in [120, 121] {
         let cr = cluster.wait_phase(id, Phase::Approved).await;
@@ -148,17 +158,7 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
     assert_eq!(cr.status.and_then(|s| s.phase), Some(Phase::RetryWaiting));
     assert_eq!(asked_for(122).await, 1);
     // Another annotation makes another reconcile; the same value is not acted on again.
-    let out = cluster
-        .kubectl(&[
-            "-n",
-            &cluster.ns,
-            "annotate",
-            "aa",
-            &crd::cr_name(122),
-            "note=looked at",
-        ])
-        .await;
-    assert!(out.status.success());
+    annotate(&cluster, 122, "note=looked at").await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(asked_for(122).await, 1);
     assert_eq!(asked_for(120).await, 1);
@@ -193,15 +193,7 @@ async fn a_deleted_paused_cr_comes_back_paused(db: Db, on: On) {
     assert!(!state_exists(&db, 116).await, "never claimed");
     assert_eq!(total_calls(&cluster.sim), 0);
 
-    cluster
-        .api
-        .patch(
-            &crd::cr_name(116),
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"spec": {"paused": false}})),
-        )
-        .await
-        .expect("unpause");
+    unpause(&cluster, 116).await;
     cluster.wait_phase(116, Phase::Approved).await;
     cluster.stop().await;
 }

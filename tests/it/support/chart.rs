@@ -39,6 +39,17 @@ pub fn ok(tool: &Path, args: &[&str]) -> String {
     stdout_of(cmd, &format!("{} {args:?}", tool.display()))
 }
 
+/// `helm <command>` of the release (`template`, `install`, …) in its namespace with the minimal
+/// values; the caller adds the rest.
+pub fn helm_release(command: &str) -> Command {
+    let mut cmd = Command::new(tool("helm"));
+    cmd.args([command, RELEASE])
+        .arg(chart())
+        .args(["--namespace", NAMESPACE, "-f"])
+        .arg(minimal_values());
+    cmd
+}
+
 pub fn helm(args: &[&str]) -> String {
     let mut cmd = Command::new(tool("helm"));
     cmd.args(args);
@@ -65,23 +76,13 @@ impl Rendered {
     }
 
     pub fn render_with(name: &'static str, values: Option<PathBuf>, extra: &[&str]) -> Rendered {
-        let chart = chart();
-        let minimal = minimal_values();
-        let mut args = vec![
-            "template",
-            RELEASE,
-            path_str(&chart),
-            "--namespace",
-            NAMESPACE,
-            "--skip-tests",
-            "-f",
-            path_str(&minimal),
-        ];
+        let mut cmd = helm_release("template");
+        cmd.arg("--skip-tests");
         if let Some(v) = &values {
-            args.extend(["-f", path_str(v)]);
+            cmd.arg("-f").arg(v);
         }
-        args.extend(extra);
-        let yaml = helm(&args);
+        cmd.args(extra);
+        let yaml = stdout_of(cmd, &format!("helm template ({name}) {extra:?}"));
         let objects = parse_yaml_stream(&yaml);
         Rendered {
             name,
@@ -234,11 +235,3 @@ pub const ROLE_GRANTS: [(&str, &str, &str); 12] = [
     ("events.k8s.io", "events", "create"),
     ("events.k8s.io", "events", "patch"),
 ];
-
-/// A fresh directory for one test's files.
-pub fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("autoapproval-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("scratch dir");
-    dir
-}
