@@ -9,8 +9,8 @@ use kube::api::Api;
 use kube_testserver::{Options, TestServer};
 
 use crate::support::{
-    AsDb, Db, NS, client_for, database_url, eventually, free_port, fresh_dir, install_crd,
-    kubeconfig_in, metric_sum, on_both, owner_now, request_status, simulator, spawn_run,
+    AsDb, Db, NS, backends, client_for, database_url, eventually, free_port, fresh_dir,
+    install_crd, kubeconfig_in, metric_sum, on_both, owner_now, request_status, spawn_run,
     stop_on_sigterm, waiting_owner_now,
 };
 
@@ -60,11 +60,7 @@ fn run_refuses_a_bad_setting_naming_it() {
 
 on_both!(the_binary_approves_serves_its_probes_and_stops_on_sigterm);
 async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    install_crd(&client_for(&server)).await;
-    let sim = simulator().await;
+    let (server, _, sim) = backends().await;
     let dir = fresh_dir("run");
     let kubeconfig = kubeconfig_in(&dir, &server);
     let port = free_port();
@@ -674,14 +670,10 @@ on_both!(every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
 /// they use is one a running replica exports on /metrics, and the replica
 /// exports the census, the pools and the API server requests it counts.
 async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(db: Db) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    install_crd(&client_for(&server)).await;
+    let (server, _, sim) = backends().await;
     let dir = fresh_dir("run");
     let kubeconfig = kubeconfig_in(&dir, &server);
     let port = free_port();
-    let sim = simulator().await;
     let sim_url = sim.base_url();
     let _child = spawn_run(
         &kubeconfig,

@@ -9,7 +9,8 @@
 //! - `cluster`: the test API server (or the real one), the simulator and one replica in this process;
 //! - `control_plane`: the real kube-apiserver and etcd, a namespace per test with the chart's RBAC;
 //! - `kubelet`: the Job controller and kubelet the tests play, the replica as the pod's ServiceAccount;
-//! - `processes`: the real binary as a child process, signals, `/metrics`;
+//! - `processes`: the real binary as a child process, signals, `/metrics`, a fresh directory and
+//!   kubeconfig for it;
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod chart;

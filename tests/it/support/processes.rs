@@ -1,5 +1,6 @@
 //! Child processes the tests start: the real `autoapproval` binary with
-//! the test's database, signals as a kubelet sends them, and its `/metrics`.
+//! the test's database, signals as a kubelet sends them, and its `/metrics`;
+//! a fresh directory and a kubeconfig for a child process.
 
 use super::db::AsDb;
 
