@@ -1,6 +1,6 @@
-//! The chart's values: `helm lint` with the required and with every value, a schema entry for every
-//! value that refuses typos, the chart's README generated from the commented values, and the chart's
-//! versions and CRD following the crate's.
+//! The chart's values schema and README: `helm lint` with the required and with every value, a
+//! schema entry for every value that refuses typos, the chart's README generated from the commented
+//! values, and the chart's versions and CRD following the crate's.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -199,7 +199,7 @@ fn chart_readme() -> String {
     out.push_str(
         "This file is generated from the `# --` comments of `values.yaml`; a test fails while it is\n\
          stale. Regenerate it with\n\
-         `UPDATE_CHART_README=1 cargo test --test it chart_values::the_chart_readme_is_generated_from_the_commented_values`.\n\n",
+         `UPDATE_CHART_README=1 cargo test --test it chart_schema::the_chart_readme_is_generated_from_the_commented_values`.\n\n",
     );
     out.push_str(
         "## Values\n\n| Key | Type | Default | Description |\n| --- | --- | --- | --- |\n",
@@ -266,7 +266,7 @@ fn the_chart_readme_is_generated_from_the_commented_values() {
     let committed = std::fs::read_to_string(&path).unwrap_or_default();
     assert!(
         committed == generated,
-        "deploy/helm/autoapproval/README.md is stale: regenerate it with UPDATE_CHART_README=1 cargo test --test it chart_values::the_chart_readme_is_generated_from_the_commented_values"
+        "deploy/helm/autoapproval/README.md is stale: regenerate it with UPDATE_CHART_README=1 cargo test --test it chart_schema::the_chart_readme_is_generated_from_the_commented_values"
     );
 }
 
