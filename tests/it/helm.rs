@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
+use crate::chart_values::DIGEST;
 use crate::support::{
     CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
     as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
+    with_cli_on_test_server,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -20,14 +22,16 @@ const RELEASE: &str = "autoapproval";
 /// The request the chart's replica approves.
 const APPROVED: i64 = 701;
 
-/// The commands of the README block marked `<!-- tested: {name} ... -->`, continuation lines
-/// joined as the shell joins them.
+/// The commands of the block marked `<!-- tested: {name} ... -->` in README.md (the install)
+/// or docs/INSTALL.md (the rest), continuation lines joined as the shell joins them.
 fn readme_block(name: &str) -> Vec<String> {
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = ["README.md", "docs/INSTALL.md"]
+        .map(|file| std::fs::read_to_string(repo().join(file)).unwrap())
+        .join("\n");
     let marker = format!("<!-- tested: {name}");
-    let at = readme
-        .find(&marker)
-        .unwrap_or_else(|| panic!("README.md has no block marked {marker} -->"));
+    let at = readme.find(&marker).unwrap_or_else(|| {
+        panic!("neither README.md nor docs/INSTALL.md has a block marked {marker} -->")
+    });
     let block = &readme[at..];
     let start = block
         .find("```sh\n")
@@ -61,8 +65,15 @@ struct Step {
 
 /// Runs a README block from `work`, each command required to succeed.
 fn run_block(cli: &Cli, name: &str, work: &Path) -> Vec<Step> {
+    run_amended(cli, name, work, |command| command)
+}
+
+/// Runs a README block from `work` with each command passed through `amend` first (to add a
+/// flag an operator would add), each required to succeed.
+fn run_amended(cli: &Cli, name: &str, work: &Path, amend: impl Fn(String) -> String) -> Vec<Step> {
     readme_block(name)
         .into_iter()
+        .map(amend)
         .map(|command| {
             let out = cli.shell(&command, work);
             let step = Step {
@@ -167,20 +178,22 @@ fn finished(kubelet: &Kubelet) -> Vec<String> {
 
 fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
     let work = working_copy(&cli.dir);
-    let replicas = || {
-        cli.kubectl(&[
-            "-n",
-            NAMESPACE,
-            "get",
-            "deployment",
-            RELEASE,
-            "-o",
-            "jsonpath={.spec.replicas}",
-        ])
+    let deployment = |jsonpath: &str| {
+        let output = format!("jsonpath={jsonpath}");
+        cli.kubectl(&["-n", NAMESPACE, "get", "deployment", RELEASE, "-o", &output])
     };
+    let replicas = || deployment("{.spec.replicas}");
+    let image = || deployment("{.spec.template.spec.containers[0].image}");
+    let pinned = format!("registry.example.com/autoapproval@{DIGEST}");
 
-    // Install.
-    let steps = run_block(cli, "install", &work);
+    // Install, the image pinned by digest as a production install pins it.
+    let steps = run_amended(cli, "install", &work, |command| {
+        if command.starts_with("helm install") {
+            format!("{command} --set image.digest={DIGEST}")
+        } else {
+            command
+        }
+    });
     assert_eq!(
         step(&steps, "kubectl create namespace").stdout,
         "namespace/autoapproval created\n"
@@ -265,6 +278,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         .collect();
     assert_eq!(stored, by_name(&manifest).into_keys().collect());
     assert_eq!(replicas(), "3");
+    assert_eq!(image(), pinned, "the digest, not the tag");
 
     // From here the namespace enforces the Pod Security Standard `restricted`, as a hardened
     // cluster's do: kube-apiserver's PodSecurity admission refuses the test Pod and warns of the
@@ -353,6 +367,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         "the pre-upgrade hook ran"
     );
     assert_eq!(replicas(), "2");
+    assert_eq!(image(), pinned, "--reuse-values kept the digest");
     let history = revisions(&step(&steps, "helm -n autoapproval history").stdout);
     assert_eq!(
         history,
@@ -410,14 +425,7 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
 /// One bad value of each kind: helm refuses the install before storing anything, naming it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn helm_refuses_a_bad_value_of_each_kind_by_name_before_storing_anything() {
-    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
-        .await
-        .expect("test API server");
-    let cli = Cli::new(&server);
-    tokio::task::spawn_blocking(move || refusals(&cli))
-        .await
-        .expect("helm refusals");
-    server.shutdown().await;
+    with_cli_on_test_server(refusals).await;
 }
 
 fn refusals(cli: &Cli) {

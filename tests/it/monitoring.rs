@@ -235,7 +235,7 @@ fn the_dashboard_ships_in_a_configmap_grafana_finds_with_the_panels_the_readme_l
         .expect("JSON"),
         "the ConfigMap holds the chart's file"
     );
-    let readme = std::fs::read_to_string(repo().join("README.md")).expect("README");
+    let readme = std::fs::read_to_string(repo().join("docs/OPERATING.md")).expect("OPERATING");
     let panels: Vec<&str> = dashboard["panels"]
         .as_array()
         .expect("panels")
@@ -274,7 +274,7 @@ fn the_dashboard_ships_in_a_configmap_grafana_finds_with_the_panels_the_readme_l
     for title in panels {
         assert!(
             readme.contains(&format!("**{title}**")),
-            "README.md does not list the panel {title:?}"
+            "docs/OPERATING.md does not list the panel {title:?}"
         );
     }
 }

@@ -53,21 +53,34 @@ async fn the_status_is_the_service_accounts_by_server_side_apply(db: Db) {
 /// rule on `resource`, with request `id` waiting; its log once a line says the
 /// ServiceAccount `refused` (e.g. `cannot list resource "leases"`).
 async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) -> String {
-    let real = real_namespace(|role| without_rule(role, resource)).await;
+    let edit = |role: &mut k8s_openapi::api::rbac::v1::Role| without_rule(role, resource);
+    log_with_role(db, edit, &[], id, |user| {
+        format!(r#"User "{user}" {refused}"#)
+    })
+    .await
+}
+
+/// `autoapproval run --replica-name rbac-1 <args>` as the chart's ServiceAccount under the
+/// chart's Role changed by `edit`, with request `id` waiting, until its log holds the line
+/// `until(the ServiceAccount's user name)`; then stopped with SIGTERM: its whole log.
+pub(crate) async fn log_with_role(
+    db: &Db,
+    edit: impl FnOnce(&mut k8s_openapi::api::rbac::v1::Role),
+    args: &[&str],
+    id: i64,
+    until: impl Fn(&str) -> String,
+) -> String {
+    let real = real_namespace(edit).await;
     let sim = simulator().await;
     let sim_url = sim.base_url();
     // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let mut child = spawn_run_on_sim(
-        &real.ns.kubeconfig,
-        db,
-        &["--replica-name", "rbac-1"],
-        &sim_url,
-    );
+    let args = [&["--replica-name", "rbac-1"][..], args].concat();
+    let mut child = spawn_run_on_sim(&real.ns.kubeconfig, db, &args, &sim_url);
     let log = capture_stderr(&mut child);
     owner_now(id).insert(db).await;
-    let named = format!(r#"User "{}" {refused}"#, real.ns.service_account_user());
-    eventually(&format!("a log line saying {named}"), || async {
-        log.lock().expect("log").contains(&named).then_some(())
+    let until = until(&real.ns.service_account_user());
+    eventually(&format!("a log line saying {until}"), || async {
+        log.lock().expect("log").contains(&until).then_some(())
     })
     .await;
     sigterm(child.id().expect("pid"));

@@ -80,6 +80,18 @@ pub struct Cli {
     kubeconfig: PathBuf,
 }
 
+/// Runs `f` (blocking: helm and kubectl) with a `Cli` on a fresh test API server, then stops it.
+pub async fn with_cli_on_test_server(f: impl FnOnce(&Cli) + Send + 'static) {
+    let server = kube_testserver::TestServer::start(kube_testserver::Options::default())
+        .await
+        .expect("test API server");
+    let cli = Cli::new(&server);
+    tokio::task::spawn_blocking(move || f(&cli))
+        .await
+        .expect("the commands on the test API server");
+    server.shutdown().await;
+}
+
 impl Cli {
     pub fn new(server: &kube_testserver::TestServer) -> Cli {
         let dir = super::fresh_dir("cli");

@@ -56,9 +56,25 @@ app.kubernetes.io/component: controller
 {{- default (include "autoapproval.fullname" .) .Values.secret.name }}
 {{- end }}
 
-{{/* The image reference; the tag defaults to the chart's appVersion. */}}
+{{/* The image reference: repository@digest when a digest is set (the tag is then ignored), else repository:tag, the tag defaulting to the chart's appVersion. */}}
 {{- define "autoapproval.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag | toString) }}
+{{- end }}
+{{- end }}
+
+{{/*
+RUST_LOG from logLevel, for the controller and the migration; nothing when empty. The binary's
+own default filter turns kube's client's request errors off (the caller reports each once); a
+filter given here replaces that default, so it carries the same directive.
+*/}}
+{{- define "autoapproval.logEnv" -}}
+{{- with .Values.logLevel -}}
+- name: RUST_LOG
+  value: {{ printf "%s,kube_client::client::builder=off" . | quote }}
+{{- end }}
 {{- end }}
 
 {{/* The port of config.listen (host:port or [v6]:port): the container port. */}}
@@ -106,6 +122,9 @@ It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two can
           key: {{ required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl }}
     - name: AUTOAPPROVAL_LOG_JSON
       value: {{ toString .Values.config.logJson | quote }}
+    {{- with include "autoapproval.logEnv" . }}
+    {{- . | nindent 4 }}
+    {{- end }}
   resources:
     {{- toYaml .Values.migrations.resources | nindent 4 }}
   securityContext:
@@ -146,4 +165,23 @@ and the tokens may be absent (their variables are then unset). An empty key name
 {{/* The PromQL label matchers that select this release's series: the namespace and the job the ServiceMonitor (or your scrape config) gives them. */}}
 {{- define "autoapproval.promSelector" -}}
 namespace="{{ .Release.Namespace }}", job="{{ default (include "autoapproval.fullname" .) .Values.prometheusRule.job }}"
+{{- end }}
+
+{{/*
+extraEnv, refused when it names a variable the chart sets in `env` itself: a duplicate name is
+ambiguous (server-side apply refuses it), and these come from the pod and the Secret.
+*/}}
+{{- define "autoapproval.extraEnv" -}}
+{{- $own := list "AUTOAPPROVAL_NAMESPACE" "AUTOAPPROVAL_REPLICA_NAME" "AUTOAPPROVAL_DATABASE_URL" "AUTOAPPROVAL_READ_DATABASE_URL" "AUTOAPPROVAL_ESIGN_TOKEN" "AUTOAPPROVAL_OWNER_TOKEN" "AUTOAPPROVAL_STORE_TOKEN" "AUTOAPPROVAL_AD_TOKEN" }}
+{{- if .Values.logLevel }}
+{{- $own = append $own "RUST_LOG" }}
+{{- end }}
+{{- range .Values.extraEnv }}
+{{- if has .name $own }}
+{{- fail (printf "extraEnv[].name %s is set by the chart: use its value (logLevel, secret.keys, config) instead" .name) }}
+{{- end }}
+{{- end }}
+{{- with .Values.extraEnv }}
+{{- toYaml . }}
+{{- end }}
 {{- end }}
