@@ -15,8 +15,7 @@ use crate::support::{
 
 #[test]
 fn helm_test_fetches_readyz_through_the_service_and_notes_never_chain_after_port_forward() {
-    let mut template = helm_release("template");
-    template.args(["--show-only", "templates/tests/readyz.yaml"]);
+    let template = helm_release("template", &["--show-only", "templates/tests/readyz.yaml"]);
     let yaml = stdout_of(
         template,
         "helm template --show-only templates/tests/readyz.yaml",
@@ -42,8 +41,7 @@ fn helm_test_fetches_readyz_through_the_service_and_notes_never_chain_after_port
     );
 
     // NOTES: port-forward blocks, so nothing may follow it with `&&`.
-    let out = helm_release("install")
-        .arg("--dry-run=client")
+    let out = helm_release("install", &["--dry-run=client"])
         .output()
         .unwrap();
     let notes = String::from_utf8_lossy(&out.stdout);

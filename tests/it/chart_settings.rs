@@ -119,10 +119,12 @@ fn the_rendered_settings_pass_the_binarys_validation() {
 /// (`--set`, or `--set-string` to keep it a string), the ConfigMap only.
 fn helm_takes(flag: &str, key: &str, value: &str) -> std::process::Output {
     let set = format!("config.{key}={value}");
-    helm_release("template")
-        .args([flag, &set, "--show-only", "templates/configmap.yaml"])
-        .output()
-        .expect("run helm")
+    helm_release(
+        "template",
+        &[flag, &set, "--show-only", "templates/configmap.yaml"],
+    )
+    .output()
+    .expect("run helm")
 }
 
 /// Asserts that helm and `autoapproval run` (the chart's default settings,

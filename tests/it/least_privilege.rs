@@ -9,7 +9,6 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 
-use crate::deploy::ROLE_GRANTS;
 use crate::real_server::log_with_role;
 use crate::support::*;
 

@@ -34,8 +34,7 @@ fn promtool() -> PathBuf {
 
 /// The PrometheusRule's `spec` (a Prometheus rule file) rendered with `args` added.
 fn rule_file(args: &[&str]) -> Value {
-    let mut template = helm_release("template");
-    template.args(args);
+    let template = helm_release("template", args);
     let objects = parse_yaml_stream(&stdout_of(template, &format!("helm template {args:?}")));
     let rules: Vec<&Value> = objects
         .iter()
@@ -62,8 +61,7 @@ fn the_prometheus_rule_and_the_dashboard_are_off_by_default() {
     assert!(defaults.all("PrometheusRule").is_empty());
     assert_eq!(defaults.all("ConfigMap").len(), 1, "only the settings");
     // Enabled without a runbook address: refused, naming the value.
-    let out = helm_release("template")
-        .args(["--set", "prometheusRule.enabled=true"])
+    let out = helm_release("template", &["--set", "prometheusRule.enabled=true"])
         .output()
         .expect("helm");
     assert!(!out.status.success());

@@ -39,14 +39,15 @@ pub fn ok(tool: &Path, args: &[&str]) -> String {
     stdout_of(cmd, &format!("{} {args:?}", tool.display()))
 }
 
-/// `helm <command>` of the release (`template`, `install`, …) in its namespace with the minimal
-/// values; the caller adds the rest.
-pub fn helm_release(command: &str) -> Command {
+/// `helm <command> autoapproval <chart> --namespace autoapproval -f ci/minimal-values.yaml
+/// <args>`: the release (`template`, `install`, …) with the required URLs; the caller may add more.
+pub fn helm_release(command: &str, args: &[&str]) -> Command {
     let mut cmd = Command::new(tool("helm"));
     cmd.args([command, RELEASE])
         .arg(chart())
         .args(["--namespace", NAMESPACE, "-f"])
-        .arg(minimal_values());
+        .arg(minimal_values())
+        .args(args);
     cmd
 }
 
@@ -76,15 +77,17 @@ impl Rendered {
     }
 
     pub fn render_with(name: &'static str, values: Option<PathBuf>, extra: &[&str]) -> Rendered {
-        let mut cmd = helm_release("template");
-        cmd.arg("--skip-tests");
         // As a cluster with the Prometheus Operator's CRDs: the monitors render only there.
-        cmd.args([
-            "--api-versions",
-            "monitoring.coreos.com/v1/ServiceMonitor",
-            "--api-versions",
-            "monitoring.coreos.com/v1/PodMonitor",
-        ]);
+        let mut cmd = helm_release(
+            "template",
+            &[
+                "--skip-tests",
+                "--api-versions",
+                "monitoring.coreos.com/v1/ServiceMonitor",
+                "--api-versions",
+                "monitoring.coreos.com/v1/PodMonitor",
+            ],
+        );
         if let Some(v) = &values {
             cmd.arg("-f").arg(v);
         }
