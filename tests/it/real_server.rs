@@ -60,34 +60,6 @@ async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) 
     .await
 }
 
-/// `autoapproval run --replica-name rbac-1 <args>` as the chart's ServiceAccount under the
-/// chart's Role changed by `edit`, with request `id` waiting, until its log holds the line
-/// `until(the ServiceAccount's user name)`; then stopped with SIGTERM: its whole log.
-pub(crate) async fn log_with_role(
-    db: &Db,
-    edit: impl FnOnce(&mut k8s_openapi::api::rbac::v1::Role),
-    args: &[&str],
-    id: i64,
-    until: impl Fn(&str) -> String,
-) -> String {
-    let real = real_namespace(edit).await;
-    let sim = simulator().await;
-    let sim_url = sim.base_url();
-    // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let args = [&["--replica-name", "rbac-1"][..], args].concat();
-    let mut child = spawn_run_on_sim(&real.ns.kubeconfig, db, &args, &sim_url);
-    let log = capture_stderr(&mut child);
-    owner_now(id).insert(db).await;
-    let until = until(&real.ns.service_account_user());
-    eventually(&format!("a log line saying {until}"), || async {
-        log.lock().expect("log").contains(&until).then_some(())
-    })
-    .await;
-    sigterm(child.id().expect("pid"));
-    let _ = child.wait().await;
-    log.lock().expect("log").clone()
-}
-
 on_both!(each_rule_missing_from_the_role_is_named_in_the_log);
 /// The chart's Role less any one rule: the replica says which call the real RBAC
 /// authorizer refused, as whom, never silently doing nothing; a refused Lease list is
