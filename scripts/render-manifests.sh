@@ -3,7 +3,7 @@
 # deploy/manifests` without Helm, from the chart with its defaults plus ci/minimal-values.yaml
 # (the external URLs, which have no default) and helmHooks=false (an ordinary migration Job, an
 # init container that waits for it, no Helm labels), release and namespace `autoapproval`, no
-# `helm test` Pod. Run it after any change to the chart; a test (tests/it/deploy.rs) fails while
+# `helm test` Pod. Run it after any change to the chart; a test (tests/it/manifests.rs) fails while
 # the file is stale.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -5,13 +5,13 @@
 use std::time::Duration;
 
 use autoapproval::controller::crd::{self, AutoApproval, Phase};
-use autoapproval_sim::{SimConfig, Simulator};
 use kube::api::Api;
 use kube_testserver::{Options, TestServer};
 
 use crate::support::{
-    AsDb, Db, NS, client_for, database_url, eventually, free_port, install_crd, metric_sum,
-    on_both, owner_now, request_status, sigterm, spawn_run, waiting_owner_now,
+    AsDb, Db, NS, backends, client_for, database_url, eventually, free_port, fresh_dir,
+    install_crd, kubeconfig_in, metric_sum, on_both, owner_now, request_status, spawn_run,
+    stop_on_sigterm, waiting_owner_now,
 };
 
 #[test]
@@ -60,22 +60,9 @@ fn run_refuses_a_bad_setting_naming_it() {
 
 on_both!(the_binary_approves_serves_its_probes_and_stops_on_sigterm);
 async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    install_crd(&client_for(&server)).await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-        .await
-        .expect("simulator");
-    let dir = std::env::temp_dir().join(format!(
-        "aa-run-{}-{}-{}",
-        db.name(),
-        std::process::id(),
-        line!()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let (server, _, sim) = backends().await;
+    let dir = fresh_dir("run");
+    let kubeconfig = kubeconfig_in(&dir, &server);
     let port = free_port();
 
     let sim_url = sim.base_url();
@@ -91,7 +78,6 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
             ("AUTOAPPROVAL_AD_URL", &sim_url),
         ],
     );
-    let pid = child.id().expect("pid");
 
     let http = reqwest::Client::new();
     let ready = format!("http://127.0.0.1:{port}/readyz");
@@ -118,11 +104,7 @@ async fn the_binary_approves_serves_its_probes_and_stops_on_sigterm(db: Db) {
         "{metrics}"
     );
 
-    sigterm(pid);
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("exits within 30 s of SIGTERM")
-        .expect("output");
+    let output = stop_on_sigterm(child, Duration::from_secs(30)).await;
     let _ = std::fs::remove_dir_all(&dir);
     let logs = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
@@ -418,15 +400,8 @@ async fn run_without_the_crd_says_how_to_install_it(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
-    let dir = std::env::temp_dir().join(format!(
-        "aa-nocrd-{}-{}-{}",
-        db.name(),
-        std::process::id(),
-        line!()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let dir = fresh_dir("nocrd");
+    let kubeconfig = kubeconfig_in(&dir, &server);
     let url = database_url(&db);
     let kubeconfig = kubeconfig.display().to_string();
     let (ok, stderr) = tokio::task::spawn_blocking(move || {
@@ -461,13 +436,7 @@ on_both!(an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once);
 /// silence passes `--api-liveness-timeout`, so the kubelet restarts it; and
 /// SIGTERM ends it at once when nothing runs, not after the grace period.
 async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: Db) {
-    let dir = std::env::temp_dir().join(format!(
-        "aa-noapi-{}-{}-{}",
-        db.name(),
-        std::process::id(),
-        line!()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
+    let dir = fresh_dir("noapi");
     let kubeconfig = dir.join("kubeconfig");
     // Port 1 on loopback: nothing listens, every connection is refused.
     std::fs::write(
@@ -498,7 +467,6 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: 
         ],
         &[("NO_COLOR", "1")],
     );
-    let pid = child.id().expect("pid");
 
     let http = reqwest::Client::new();
     let healthz = format!("http://127.0.0.1:{port}/healthz");
@@ -513,11 +481,8 @@ async fn an_unreachable_api_server_fails_liveness_and_sigterm_exits_at_once(db: 
         "{body}"
     );
 
-    sigterm(pid);
-    let output = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
-        .await
-        .expect("exits well within the 60 s grace: nothing was running")
-        .expect("output");
+    // Well within the 60 s grace: nothing was running.
+    let output = stop_on_sigterm(child, Duration::from_secs(10)).await;
     let _ = std::fs::remove_dir_all(&dir);
     let logs = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{logs}");
@@ -540,15 +505,8 @@ async fn a_replica_with_another_shard_count_refuses_to_start(db: Db) {
         .await
         .expect("test API server");
     install_crd(&client_for(&server)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "aa-k-{}-{}-{}",
-        db.name(),
-        std::process::id(),
-        line!()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let dir = fresh_dir("k");
+    let kubeconfig = kubeconfig_in(&dir, &server);
     let first = spawn_run(
         &kubeconfig,
         free_port(),
@@ -586,11 +544,7 @@ async fn a_replica_with_another_shard_count_refuses_to_start(db: Db) {
         .await
         .expect("the second replica exits")
         .expect("output");
-    sigterm(first.id().expect("pid"));
-    let stopped = tokio::time::timeout(Duration::from_secs(30), first.wait_with_output())
-        .await
-        .expect("the first replica stops on SIGTERM")
-        .expect("output");
+    let stopped = stop_on_sigterm(first, Duration::from_secs(30)).await;
     let _ = std::fs::remove_dir_all(&dir);
 
     let stderr = String::from_utf8_lossy(&refused.stderr);
@@ -781,23 +735,10 @@ on_both!(every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
 /// they use is one a running replica exports on /metrics, and the replica
 /// exports the census, the pools and the API server requests it counts.
 async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports(db: Db) {
-    let server = TestServer::start(Options::default())
-        .await
-        .expect("test API server");
-    install_crd(&client_for(&server)).await;
-    let dir = std::env::temp_dir().join(format!(
-        "aa-run-{}-{}-{}",
-        db.name(),
-        std::process::id(),
-        line!()
-    ));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let (server, _, sim) = backends().await;
+    let dir = fresh_dir("run");
+    let kubeconfig = kubeconfig_in(&dir, &server);
     let port = free_port();
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-        .await
-        .expect("simulator");
     let sim_url = sim.base_url();
     let _child = spawn_run(
         &kubeconfig,

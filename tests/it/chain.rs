@@ -84,7 +84,7 @@ async fn an_ad_contract_for_a_missing_store_waits_without_approving_a_campaign(d
         request_type: RequestType::AdContract,
         state_id: None,
     };
-    let outcome = env.approver.attempt(&c, &fence("a", 1)).await.unwrap();
+    let outcome = env.attempt(&c).await;
     let AttemptOutcome::RetryScheduled { step, reason, .. } = outcome else {
         panic!("{outcome:?}")
     };
@@ -100,11 +100,7 @@ async fn an_unsigned_econtract_waits_and_the_sync_records_it(db: Db) {
     let env = Env::start(db.clone()).await;
     env.sim.set_contract_status("EC-4", ContractStatus::Pending);
     NewRequest::ready_owner(4).insert(&db).await;
-    let outcome = env
-        .approver
-        .attempt(&owner(4), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&owner(4)).await;
     let AttemptOutcome::RetryScheduled { reason, .. } = outcome else {
         panic!("{outcome:?}")
     };
@@ -124,14 +120,8 @@ async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempo
     NewRequest::ready_owner(5).insert(&db).await;
     // The owner service creates the owner, then the answer is lost: from our
     // side exactly like a crash between the creation and the DB save.
-    env.sim
-        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Malformed))
-        .unwrap();
-    let first = env
-        .approver
-        .attempt(&owner(5), &fence("a", 1))
-        .await
-        .unwrap();
+    env.fail_next(System::Owner, FaultKind::Malformed);
+    let first = env.attempt(&owner(5)).await;
     assert!(
         matches!(&first, AttemptOutcome::RetryScheduled { reason, .. } if reason.class == RetryClass::Transient),
         "{first:?}"
@@ -145,10 +135,7 @@ async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempo
         state_id: Some(state.id),
         ..owner(5)
     };
-    assert_eq!(
-        env.approver.attempt(&retry, &fence("a", 1)).await.unwrap(),
-        AttemptOutcome::Approved
-    );
+    assert_eq!(env.attempt(&retry).await, AttemptOutcome::Approved);
 
     let stats = env.sim.stats();
     assert_eq!(stats.for_request(5).owner, 1, "the owner was created once");
@@ -175,11 +162,7 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(db: Db) {
         let mut faults = Faults::fail_next(System::Owner, 1, kind);
         faults.hang = StdDuration::from_secs(3);
         env.sim.set_faults(faults).unwrap();
-        let outcome = env
-            .approver
-            .attempt(&owner(id), &fence("a", 1))
-            .await
-            .unwrap();
+        let outcome = env.attempt(&owner(id)).await;
         let AttemptOutcome::RetryScheduled { step, reason, .. } = outcome else {
             panic!("{kind:?}: {outcome:?}")
         };
@@ -193,14 +176,8 @@ async fn errors_timeouts_and_malformed_answers_are_transient_retries(db: Db) {
     }
     // A refusal waits as a condition, and each call is counted by its kind.
     NewRequest::ready_owner(14).insert(&db).await;
-    env.sim
-        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Refused))
-        .unwrap();
-    let outcome = env
-        .approver
-        .attempt(&owner(14), &fence("a", 1))
-        .await
-        .unwrap();
+    env.fail_next(System::Owner, FaultKind::Refused);
+    let outcome = env.attempt(&owner(14)).await;
     assert!(
         matches!(&outcome, AttemptOutcome::RetryScheduled { reason, .. }
             if reason.class == RetryClass::ConditionNotMet && reason.reason.contains("422")),
@@ -226,11 +203,7 @@ async fn a_request_a_person_decided_is_superseded_without_external_calls(db: Db)
         .status("REJECTED")
         .insert(&db)
         .await;
-    let outcome = env
-        .approver
-        .attempt(&owner(6), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&owner(6)).await;
     assert_eq!(outcome, AttemptOutcome::Superseded(RequestStatus::Rejected));
     assert!(env.store.state(6).await.unwrap().is_none());
     assert_eq!(request_view(&db, 6).await.status, "REJECTED");
@@ -247,13 +220,7 @@ async fn work_already_done_is_skipped(db: Db) {
     NewRequest::ready_owner(7).insert(&db).await;
     db.exec("UPDATE approval_request SET owner_number = 4242 WHERE id = 7")
         .await;
-    assert_eq!(
-        env.approver
-            .attempt(&owner(7), &fence("a", 1))
-            .await
-            .unwrap(),
-        AttemptOutcome::Approved
-    );
+    assert_eq!(env.attempt(&owner(7)).await, AttemptOutcome::Approved);
     let stats = env.sim.stats();
     assert_eq!((stats.created.owners, stats.created.stores), (0, 1));
     assert_eq!(request_view(&db, 7).await.owner_number, Some(4242));
@@ -301,11 +268,7 @@ async fn a_business_transaction_holding_the_row_delays_the_approval_without_hold
 
     env.clock.set(next_retry_time);
     let state_id = env.store.state(1).await.unwrap().map(|s| s.id);
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, state_id), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, state_id)).await;
     assert_eq!(outcome, AttemptOutcome::Approved);
     let view = request_view(&db, 1).await;
     assert_eq!(view.status, "APPROVED");
@@ -367,14 +330,8 @@ on_both!(documents_withdrawn_after_the_owner_was_made_stop_the_retry);
 async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(db: Db) {
     let env = Env::start(db.clone()).await;
     NewRequest::ready_owner(21).insert(&db).await;
-    env.sim
-        .set_faults(Faults::fail_next(System::Store, 1, FaultKind::Error))
-        .unwrap();
-    let first = env
-        .approver
-        .attempt(&owner(21), &fence("a", 1))
-        .await
-        .unwrap();
+    env.fail_next(System::Store, FaultKind::Error);
+    let first = env.attempt(&owner(21)).await;
     assert!(
         matches!(first, AttemptOutcome::RetryScheduled { .. }),
         "{first:?}"
@@ -385,11 +342,7 @@ async fn documents_withdrawn_after_the_owner_was_made_stop_the_retry(db: Db) {
 
     let state = env.store.state(21).await.unwrap().unwrap();
     env.clock.set(state.next_retry_time.unwrap());
-    let retry = env
-        .approver
-        .attempt(&candidate(21, Some(state.id)), &fence("a", 1))
-        .await
-        .unwrap();
+    let retry = env.attempt(&candidate(21, Some(state.id))).await;
 
     let AttemptOutcome::RetryScheduled { reason, .. } = retry else {
         panic!("the withdrawn documents must stop the retry: {retry:?}");
@@ -415,11 +368,7 @@ async fn a_resubmitted_request_with_old_results_runs_every_gate_again(db: Db) {
     db.exec("UPDATE approval_request SET owner_number = 7001, store_number = 8001 WHERE id = 22")
         .await;
 
-    let outcome = env
-        .approver
-        .attempt(&owner(22), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&owner(22)).await;
 
     let AttemptOutcome::RetryScheduled { reason, .. } = outcome else {
         panic!("old results must not approve it: {outcome:?}");
@@ -441,15 +390,13 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(db: 
     env.sim.add_store(700, true);
     env.sim.add_store(701, true);
     NewRequest::ready_ad(31, 700).insert(&db).await;
-    env.sim
-        .set_faults(Faults::fail_next(System::Ad, 1, FaultKind::Malformed))
-        .unwrap();
+    env.fail_next(System::Ad, FaultKind::Malformed);
     let ad = Candidate {
         request_id: 31,
         request_type: RequestType::AdContract,
         state_id: None,
     };
-    let first = env.approver.attempt(&ad, &fence("a", 1)).await.unwrap();
+    let first = env.attempt(&ad).await;
     assert!(
         matches!(first, AttemptOutcome::RetryScheduled { .. }),
         "{first:?}"
@@ -465,10 +412,7 @@ async fn a_store_change_after_a_lost_campaign_answer_approves_the_new_store(db: 
         state_id: Some(state.id),
         ..ad
     };
-    assert_eq!(
-        env.approver.attempt(&retry, &fence("a", 1)).await.unwrap(),
-        AttemptOutcome::Approved
-    );
+    assert_eq!(env.attempt(&retry).await, AttemptOutcome::Approved);
 
     let stats = env.sim.stats();
     assert_eq!(stats.key_conflicts, 0, "no key reused with another body");
@@ -492,11 +436,7 @@ async fn without_idempotency_keys_a_lost_answer_is_looked_up_not_made_again(db: 
             FaultKind::Malformed,
         ))
         .unwrap();
-    let first = env
-        .approver
-        .attempt(&owner(41), &fence("a", 1))
-        .await
-        .unwrap();
+    let first = env.attempt(&owner(41)).await;
     assert!(
         matches!(first, AttemptOutcome::RetryScheduled { .. }),
         "{first:?}"
@@ -567,10 +507,7 @@ async fn without_idempotency_keys_or_lookups_a_lost_answer_makes_a_second_owner(
             FaultKind::Malformed,
         ))
         .unwrap();
-    env.approver
-        .attempt(&owner(42), &fence("a", 1))
-        .await
-        .unwrap();
+    env.attempt(&owner(42)).await;
     assert_eq!(
         attempt_due_retry(&env, 42, RequestType::OwnerContract).await,
         AttemptOutcome::Approved
@@ -603,7 +540,7 @@ async fn without_idempotency_keys_a_store_change_after_a_lost_campaign_approves_
         request_type: RequestType::AdContract,
         state_id: None,
     };
-    env.approver.attempt(&ad, &fence("a", 1)).await.unwrap();
+    env.attempt(&ad).await;
     db.exec("UPDATE approval_request SET target_store_number = 701 WHERE id = 43")
         .await;
     assert_eq!(

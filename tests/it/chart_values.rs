@@ -10,45 +10,17 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 
 use crate::support::{
-    Cli, parse_yaml_stream, real_namespace, repo, stdout_of, tool, with_cli_on_test_server,
+    Cli, NAMESPACE, RELEASE, chart, helm_release, parse_yaml_stream, path_str, real_namespace,
+    repo, stdout_of, with_cli_on_test_server,
 };
 
-const RELEASE: &str = "autoapproval";
-const NAMESPACE: &str = "autoapproval";
 /// A well-formed digest (not of any real image: nothing is pulled here).
 pub const DIGEST: &str = "sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
-
-fn chart() -> String {
-    repo()
-        .join("deploy/helm/autoapproval")
-        .to_str()
-        .expect("utf-8 path")
-        .to_owned()
-}
-
-/// `helm <command> autoapproval <chart> -n autoapproval -f ci/minimal-values.yaml <args>`: the
-/// chart with the required URLs.
-fn helm_on_chart(command: &str, args: &[&str]) -> Command {
-    let chart = chart();
-    let minimal = format!("{chart}/ci/minimal-values.yaml");
-    let mut cmd = Command::new(tool("helm"));
-    cmd.args([
-        command,
-        RELEASE,
-        &chart,
-        "--namespace",
-        NAMESPACE,
-        "-f",
-        &minimal,
-    ])
-    .args(args);
-    cmd
-}
 
 /// The chart with every new value set, rendered into `namespace`: what the real API server must
 /// take (the monitors aside: no Prometheus Operator runs there).
 fn every_new_value(namespace: &str) -> String {
-    let cmd = helm_on_chart(
+    let cmd = helm_release(
         "template",
         &[
             "--skip-tests",
@@ -123,7 +95,7 @@ async fn the_real_api_server_takes_every_object_the_new_values_render() {
 /// `helm template` of the chart with the required URLs and `args` (`--set`, `--api-versions`),
 /// the `helm test` Pod included.
 fn helm_template(args: &[&str]) -> Output {
-    helm_on_chart("template", args)
+    helm_release("template", args)
         .output()
         .expect("run helm template")
 }
@@ -369,7 +341,7 @@ fn a_monitor_is_rendered_only_where_its_crd_is_served_and_only_one_of_the_two() 
     );
 
     // An enabled monitor the cluster cannot take is named in the NOTES, not silently dropped.
-    let mut dry = helm_on_chart("install", &["--dry-run=client"]);
+    let mut dry = helm_release("install", &["--dry-run=client"]);
     dry.args(pm);
     let notes = stdout_of(dry, "helm install --dry-run=client");
     assert!(
@@ -636,7 +608,7 @@ async fn a_release_with_crds_enabled_installs_the_crd_and_uninstall_keeps_it() {
 }
 
 fn kept_crd(cli: &Cli) {
-    let chart = chart();
+    let chart = path_str(&chart()).to_owned();
     let crds = || cli.kubectl(&["get", "crds", "-o", "name"]);
     cli.kubectl(&["create", "namespace", NAMESPACE]);
     let minimal = format!("{chart}/ci/minimal-values.yaml");

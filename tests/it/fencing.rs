@@ -7,16 +7,19 @@ use std::time::Duration;
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
+use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{Faults, SimConfig, SimSystem, Simulator};
+use autoapproval_sim::Faults;
 use chrono::Utc;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
 use crate::support::eventually;
-use crate::support::{AsDb, Db, NewRequest, candidate, defaults, on_both, request_view, t0};
+use crate::support::{
+    AsDb, Db, NewRequest, candidate, defaults, on_both, request_view, simulator, slow, t0,
+};
 
 const K: u32 = 4;
 
@@ -183,15 +186,9 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         .insert(&pool)
         .await;
     // The owner service answers slowly: replica a is mid-chain when b takes over.
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-        .await
-        .expect("simulator");
-    sim.set_faults(Faults {
-        latency: Duration::from_millis(1500),
-        system: Some(SimSystem::Owner),
-        ..Faults::default()
-    })
-    .expect("faults");
+    let sim = simulator().await;
+    sim.set_faults(slow(System::Owner, Duration::from_millis(1500)))
+        .expect("faults");
     let config = ApproverConfig {
         heartbeat_interval: Duration::from_millis(200),
         ..defaults().approver
@@ -285,15 +282,9 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(db: Db) {
         .sorted_at(Utc::now())
         .insert(&db)
         .await;
-    let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-        .await
-        .expect("simulator");
-    sim.set_faults(Faults {
-        latency: Duration::from_millis(1500),
-        system: Some(SimSystem::Esign),
-        ..Faults::default()
-    })
-    .expect("faults");
+    let sim = simulator().await;
+    sim.set_faults(slow(System::ESign, Duration::from_millis(1500)))
+        .expect("faults");
     let config = defaults().approver;
     let a_metrics = Metrics::new();
     let replica_a = replica(&sim, db.clone(), a_metrics.clone(), &config);

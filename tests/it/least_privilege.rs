@@ -9,8 +9,6 @@ use std::collections::BTreeSet;
 
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 
-use crate::deploy::ROLE_GRANTS;
-use crate::real_server::log_with_role;
 use crate::support::*;
 
 on_both!(every_verb_the_role_grants_is_called_in_a_replicas_life);

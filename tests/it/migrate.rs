@@ -4,6 +4,8 @@ use std::process::Command;
 
 use sqlx::PgPool;
 
+use crate::support::migrate_twice;
+
 // PostgreSQL only: on_both! gives a migrated database; MySQL's twice-over
 // run on an empty one is mysql::mysql_migrations_apply_twice.
 #[sqlx::test(migrations = false)]
@@ -17,17 +19,7 @@ async fn migrate_twice_against_an_empty_database_succeeds_both_times(pool: PgPoo
         .rsplit_once('/')
         .expect("DATABASE_URL names a database");
     let url = format!("{server}/{name}");
-    for run in 1..=2 {
-        let out = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-            .args(["migrate", "--database-url", &url])
-            .output()
-            .expect("run autoapproval migrate");
-        assert!(
-            out.status.success(),
-            "run {run}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    migrate_twice(&url);
     let (tables,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM information_schema.tables
           WHERE table_name IN ('approval_request', 'approval_request_memo', 'econtract', 'auto_approve_state')",

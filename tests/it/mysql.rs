@@ -19,14 +19,17 @@ use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::support::t0;
+use crate::support::{MysqlScratch, migrate_twice, t0};
 
 /// The wake poller's interval in these tests.
 const POLL: StdDuration = StdDuration::from_millis(20);
 
-/// A scratch database on the server of `MYSQL_URL`, migrated.
+/// A scratch database on the server of `MYSQL_URL` ([`MysqlScratch`]), with our store and the
+/// business system's pool over it.
 struct Scratch {
-    server: String,
+    /// The database's URL.
+    url: String,
+    /// Its name.
     name: String,
     /// Our store, sessions as the controller sets them.
     store: Store,
@@ -34,21 +37,6 @@ struct Scratch {
     pool: MySqlPool,
     /// The business system's pool: the server's defaults (REPEATABLE READ).
     business: MySqlPool,
-}
-
-fn server_url() -> String {
-    std::env::var("MYSQL_URL").unwrap_or_else(|_| {
-        panic!(
-            "MYSQL_URL is not set: the MySQL backend's tests need a MariaDB or MySQL server, \
-             e.g. MYSQL_URL=mysql://root@127.0.0.1:3306/ (scripts/test.sh sets it)"
-        )
-    })
-}
-
-async fn admin(server: &str) -> MySqlConnection {
-    MySqlConnection::connect(server)
-        .await
-        .unwrap_or_else(|e| panic!("cannot reach MYSQL_URL {server}: {e}"))
 }
 
 /// Runs `test` against a fresh migrated database, dropped afterwards even
@@ -67,20 +55,14 @@ where
     F: FnOnce(Scratch) -> Fut,
     Fut: Future<Output = ()>,
 {
-    let server = server_url().trim_end_matches('/').to_owned();
-    let name = format!("aa_test_{:016x}", rand::random::<u64>());
-    admin(&server)
-        .await
-        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-        .await
-        .expect("create scratch database");
-    let url = format!("{server}/{name}");
-    let options: MySqlConnectOptions = url.parse().expect("MYSQL_URL is a mysql:// URL");
-    let pool = mysql::pool(options.clone(), 8, None);
+    let db = if migrated {
+        MysqlScratch::create().await
+    } else {
+        MysqlScratch::unmigrated().await
+    };
+    let pool = db.pool();
     let store = Store::mysql(pool.clone(), pool.clone()).with_wake_poll_interval(POLL);
-    if migrated {
-        store.migrate().await.expect("migrate");
-    }
+    let options: MySqlConnectOptions = db.url().parse().expect("the scratch database's URL");
     // The business sessions keep the server's own defaults.
     let business = MySqlPoolOptions::new()
         .max_connections(4)
@@ -88,17 +70,14 @@ where
         .await
         .expect("business pool");
     let scratch = Scratch {
-        server: server.clone(),
-        name: name.clone(),
+        url: db.url().to_owned(),
+        name: db.name().to_owned(),
         store,
         pool,
         business,
     };
     let outcome = AssertUnwindSafe(test(scratch)).catch_unwind().await;
-    let _ = admin(&server)
-        .await
-        .execute(sqlx::AssertSqlSafe(format!("DROP DATABASE {name}")))
-        .await;
+    db.finish().await;
     if let Err(panic) = outcome {
         std::panic::resume_unwind(panic);
     }
@@ -106,7 +85,7 @@ where
 
 impl Scratch {
     fn url(&self) -> String {
-        format!("{}/{}", self.server, self.name)
+        self.url.clone()
     }
 
     /// A business connection of its own, waiting at most a second for a lock.
@@ -169,17 +148,7 @@ fn new_candidate(id: i64) -> Candidate {
 #[tokio::test]
 async fn mysql_migrations_apply_twice() {
     scratch(false, |db| async move {
-        for run in 1..=2 {
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-                .args(["migrate", "--database-url", &db.url()])
-                .output()
-                .expect("run autoapproval migrate");
-            assert!(
-                out.status.success(),
-                "run {run}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        migrate_twice(&db.url());
         let (tables,): (i64,) = sqlx::query_as(
             "SELECT COUNT(*) FROM information_schema.tables
               WHERE table_schema = DATABASE()

@@ -145,7 +145,7 @@ async fn set_autoapproval_verbs(cluster: &Cluster, verbs: &[&str]) {
 }
 
 on_both!(a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs_on_the_real_server);
-/// `controller::a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs` on
+/// `discovery::a_restarted_replica_approves_new_requests_before_its_cr_cache_syncs` on
 /// the real server: there the test API server fails every list of AutoApprovals on
 /// demand; here the real RBAC authorizer refuses them (403), the chart's Role stripped of
 /// `list` on autoapprovals while the replica restarts, so its cache cannot sync. The

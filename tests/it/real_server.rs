@@ -2,7 +2,7 @@
 //! the chart's ServiceAccount with only what the chart's Role grants: what the test API
 //! server cannot show (authentication, RBAC, server-side apply's field ownership, the
 //! events API as kube-apiserver serves it). The tests written with `on_both_servers!`
-//! (controller.rs) also run here, as `<test>::{postgres,mysql}_real_server`.
+//! (in the other modules) also run here, as `<test>::{postgres,mysql}_real_server`.
 
 use autoapproval::controller::crd::{FIELD_MANAGER, Phase};
 use kube::ResourceExt;
@@ -11,8 +11,8 @@ use crate::support::*;
 
 on_both!(the_status_is_the_service_accounts_by_server_side_apply);
 /// The end-to-end approval on this server is
-/// `controller::an_owner_contract_is_approved_end_to_end::*_real_server`, and kubectl's
-/// views of it `controller::kubectl_get_autoapprovals_shows_the_printer_columns::*`;
+/// `approvals::an_owner_contract_is_approved_end_to_end::*_real_server`, and kubectl's
+/// views of it `crd::kubectl_get_autoapprovals_shows_the_printer_columns::*`;
 /// here what the test API server does not keep: the status written by server-side apply
 /// on the status subresource, owned by the controller's field manager, and the CRD's
 /// spec as `kubectl explain` shows it.
@@ -58,34 +58,6 @@ async fn log_with_rule_removed(db: &Db, resource: &str, id: i64, refused: &str) 
         format!(r#"User "{user}" {refused}"#)
     })
     .await
-}
-
-/// `autoapproval run --replica-name rbac-1 <args>` as the chart's ServiceAccount under the
-/// chart's Role changed by `edit`, with request `id` waiting, until its log holds the line
-/// `until(the ServiceAccount's user name)`; then stopped with SIGTERM: its whole log.
-pub(crate) async fn log_with_role(
-    db: &Db,
-    edit: impl FnOnce(&mut k8s_openapi::api::rbac::v1::Role),
-    args: &[&str],
-    id: i64,
-    until: impl Fn(&str) -> String,
-) -> String {
-    let real = real_namespace(edit).await;
-    let sim = simulator().await;
-    let sim_url = sim.base_url();
-    // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let args = [&["--replica-name", "rbac-1"][..], args].concat();
-    let mut child = spawn_run_on_sim(&real.ns.kubeconfig, db, &args, &sim_url);
-    let log = capture_stderr(&mut child);
-    owner_now(id).insert(db).await;
-    let until = until(&real.ns.service_account_user());
-    eventually(&format!("a log line saying {until}"), || async {
-        log.lock().expect("log").contains(&until).then_some(())
-    })
-    .await;
-    sigterm(child.id().expect("pid"));
-    let _ = child.wait().await;
-    log.lock().expect("log").clone()
 }
 
 on_both!(each_rule_missing_from_the_role_is_named_in_the_log);

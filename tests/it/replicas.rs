@@ -20,7 +20,7 @@ use tokio::process::{Child, Command};
 
 use crate::support::{ApiServer, real_namespace_on, simulator};
 use crate::support::{AsDb, CutProxy, Db, NS, backends, eventually, memos, on_both};
-use crate::support::{database_url, sigterm};
+use crate::support::{database_url, fresh_dir, kubeconfig_in, sigterm};
 
 const SHARDS: u32 = 16;
 /// Lease timings of the tests: short, so failovers happen within seconds.
@@ -118,14 +118,8 @@ impl Fleet {
         if downstream == Downstream::Unkeyed {
             sim.set_idempotency(Idempotency::Ignored);
         }
-        let dir = std::env::temp_dir().join(format!(
-            "aa-fleet-{}-{}",
-            std::process::id(),
-            rand::rng().random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let dir = fresh_dir("fleet");
+        let kubeconfig = kubeconfig_in(&dir, &server);
         let fleet = Fleet {
             server: ApiServer::Test(server),
             client,
@@ -154,12 +148,7 @@ impl Fleet {
         extra_args: &[&str],
     ) -> Fleet {
         let real = real_namespace_on(plane, |_| {}).await;
-        let dir = std::env::temp_dir().join(format!(
-            "aa-fleet-{}-{}",
-            std::process::id(),
-            rand::rng().random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = fresh_dir("fleet");
         let fleet = Fleet {
             client: real.admin.clone(),
             ns: real.ns.name.clone(),
@@ -455,7 +444,7 @@ fn assert_role_grants_what_was_used(server: &ApiServer) {
     let missing: Vec<_> = used
         .iter()
         .filter(|a| {
-            !crate::deploy::ROLE_GRANTS
+            !crate::support::ROLE_GRANTS
                 .iter()
                 .any(|(g, r, v)| a.group == *g && a.resource == *r && a.verb == *v)
         })

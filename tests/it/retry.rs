@@ -16,11 +16,7 @@ async fn an_unmet_condition_waits_the_long_interval_and_leaves_a_memo(db: Db) {
     let mut r = NewRequest::ready_owner(1);
     r.documents_released = false;
     r.insert(&db).await;
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, None), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, None)).await;
     let AttemptOutcome::RetryScheduled {
         reason,
         next_retry_time,
@@ -60,11 +56,7 @@ async fn expect_retry(
     retry_count: i32,
 ) {
     let now = env.clock.now();
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, *state_id), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, *state_id)).await;
     let AttemptOutcome::RetryScheduled {
         reason,
         next_retry_time,
@@ -112,16 +104,10 @@ async fn transient_failures_back_off_exponentially_and_an_unmet_condition_resets
     // …so the next transient failure starts again at the base.
     db.exec("UPDATE approval_request SET documents_released = true WHERE id = 1")
         .await;
-    env.sim
-        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
-        .unwrap();
+    env.fail_next(System::Owner, FaultKind::Error);
     expect_retry(&env, &mut state_id, RetryClass::Transient, 2, 3).await;
     // Then the owner service is healthy again and the request is approved.
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, state_id), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, state_id)).await;
     assert_eq!(outcome, AttemptOutcome::Approved);
 }
 
@@ -130,9 +116,7 @@ async fn reaching_the_retry_limit_stops_selection(db: Db) {
     let env = Env::start(db.clone()).await;
     NewRequest::ready_owner(1).insert(&db).await;
     // The 300th failure: the owner service fails the call.
-    env.sim
-        .set_faults(Faults::fail_next(System::Owner, 1, FaultKind::Error))
-        .unwrap();
+    env.fail_next(System::Owner, FaultKind::Error);
     let state_id = insert_state(
         &db,
         1,
@@ -142,11 +126,7 @@ async fn reaching_the_retry_limit_stops_selection(db: Db) {
         t0(),
     )
     .await;
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, Some(state_id)), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, Some(state_id))).await;
     assert!(
         matches!(
             outcome,
@@ -188,11 +168,7 @@ async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1
     let mut state_id = None;
     let mut waits = 0;
     while env.clock.now() < t0() + Duration::days(3) {
-        let outcome = env
-            .approver
-            .attempt(&candidate(1, state_id), &fence("a", 1))
-            .await
-            .unwrap();
+        let outcome = env.attempt(&candidate(1, state_id)).await;
         let AttemptOutcome::RetryScheduled {
             next_retry_time,
             retry_count,
@@ -210,11 +186,7 @@ async fn a_documents_release_on_day_3_approves_a_request_that_waited_since_day_1
     db.exec("UPDATE approval_request SET documents_released = true WHERE id = 1")
         .await;
 
-    let outcome = env
-        .approver
-        .attempt(&candidate(1, state_id), &fence("a", 1))
-        .await
-        .unwrap();
+    let outcome = env.attempt(&candidate(1, state_id)).await;
     assert_eq!(outcome, AttemptOutcome::Approved);
 }
 
@@ -233,11 +205,7 @@ async fn a_fact_change_revives_an_exhausted_request(db: Db) {
         .unwrap();
     let mut state_id = None;
     for _ in 0..LIMIT {
-        let outcome = env
-            .approver
-            .attempt(&candidate(1, state_id), &fence("a", 1))
-            .await
-            .unwrap();
+        let outcome = env.attempt(&candidate(1, state_id)).await;
         let AttemptOutcome::RetryScheduled {
             next_retry_time, ..
         } = outcome
@@ -248,10 +216,7 @@ async fn a_fact_change_revives_an_exhausted_request(db: Db) {
         env.clock.set(next_retry_time);
     }
     assert_eq!(
-        env.approver
-            .attempt(&candidate(1, state_id), &fence("a", 1))
-            .await
-            .unwrap(),
+        env.attempt(&candidate(1, state_id)).await,
         AttemptOutcome::NotClaimed,
         "exhausted"
     );
@@ -268,10 +233,7 @@ async fn a_fact_change_revives_an_exhausted_request(db: Db) {
     assert_eq!(state.retry_count, 0);
 
     assert_eq!(
-        env.approver
-            .attempt(&candidate(1, Some(state.id)), &fence("a", 1))
-            .await
-            .unwrap(),
+        env.attempt(&candidate(1, Some(state.id))).await,
         AttemptOutcome::Approved
     );
 }

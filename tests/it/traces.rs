@@ -12,8 +12,8 @@ use kube_testserver::TestServer;
 use serde_json::Value;
 
 use crate::support::{
-    AsDb, Db, NS, backends, eventually, free_port, on_both, owner_now, request_status, sigterm,
-    spawn_run,
+    AsDb, Db, NS, backends, eventually, free_port, fresh_dir, kubeconfig_in, on_both, owner_now,
+    request_status, spawn_run, stop_on_sigterm,
 };
 
 /// A test API server with the CRD, the simulator and a kubeconfig for the binary.
@@ -27,10 +27,8 @@ struct Stage {
 impl Stage {
     async fn start(name: &str) -> Stage {
         let (server, _, sim) = backends().await;
-        let dir = std::env::temp_dir().join(format!("aa-{name}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("temp dir");
-        let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+        let dir = fresh_dir(name);
+        let kubeconfig = kubeconfig_in(&dir, &server);
         Stage {
             _server: server,
             sim,
@@ -71,11 +69,7 @@ impl Drop for Stage {
 
 /// Stops `child` with SIGTERM and returns its stderr.
 async fn stop(child: tokio::process::Child) -> String {
-    sigterm(child.id().expect("pid"));
-    let output = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
-        .await
-        .expect("exits within 30 s of SIGTERM")
-        .expect("output");
+    let output = stop_on_sigterm(child, Duration::from_secs(30)).await;
     let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
     assert!(output.status.success(), "{stderr}");
     stderr

@@ -430,18 +430,9 @@ impl Cluster {
 
     /// Runs the real kubectl against the test API server with `args`.
     pub async fn kubectl(&self, args: &[&str]) -> std::process::Output {
-        let dir = std::env::temp_dir().join(format!(
-            "aa-kubectl-{}-{}",
-            std::process::id(),
-            rand::random::<u32>()
-        ));
-        std::fs::create_dir_all(&dir).expect("temp dir");
+        let dir = super::fresh_dir("kubectl");
         let kubeconfig = match &self.server {
-            ApiServer::Test(server) => {
-                let kubeconfig = dir.join("kubeconfig");
-                server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
-                kubeconfig
-            }
+            ApiServer::Test(server) => super::kubeconfig_in(&dir, server),
             // The admin's, as a cluster's operator looks: the ServiceAccount may only
             // do what the controller does.
             ApiServer::Real(real) => real.ns.admin_kubeconfig.clone(),
@@ -488,6 +479,16 @@ impl Cluster {
             .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
             .collect()
     }
+}
+
+/// Calls the simulator has answered, of every kind.
+pub fn total_calls(sim: &SimHandle) -> u64 {
+    sim.stats().calls.values().sum()
+}
+
+/// Status patches the API server has received (the CRs' only patches).
+pub fn status_patches(c: &Cluster) -> u64 {
+    c.api_requests("patch autoapprovals")
 }
 
 /// Reconciles the replica of `c` has finished.

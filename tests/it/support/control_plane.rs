@@ -151,3 +151,31 @@ pub fn without_rule(role: &mut Role, resource: &str) {
     });
     assert_eq!(rules.len() + 1, before, "one rule on {resource}");
 }
+
+/// `autoapproval run --replica-name rbac-1 <args>` as the chart's ServiceAccount under the
+/// chart's Role changed by `edit`, with request `id` waiting, until its log holds the line
+/// `until(the ServiceAccount's user name)`; then stopped with SIGTERM: its whole log.
+pub async fn log_with_role(
+    db: &super::Db,
+    edit: impl FnOnce(&mut Role),
+    args: &[&str],
+    id: i64,
+    until: impl Fn(&str) -> String,
+) -> String {
+    let real = super::real_namespace(edit).await;
+    let sim = super::simulator().await;
+    let sim_url = sim.base_url();
+    // No --namespace: the kubeconfig's, as a pod's own namespace would be.
+    let args = [&["--replica-name", "rbac-1"][..], args].concat();
+    let mut child = super::spawn_run_on_sim(&real.ns.kubeconfig, db, &args, &sim_url);
+    let log = super::capture_stderr(&mut child);
+    super::owner_now(id).insert(db).await;
+    let until = until(&real.ns.service_account_user());
+    eventually(&format!("a log line saying {until}"), || async {
+        log.lock().expect("log").contains(&until).then_some(())
+    })
+    .await;
+    super::sigterm(child.id().expect("pid"));
+    let _ = child.wait().await;
+    log.lock().expect("log").clone()
+}

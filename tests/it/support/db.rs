@@ -215,12 +215,25 @@ impl Business {
 pub struct MysqlScratch {
     admin: MySqlPool,
     name: String,
-    db: Db,
+    url: String,
+    pool: MySqlPool,
 }
 
 impl MysqlScratch {
     /// Creates the database and applies the MySQL migrations.
     pub async fn create() -> MysqlScratch {
+        let scratch = MysqlScratch::unmigrated().await;
+        scratch
+            .db()
+            .store()
+            .migrate()
+            .await
+            .expect("MySQL migrations apply");
+        scratch
+    }
+
+    /// Creates the database, empty: for the tests of the migrations themselves.
+    pub async fn unmigrated() -> MysqlScratch {
         use std::sync::atomic::{AtomicU32, Ordering};
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let server = std::env::var("MYSQL_URL").unwrap_or_else(|_| {
@@ -269,14 +282,32 @@ impl MysqlScratch {
         let options: sqlx::mysql::MySqlConnectOptions =
             url.parse().expect("the scratch database's URL");
         let pool = mysql::pool(options, 16, None);
-        let db = Db::Mysql(pool);
-        db.store().migrate().await.expect("MySQL migrations apply");
-        MysqlScratch { admin, name, db }
+        MysqlScratch {
+            admin,
+            name,
+            url,
+            pool,
+        }
+    }
+
+    /// The database's name, as the server's messages show it.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The database's URL, as `run` and `migrate` would be given it.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// The pool over it, sessions as the product sets them.
+    pub fn pool(&self) -> MySqlPool {
+        self.pool.clone()
     }
 
     /// The scratch database.
     pub fn db(&self) -> Db {
-        self.db.clone()
+        Db::Mysql(self.pool.clone())
     }
 
     /// Closes the pool and drops the database.
@@ -284,10 +315,9 @@ impl MysqlScratch {
         // close() waits for every connection checked out; one still held
         // by a task the test left behind hung a run for ten minutes, so it
         // gets a bound: the DROP below does not need the pool closed.
-        if let Db::Mysql(pool) = &self.db
-            && tokio::time::timeout(std::time::Duration::from_secs(10), pool.close())
-                .await
-                .is_err()
+        if tokio::time::timeout(std::time::Duration::from_secs(10), self.pool.close())
+            .await
+            .is_err()
         {
             eprintln!(
                 "scratch database {}: pool not closed in 10 s; dropped anyway",

@@ -12,7 +12,7 @@ use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::store::{DatabaseArgs, SessionArgs, Store};
 use autoapproval::telemetry::Metrics;
-use autoapproval_sim::{Faults, SimConfig, SimHandle, SimSystem, Simulator};
+use autoapproval_sim::{FaultKind, Faults, SimHandle, SimSystem};
 use chrono::{DateTime, TimeZone, Utc};
 
 use super::db::AsDb;
@@ -97,9 +97,7 @@ impl Env {
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
         approver_config: ApproverConfig,
     ) -> Env {
-        let sim = Simulator::start("127.0.0.1:0".parse().expect("addr"), SimConfig::default())
-            .await
-            .expect("simulator starts");
+        let sim = super::simulator().await;
         let config = adjust(ExternalArgs::all_at(sim.base_url()).expect("defaults"));
         let external = HttpExternalSystems::build(&config).expect("external clients");
         let clock = ManualClock::new(t0());
@@ -119,6 +117,21 @@ impl Env {
             metrics,
             approver,
         }
+    }
+
+    /// Attempts `candidate` as the tests' usual worker: "a" with token 1.
+    pub async fn attempt(&self, candidate: &Candidate) -> AttemptOutcome {
+        self.approver
+            .attempt(candidate, &fence("a", 1))
+            .await
+            .unwrap()
+    }
+
+    /// Makes the next call of `system` fail as `kind`.
+    pub fn fail_next(&self, system: System, kind: FaultKind) {
+        self.sim
+            .set_faults(Faults::fail_next(system, 1, kind))
+            .unwrap();
     }
 }
 
@@ -146,7 +159,7 @@ pub async fn attempt_due_retry(env: &Env, id: i64, request_type: RequestType) ->
         request_type,
         state_id: Some(state.id),
     };
-    env.approver.attempt(&retry, &fence("a", 1)).await.unwrap()
+    env.attempt(&retry).await
 }
 
 /// Calls of `system` that take `latency`, every other call at once.

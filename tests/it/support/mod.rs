@@ -5,12 +5,15 @@
 //!   (each database on the test API server and on the real kube-apiserver);
 //! - `engine`: an approver, the simulator and a manual clock over the test's database;
 //! - `rows`: request and state rows as the business system and earlier attempts leave them;
+//! - `chart`: the chart rendered by `helm template`, its values schema and the Role's grants;
 //! - `cluster`: the test API server (or the real one), the simulator and one replica in this process;
 //! - `control_plane`: the real kube-apiserver and etcd, a namespace per test with the chart's RBAC;
 //! - `kubelet`: the Job controller and kubelet the tests play, the replica as the pod's ServiceAccount;
-//! - `processes`: the real binary as a child process, signals, `/metrics`;
+//! - `processes`: the real binary as a child process, signals, `/metrics`, a fresh directory and
+//!   kubeconfig for it;
 //! - `tools`: the real kubectl and helm against one test API server.
 
+pub mod chart;
 pub mod cluster;
 pub mod control_plane;
 pub mod db;
@@ -20,6 +23,7 @@ pub mod processes;
 pub mod rows;
 pub mod tools;
 
+pub use chart::*;
 pub use cluster::*;
 pub use control_plane::*;
 pub use db::*;

@@ -1,5 +1,6 @@
 //! Child processes the tests start: the real `autoapproval` binary with
-//! the test's database, signals as a kubelet sends them, and its `/metrics`.
+//! the test's database, signals as a kubelet sends them, and its `/metrics`;
+//! a fresh directory and a kubeconfig for a child process.
 
 use super::db::AsDb;
 
@@ -158,6 +159,59 @@ pub fn capture_stderr(
         }
     });
     log
+}
+
+/// A fresh directory for one test's files, `autoapproval-<tag>-<pid>-<n>` under the system's
+/// temporary directory: numbered within this process, and emptied first should a dead run of
+/// the same pid have left one.
+pub fn fresh_dir(tag: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "autoapproval-{tag}-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a fresh directory");
+    dir
+}
+
+/// The kubeconfig of the test API server `server`, written into `dir`.
+pub fn kubeconfig_in(
+    dir: &std::path::Path,
+    server: &kube_testserver::TestServer,
+) -> std::path::PathBuf {
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    kubeconfig
+}
+
+/// Runs `autoapproval migrate` on the database of `url` twice; each run must succeed.
+pub fn migrate_twice(url: &str) {
+    for run in 1..=2 {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(["migrate", "--database-url", url])
+            .output()
+            .expect("run autoapproval migrate");
+        assert!(
+            out.status.success(),
+            "run {run}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Sends `child` SIGTERM and waits for it to exit, at most `within`: its output.
+pub async fn stop_on_sigterm(
+    child: tokio::process::Child,
+    within: std::time::Duration,
+) -> std::process::Output {
+    sigterm(child.id().expect("pid"));
+    tokio::time::timeout(within, child.wait_with_output())
+        .await
+        .unwrap_or_else(|_| panic!("exits within {within:?} of SIGTERM"))
+        .expect("output")
 }
 
 /// A port nothing listens on now.

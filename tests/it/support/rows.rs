@@ -141,6 +141,16 @@ pub async fn request_view(db: &impl AsDb, id: i64) -> RequestView {
         .expect("request row"))
 }
 
+/// Whether request `id` has a state row (a chain started and not yet finished).
+pub async fn state_exists(db: &impl AsDb, id: i64) -> bool {
+    db.db()
+        .fetch_i64(&format!(
+            "SELECT count(*) FROM auto_approve_state WHERE request_id = {id}"
+        ))
+        .await
+        > 0
+}
+
 pub async fn state_count(db: &impl AsDb) -> i64 {
     db.db()
         .fetch_i64("SELECT count(*) FROM auto_approve_state")

@@ -94,9 +94,8 @@ pub async fn with_cli_on_test_server(f: impl FnOnce(&Cli) + Send + 'static) {
 
 impl Cli {
     pub fn new(server: &kube_testserver::TestServer) -> Cli {
-        let dir = Self::scratch();
-        let kubeconfig = dir.join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
+        let dir = super::fresh_dir("cli");
+        let kubeconfig = super::kubeconfig_in(&dir, server);
         Cli { dir, kubeconfig }
     }
 
@@ -104,22 +103,9 @@ impl Cli {
     /// removed.
     pub fn with_kubeconfig(kubeconfig: &Path) -> Cli {
         Cli {
-            dir: Self::scratch(),
+            dir: super::fresh_dir("cli"),
             kubeconfig: kubeconfig.to_owned(),
         }
-    }
-
-    /// A fresh scratch directory of this process.
-    fn scratch() -> PathBuf {
-        use std::sync::atomic::{AtomicU32, Ordering};
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "autoapproval-cli-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
     }
 
     /// `program` (a path, or a name resolved by PATH) with this server's kubeconfig, kubectl's
