@@ -9,7 +9,7 @@ use std::panic::AssertUnwindSafe;
 use std::time::{Duration as StdDuration, Instant};
 
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
-use autoapproval::store::mysql::{self, Flavour, flavour_of};
+use autoapproval::store::mysql::{Flavour, flavour_of};
 use autoapproval::store::{
     ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
     SessionArgs, ShardFilter, StepResult, Store, StoreError,
