@@ -9,9 +9,7 @@ use std::time::Duration;
 use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions, Database};
 
-use super::mysql::MysqlStore;
-use super::postgres::PgStore;
-use super::{Backend, Store, StoreError};
+use super::StoreError;
 use crate::flags::parse_duration;
 
 /// How long one start-up connection attempt may take before it is reported.
@@ -177,45 +175,6 @@ impl fmt::Display for DatabaseUrl {
 impl fmt::Debug for DatabaseUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.shown)
-    }
-}
-
-// === impl Store ===
-
-impl Store {
-    /// Connects to the database the URL names, on the backend its scheme
-    /// picks (PostgreSQL, or MySQL 8 / MariaDB), its primary and its read
-    /// pool (the primary when no replica is set), reaching each once first so
-    /// that a wrong host, port, password or name is reported at once.
-    pub async fn connect(
-        config: &DatabaseArgs,
-        session: Option<&SessionArgs>,
-    ) -> Result<Self, StoreError> {
-        if config.db_max_connections == 0 {
-            return Err(StoreError::Config {
-                setting: "--db-max-connections",
-                message: "must be at least 1".into(),
-            });
-        }
-        if config.wake_poll_interval.is_zero() {
-            return Err(StoreError::Config {
-                setting: "--wake-poll-interval",
-                message: "must be more than 0".into(),
-            });
-        }
-        let read_is_mysql = config.read_database_url.as_ref().map(DatabaseUrl::is_mysql);
-        if read_is_mysql.is_some_and(|read| read != config.database_url.is_mysql()) {
-            return Err(StoreError::Config {
-                setting: "--read-database-url",
-                message: "must name the same kind of database as --database-url".into(),
-            });
-        }
-        let backend = if config.database_url.is_mysql() {
-            Backend::Mysql(MysqlStore::connect(config, session).await?)
-        } else {
-            Backend::Postgres(PgStore::connect(config, session).await?)
-        };
-        Ok(Store { backend })
     }
 }
 

@@ -3,9 +3,12 @@
 //!
 //! Each capability (claims, candidates, wakes, …) is a trait declared in its
 //! own module here, with the public method on [`Store`] that callers use.
-//! What both backends share lives here too: the row types, connecting and
-//! pinging. `postgres/` and `mysql/` implement every trait, each with its
-//! own SQL next to its methods and only what truly differs.
+//! What both backends share lives in the modules here too: the row types,
+//! the URL, pools and pinging (`connect`). `postgres/` and `mysql/` implement
+//! every trait, each with its own SQL next to its methods and only what truly
+//! differs. Only this file names the backends: it picks one (`Store::connect`)
+//! and dispatches to it (`Backend`, `ChangeSource`), so the modules below it
+//! never import each other in a circle.
 //! Candidate queries run on the read pool; every re-read, claim and write
 //! runs on the primary, because replica lag is exactly what makes a claimed
 //! request still look like a candidate.
@@ -79,7 +82,7 @@ pub use claims::{ClaimOutcome, Completion, RetryWrite, StepResult};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use ledger::Memo;
-pub use notify::{RequestChange, RequestChanges};
+pub use notify::RequestChange;
 pub use pause::Pause;
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
@@ -193,9 +196,82 @@ impl Pool {
     }
 }
 
+// === impl RequestChanges ===
+
+/// The stream of request changes: the primary's notifications on
+/// PostgreSQL, the wake table's new rows on MySQL / MariaDB.
+pub struct RequestChanges {
+    source: ChangeSource,
+}
+
+/// Where a backend's changes come from.
+pub(crate) enum ChangeSource {
+    /// PostgreSQL's LISTEN connection.
+    Postgres(postgres::Listener),
+    /// The wake-table poller on MySQL / MariaDB.
+    Mysql(mysql::MysqlRequestChanges),
+}
+
+impl RequestChanges {
+    pub(crate) fn new(source: ChangeSource) -> Self {
+        Self { source }
+    }
+
+    /// Waits for the next change.
+    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
+        match &mut self.source {
+            ChangeSource::Postgres(listener) => listener.next().await,
+            ChangeSource::Mysql(poller) => poller.next().await,
+        }
+    }
+
+    /// A change already received, without waiting.
+    pub fn next_buffered(&mut self) -> Option<RequestChange> {
+        match &mut self.source {
+            ChangeSource::Postgres(listener) => listener.next_buffered(),
+            ChangeSource::Mysql(poller) => poller.next_buffered(),
+        }
+    }
+}
+
 // === impl Store ===
 
 impl Store {
+    /// Connects to the database the URL names, on the backend its scheme
+    /// picks (PostgreSQL, or MySQL 8 / MariaDB), its primary and its read
+    /// pool (the primary when no replica is set), reaching each once first so
+    /// that a wrong host, port, password or name is reported at once.
+    pub async fn connect(
+        config: &DatabaseArgs,
+        session: Option<&SessionArgs>,
+    ) -> Result<Self, StoreError> {
+        if config.db_max_connections == 0 {
+            return Err(StoreError::Config {
+                setting: "--db-max-connections",
+                message: "must be at least 1".into(),
+            });
+        }
+        if config.wake_poll_interval.is_zero() {
+            return Err(StoreError::Config {
+                setting: "--wake-poll-interval",
+                message: "must be more than 0".into(),
+            });
+        }
+        let read_is_mysql = config.read_database_url.as_ref().map(DatabaseUrl::is_mysql);
+        if read_is_mysql.is_some_and(|read| read != config.database_url.is_mysql()) {
+            return Err(StoreError::Config {
+                setting: "--read-database-url",
+                message: "must name the same kind of database as --database-url".into(),
+            });
+        }
+        let backend = if config.database_url.is_mysql() {
+            Backend::Mysql(mysql::MysqlStore::connect(config, session).await?)
+        } else {
+            Backend::Postgres(postgres::PgStore::connect(config, session).await?)
+        };
+        Ok(Store { backend })
+    }
+
     /// A store on PostgreSQL over pools the caller made (tests, the lab);
     /// `read` serves the candidate queries.
     pub fn postgres(primary: PgPool, read: PgPool) -> Self {

@@ -1,7 +1,7 @@
 //! Wakes: the LISTEN connection for the triggers' NOTIFY, and the wake a
 //! caller records for a change the database did not see.
 
-use super::{ShardFilter, StoreError, postgres};
+use super::{RequestChanges, ShardFilter, StoreError};
 use chrono::{DateTime, Utc};
 
 /// One notification from the request-changed channel.
@@ -14,42 +14,6 @@ pub enum RequestChange {
     /// The connection dropped and was re-established: notifications may
     /// have been missed, so the caller should run a full turn.
     Reconnected,
-}
-
-/// The stream of request changes: the primary's notifications on
-/// PostgreSQL, the wake table's new rows on MySQL / MariaDB.
-pub struct RequestChanges {
-    source: ChangeSource,
-}
-
-/// Where a backend's changes come from.
-pub(crate) enum ChangeSource {
-    /// PostgreSQL's LISTEN connection.
-    Postgres(postgres::Listener),
-    /// The wake-table poller on MySQL / MariaDB.
-    Mysql(super::mysql::MysqlRequestChanges),
-}
-
-impl RequestChanges {
-    pub(crate) fn new(source: ChangeSource) -> Self {
-        Self { source }
-    }
-
-    /// Waits for the next change.
-    pub async fn next(&mut self) -> Result<RequestChange, StoreError> {
-        match &mut self.source {
-            ChangeSource::Postgres(listener) => listener.next().await,
-            ChangeSource::Mysql(poller) => poller.next().await,
-        }
-    }
-
-    /// A change already received, without waiting.
-    pub fn next_buffered(&mut self) -> Option<RequestChange> {
-        match &mut self.source {
-            ChangeSource::Postgres(listener) => listener.next_buffered(),
-            ChangeSource::Mysql(poller) => poller.next_buffered(),
-        }
-    }
 }
 
 impl RequestChange {

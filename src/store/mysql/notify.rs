@@ -15,8 +15,7 @@ use tokio::time::Instant;
 
 use super::{CHUNK, MysqlStore, db, give_up, placeholders};
 use crate::store::connect;
-use crate::store::notify::ChangeSource;
-use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
+use crate::store::{ChangeSource, RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
 /// Rows read per statement, by the poller and by `apply_wakes`.
 const BATCH: i64 = 1000;

@@ -5,8 +5,7 @@ use chrono::{DateTime, Utc};
 use sqlx::postgres::PgListener;
 
 use super::{PgStore, db};
-use crate::store::notify::ChangeSource;
-use crate::store::{RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
+use crate::store::{ChangeSource, RequestChange, RequestChanges, ShardFilter, StoreError, Wakes};
 
 /// The NOTIFY channel of migration 0004: payload is the request id as text.
 const REQUEST_CHANGED_CHANNEL: &str = "autoapproval_request_changed";
