@@ -13,13 +13,13 @@ use chrono::{DateTime, Utc};
 use tracing::{Instrument, debug, info, warn};
 
 use crate::clock::SharedClock;
+use crate::db::{
+    CandidateQuery, ClaimOutcome, Completion, Database, DbError, RetryWrite, ShardFilter,
+};
 use crate::domain::{Candidate, Claim, Fence, RequestStatus, RequestType};
 use crate::external::ExternalSystems;
 use crate::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason, Step};
 use crate::retry::{RetryClass, RetryPolicy};
-use crate::store::{
-    CandidateQuery, ClaimOutcome, Completion, RetryWrite, ShardFilter, Store, StoreError,
-};
 use crate::telemetry::Metrics;
 
 /// How often a running chain checks that its shard is still held: the
@@ -85,7 +85,7 @@ pub struct ApproverConfig {
 /// Runs attempts, one per request at a time in this process: for the
 /// controller's reconcile (and, with `test-support`, the seed's poll turn).
 pub struct Approver {
-    store: Store,
+    store: Database,
     external: ExternalSystems,
     clock: SharedClock,
     metrics: Metrics,
@@ -123,7 +123,7 @@ impl Drop for Running<'_> {
 impl Approver {
     /// With the chain owner → store for owner contracts, ad campaign for ads.
     pub fn new(
-        store: Store,
+        store: Database,
         external: ExternalSystems,
         clock: SharedClock,
         metrics: Metrics,
@@ -145,7 +145,7 @@ impl Approver {
     /// of this process is working on: a chain whose outcome could not be
     /// written (the database failed under it, and then the release too)
     /// leaves its claim IN_PROGRESS with nobody on it. Due again at once.
-    pub async fn release_idle(&self, holder: &str, tokens: &[i64]) -> Result<Vec<i64>, StoreError> {
+    pub async fn release_idle(&self, holder: &str, tokens: &[i64]) -> Result<Vec<i64>, DbError> {
         let _joining = self.joining.lock().await;
         let running: Vec<i64> = self
             .running
@@ -189,7 +189,7 @@ impl Approver {
 
     /// The database the attempts claim in and write to; reconcile reads
     /// the truth through it.
-    pub fn store(&self) -> &Store {
+    pub fn database(&self) -> &Database {
         &self.store
     }
 
@@ -205,7 +205,7 @@ impl Approver {
         &self,
         candidate: &Candidate,
         fence: &Fence,
-    ) -> Result<AttemptOutcome, StoreError> {
+    ) -> Result<AttemptOutcome, DbError> {
         self.attempt_since(candidate, fence, None, &|| true).await
     }
 
@@ -219,7 +219,7 @@ impl Approver {
         fence: &Fence,
         eligible_at: Option<DateTime<Utc>>,
         held: &(dyn Fn() -> bool + Send + Sync),
-    ) -> Result<AttemptOutcome, StoreError> {
+    ) -> Result<AttemptOutcome, DbError> {
         // The claim's fencing token tells apart two holders' lines about one request.
         let span = tracing::info_span!(
             "attempt",
@@ -238,7 +238,7 @@ impl Approver {
         fence: &Fence,
         eligible_at: Option<DateTime<Utc>>,
         held: &(dyn Fn() -> bool + Send + Sync),
-    ) -> Result<AttemptOutcome, StoreError> {
+    ) -> Result<AttemptOutcome, DbError> {
         let Some(_running) = self.join_running(candidate.request_id).await else {
             // Discovery's attempt before the cache's sync and the
             // Controller's reconcile of the same CR, say: the one running
@@ -319,7 +319,7 @@ impl Approver {
                             // Unreachable for this too: the claim is given
                             // back below, and the first failure reported.
                             .map_err(|scheduling| match error {
-                                ChainError::Store(first) => first,
+                                ChainError::Database(first) => first,
                                 _ => scheduling,
                             })
                     }
@@ -445,7 +445,7 @@ impl Approver {
         Ok(result)
     }
 
-    async fn closed_status(&self, claim: &Claim) -> Result<RequestStatus, StoreError> {
+    async fn closed_status(&self, claim: &Claim) -> Result<RequestStatus, DbError> {
         Ok(self
             .store
             .request(claim.request_id)
@@ -461,7 +461,7 @@ impl Approver {
         step: Step,
         reason: RetryReason,
         due: Option<DateTime<Utc>>,
-    ) -> Result<AttemptOutcome, StoreError> {
+    ) -> Result<AttemptOutcome, DbError> {
         let now = self.clock.now();
         let (transient, next_retry_time) = retry_due(
             &self.config.retry,
@@ -603,7 +603,7 @@ fn after_chain_error(error: &ChainError, step: Step) -> Settle {
     match error {
         ChainError::FenceLost(_) => Settle::TakenOver,
         ChainError::ShardLost(_) => Settle::ShardLost,
-        ChainError::Store(StoreError::Malformed { error, .. }) => Settle::Park {
+        ChainError::Database(DbError::Malformed { error, .. }) => Settle::Park {
             column: error.column,
             value: error.value.clone(),
             reason: RetryReason::condition(format!("malformed row: {error}")),
@@ -612,7 +612,7 @@ fn after_chain_error(error: &ChainError, step: Step) -> Settle {
         // attempt: released uncounted, it would be claimed and its external
         // calls repeated every poll, for ever. Counted as a transient retry,
         // it backs off and the limit ends it.
-        ChainError::Store(error) => Settle::Retry {
+        ChainError::Database(error) => Settle::Retry {
             step,
             reason: RetryReason::transient(format!("store error: {error}")),
             due: None,
@@ -661,12 +661,12 @@ mod tests {
     #[test]
     fn each_way_a_chain_ends_settles_as_named() {
         let not_signed = RetryReason::condition("e-contract not signed");
-        let store_down = StoreError::Database {
+        let store_down = DbError::Database {
             operation: "save the owner number",
             source: sqlx::Error::PoolTimedOut,
         };
         let store_down_reason = format!("store error: {store_down}");
-        let malformed = StoreError::Malformed {
+        let malformed = DbError::Malformed {
             request_id: 7,
             error: UnknownValue {
                 column: "approval_request.status",
@@ -733,7 +733,7 @@ mod tests {
             ),
             (
                 "a malformed row is parked as an unmet condition",
-                after_chain_error(&ChainError::Store(malformed), Step::Store),
+                after_chain_error(&ChainError::Database(malformed), Step::Store),
                 Settle::Park {
                     column: "approval_request.status",
                     value: "WHATEVER".into(),
@@ -744,7 +744,7 @@ mod tests {
             ),
             (
                 "a database failure after the claim is a counted transient retry",
-                after_chain_error(&ChainError::Store(store_down), Step::Store),
+                after_chain_error(&ChainError::Database(store_down), Step::Store),
                 retry(Step::Store, RetryReason::transient(store_down_reason), None),
             ),
         ];

@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::clock::SharedClock;
-use crate::store::Store;
+use crate::db::Database;
 use crate::telemetry::Metrics;
 
 /// How long the pings of one census may take before every pool counts as down.
@@ -32,7 +32,7 @@ pub struct CensusConfig {
 /// Counts and publishes; see the module doc.
 pub struct Census {
     /// Where it counts.
-    pub store: Store,
+    pub store: Database,
     /// "Now" for the backlog's age.
     pub clock: SharedClock,
     /// Where it publishes.
@@ -103,7 +103,7 @@ impl Census {
         let counted = async {
             let census = self.store.census(limit).await?;
             let oldest = self.store.oldest_eligible(window_start, now, limit).await?;
-            Ok::<_, crate::store::StoreError>((census, oldest))
+            Ok::<_, crate::db::DbError>((census, oldest))
         };
         match counted.await {
             Ok((census, oldest)) => {

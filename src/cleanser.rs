@@ -7,12 +7,12 @@ use std::time::Duration;
 use tracing::info;
 
 use crate::clock::SharedClock;
-use crate::store::{CleanseReport, Store, StoreError};
+use crate::db::{CleanseReport, Database, DbError};
 use crate::telemetry::Metrics;
 
 /// Runs cleanser passes.
 pub struct Cleanser {
-    store: Store,
+    store: Database,
     clock: SharedClock,
     metrics: Metrics,
     stuck_threshold: Duration,
@@ -23,7 +23,7 @@ impl Cleanser {
     /// The threshold must be well above the longest chain, or a live claim
     /// would be taken for a dead one.
     pub fn new(
-        store: Store,
+        store: Database,
         clock: SharedClock,
         metrics: Metrics,
         stuck_threshold: Duration,
@@ -37,7 +37,7 @@ impl Cleanser {
     }
 
     /// The store.
-    pub fn store(&self) -> &Store {
+    pub fn database(&self) -> &Database {
         &self.store
     }
 
@@ -51,7 +51,7 @@ impl Cleanser {
         shard: u32,
         token: i64,
         holder: &str,
-    ) -> Result<Option<Vec<i64>>, StoreError> {
+    ) -> Result<Option<Vec<i64>>, DbError> {
         let now = self.clock.now();
         let recovered = self
             .store
@@ -70,7 +70,7 @@ impl Cleanser {
     }
 
     /// One pass.
-    pub async fn run_once(&self) -> Result<CleanseReport, StoreError> {
+    pub async fn run_once(&self) -> Result<CleanseReport, DbError> {
         let now = self.clock.now();
         let report = self.store.cleanse(self.stuck_threshold, now).await?;
         self.metrics

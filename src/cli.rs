@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::store::{DatabaseArgs, Store, StoreError};
+use crate::db::{Database, DatabaseArgs, DbError};
 
 /// Auto-approves contract requests kept in PostgreSQL.
 #[derive(Parser, Debug)]
@@ -48,7 +48,7 @@ pub struct MigrateArgs {
 pub enum CliError {
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// A setting is invalid.
     #[error(transparent)]
     Setting(#[from] crate::flags::SettingError),
@@ -106,7 +106,7 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
     match cli.command {
         Command::Migrate(args) => {
             // Migrations may wait for locks and build indexes: no session limits.
-            let store = Store::connect(&args.database, None).await?;
+            let store = Database::connect(&args.database, None).await?;
             store.migrate().await?;
             tracing::info!("migrations applied");
             Ok(())
@@ -150,7 +150,7 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         None => own_name().ok_or(CliError::NoReplicaName)?,
     };
     let settings = args.controller.config(namespace, replica_name)?;
-    let store = Store::connect(&args.database, Some(&args.session)).await?;
+    let store = Database::connect(&args.database, Some(&args.session)).await?;
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

@@ -15,7 +15,7 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 
-use crate::store::Store;
+use crate::db::Database;
 use crate::telemetry::Metrics;
 
 /// How long a readiness check may take.
@@ -24,7 +24,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 /// What `/healthz` and `/readyz` check.
 #[derive(Clone)]
 pub struct Health {
-    store: Store,
+    store: Database,
     client: kube::Client,
     synced: Arc<AtomicBool>,
     metrics: Metrics,
@@ -41,7 +41,7 @@ struct ApiContact {
 
 impl Health {
     /// Checks over these components; not synced yet.
-    pub fn new(store: Store, client: kube::Client, metrics: Metrics) -> Self {
+    pub fn new(store: Database, client: kube::Client, metrics: Metrics) -> Self {
         Self {
             store,
             client,

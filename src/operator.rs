@@ -6,8 +6,8 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
+use crate::db::{Database, DatabaseArgs, DbError, Memo, Pause};
 use crate::domain::{Request, State, StateStatus};
-use crate::store::{DatabaseArgs, Memo, Pause, Store, StoreError};
 
 /// Arguments of `autoapproval request`.
 #[derive(clap::Args, Debug)]
@@ -64,7 +64,7 @@ pub enum RequestAction {
 pub enum RequestError {
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// The action cannot be done, and why.
     #[error("{0}")]
     Refused(String),
@@ -75,7 +75,7 @@ const SHOWN_HISTORY: usize = 5;
 
 /// Runs `autoapproval request …`, returning what to print.
 pub async fn run(args: &RequestArgs) -> Result<String, RequestError> {
-    let store = Store::connect(&args.database, None).await?;
+    let store = Database::connect(&args.database, None).await?;
     match &args.action {
         RequestAction::Show { id } => show(&store, *id).await,
         RequestAction::History { id } => {
@@ -106,14 +106,14 @@ fn time(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(SecondsFormat::Secs, true)
 }
 
-async fn existing(store: &Store, id: i64) -> Result<Request, RequestError> {
+async fn existing(store: &Database, id: i64) -> Result<Request, RequestError> {
     store
         .request(id)
         .await?
         .ok_or_else(|| RequestError::Refused(format!("request {id} does not exist")))
 }
 
-async fn show(store: &Store, id: i64) -> Result<String, RequestError> {
+async fn show(store: &Database, id: i64) -> Result<String, RequestError> {
     let r = existing(store, id).await?;
     let state = store.state(id).await?;
     let pause = store.pause_of(id).await?;
@@ -221,7 +221,7 @@ fn write_history(out: &mut String, history: &[Memo]) {
 }
 
 async fn retry(
-    store: &Store,
+    store: &Database,
     id: i64,
     who: &str,
     retry_limit: i32,
@@ -255,7 +255,7 @@ async fn retry(
     }))
 }
 
-async fn pause(store: &Store, id: i64, who: &str) -> Result<String, RequestError> {
+async fn pause(store: &Database, id: i64, who: &str) -> Result<String, RequestError> {
     let r = existing(store, id).await?;
     if let Some(p) = store.pause_of(id).await? {
         return Err(RequestError::Refused(format!(
@@ -272,7 +272,7 @@ async fn pause(store: &Store, id: i64, who: &str) -> Result<String, RequestError
     ))
 }
 
-async fn resume(store: &Store, id: i64) -> Result<String, RequestError> {
+async fn resume(store: &Database, id: i64) -> Result<String, RequestError> {
     existing(store, id).await?;
     match store.pause_of(id).await? {
         None => Err(RequestError::Refused(format!("request {id} is not paused"))),

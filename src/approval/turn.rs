@@ -8,8 +8,8 @@ use futures::StreamExt;
 use tracing::warn;
 
 use super::{Approver, AttemptOutcome, TurnConfig};
+use crate::db::{DbError, ShardFilter};
 use crate::domain::{Candidate, Fence, RequestType};
-use crate::store::{ShardFilter, StoreError};
 
 /// What one turn did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -39,7 +39,7 @@ pub async fn run_turn(
     turn: &TurnConfig,
     fence: &Fence,
     shards: Option<ShardFilter>,
-) -> Result<TurnReport, StoreError> {
+) -> Result<TurnReport, DbError> {
     let now = approver.clock.now();
     let mut candidates = Vec::new();
     for request_type in RequestType::AUTO_APPROVABLE {

@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::approval::{ApproverConfig, TurnConfig};
+use crate::db::{DatabaseArgs, SessionArgs};
 use crate::external::http::ExternalArgs;
 pub use crate::flags::SettingError;
 use crate::flags::{format_duration, parse_duration};
 use crate::retry::RetryPolicy;
-use crate::store::{DatabaseArgs, SessionArgs};
 
 use super::discovery::DiscoveryConfig;
 use super::gc::GcConfig;

@@ -6,7 +6,7 @@
 //!
 //! A turn does not step over the requests that wait. It reads the new
 //! requests above a cursor (the newest request id when the last turn
-//! began) and the due retries ([`Store::fresh_candidates`]); the whole
+//! began) and the due retries ([`Database::fresh_candidates`]); the whole
 //! candidate query, which reads every open request of the held shards,
 //! runs for a few shards per poll in rotation, so that each held shard is
 //! swept once every [`SWEEP_TURNS`] polls: that sweep finds what the cursor
@@ -18,7 +18,7 @@
 //! Whichever paths found them (the fresh query, the sweep, a notification),
 //! a turn takes at most each type's limit, in the candidate queries' order:
 //! by status, then oldest `sort_time`. The paths' finds are merged into one
-//! list by [`Store::candidates_among`], which keeps that order; while a
+//! list by [`Database::candidates_among`], which keeps that order; while a
 //! backlog waits (the last turn filled a page), notified new requests are
 //! left to the turn, so that a backlog is served oldest first.
 //!
@@ -46,8 +46,8 @@ use super::reconcile::{self, Context};
 use crate::approval::TurnConfig;
 use crate::clock::SharedClock;
 use crate::coordination::{Acquired, Shards};
+use crate::db::{Database, DbError, RequestChange, ShardFilter};
 use crate::domain::{Candidate, RequestType};
-use crate::store::{RequestChange, ShardFilter, Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// Timings and scope of discovery.
@@ -72,13 +72,13 @@ pub struct DiscoveryConfig {
 pub enum DiscoveryError {
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
 }
 
 /// The discovery loop of one replica.
 pub struct Discovery {
     /// The store.
-    pub store: Store,
+    pub store: Database,
     /// The CRs' namespace.
     pub api: Api<AutoApproval>,
     /// The controller's CR cache.
@@ -403,7 +403,7 @@ impl Discovery {
 
     /// Which of `request_ids` are candidates, by the candidate queries'
     /// conditions (both types) in one statement.
-    async fn candidates_among(&self, request_ids: &[i64]) -> Result<Vec<Candidate>, StoreError> {
+    async fn candidates_among(&self, request_ids: &[i64]) -> Result<Vec<Candidate>, DbError> {
         // Of the query only its window, time and limits are used.
         let query = self.settings.turn.query(
             RequestType::OwnerContract,
@@ -727,7 +727,7 @@ impl Discovery {
     /// queries' order (status, then oldest `sort_time`: one statement by
     /// primary key, which also drops those that stopped being candidates),
     /// at most each type's limit taken; the rest are left to a later turn.
-    async fn in_order(&self, found: Vec<Candidate>) -> Result<Turn, StoreError> {
+    async fn in_order(&self, found: Vec<Candidate>) -> Result<Turn, DbError> {
         let ids: BTreeSet<i64> = found.iter().map(|c| c.request_id).collect();
         let ordered = if ids.len() > 1 {
             let ids: Vec<i64> = ids.into_iter().collect();
@@ -917,7 +917,7 @@ fn drain(first: RequestChange, changes: &mut Changes) -> Woken {
 
 /// Forwards request changes from LISTEN; reconnects with backoff. A
 /// reconnection is forwarded too, so discovery runs a full turn.
-async fn listen(store: Store, tx: ChangeSender, stopping: CancellationToken) {
+async fn listen(store: Database, tx: ChangeSender, stopping: CancellationToken) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let connected = tokio::select! {

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::cached::CachedAutoApproval;
 use super::crd::{self, AutoApproval};
 use crate::clock::SharedClock;
-use crate::store::{Store, StoreError};
+use crate::db::{Database, DbError};
 use crate::telemetry::Metrics;
 
 /// When the leader's garbage collector runs and how long a finished CR stays.
@@ -42,7 +42,7 @@ pub struct Collector {
     /// The controller's CR cache.
     pub cache: Cache<CachedAutoApproval>,
     /// The store.
-    pub store: Store,
+    pub store: Database,
     /// The clock.
     pub clock: SharedClock,
     /// Metrics.
@@ -53,7 +53,7 @@ pub struct Collector {
 
 impl Collector {
     /// One pass over the cached CRs.
-    pub async fn run_once(&self) -> Result<GcReport, StoreError> {
+    pub async fn run_once(&self) -> Result<GcReport, DbError> {
         let crs = self.cache.state();
         let ids: Vec<i64> = crs.iter().map(|cr| cr.spec.request_id).collect();
         let mut report = GcReport::default();

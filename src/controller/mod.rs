@@ -34,11 +34,11 @@ use crate::census::Census;
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
 use crate::coordination::{Coordinator, Shards};
+use crate::db::{Database, DbError};
 use crate::endpoints::Health;
 use crate::events::Publisher;
 use crate::external::ExternalSystems;
 use crate::outage::{Outage, Report};
-use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
 use self::cached::CachedAutoApproval;
@@ -71,7 +71,7 @@ const WATCH_OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
 pub enum ControllerError {
     /// Releasing claims at shutdown failed.
     #[error("releasing claims at shutdown: {0}")]
-    Release(#[source] StoreError),
+    Release(#[source] DbError),
     /// The API server does not serve AutoApprovals: the CRD was never applied.
     #[error("CRD {0} is not installed: kubectl apply -f crds/")]
     CrdMissing(String),
@@ -94,7 +94,7 @@ pub enum ControllerError {
     },
     /// The start-up check of the shard count could not read the database.
     #[error("checking the number of shards: {0}")]
-    Layout(#[source] StoreError),
+    Layout(#[source] DbError),
     /// Another live replica has this replica's name.
     #[error(transparent)]
     NameInUse(#[from] crate::coordination::NameInUse),
@@ -117,7 +117,7 @@ pub struct Parts {
     /// The API server's URL, for the messages about it.
     pub api_server: String,
     /// The request tables and the controller's own (claims, fences, wakes).
-    pub store: Store,
+    pub store: Database,
     /// What the chain's steps call.
     pub external: ExternalSystems,
     /// "Now" for claims, retries and the census; tests pass a manual one.
@@ -144,7 +144,7 @@ struct Shared {
     client: kube::Client,
     /// For the messages about the API server.
     api_server: String,
-    store: Store,
+    store: Database,
     clock: SharedClock,
     metrics: Metrics,
     settings: ControllerConfig,
@@ -170,7 +170,7 @@ impl Shared {
     }
 
     /// A cleanser over `store`.
-    fn cleanser(&self, store: Store) -> Arc<Cleanser> {
+    fn cleanser(&self, store: Database) -> Arc<Cleanser> {
         Arc::new(Cleanser::new(
             store,
             self.clock.clone(),
@@ -582,7 +582,10 @@ fn controller_stream(
 
 /// Fails, saying which value is in force and how to change it, when the
 /// database records another K than this replica's `--shards`.
-async fn shards_agree(store: &Store, settings: &ControllerConfig) -> Result<(), ControllerError> {
+async fn shards_agree(
+    store: &Database,
+    settings: &ControllerConfig,
+) -> Result<(), ControllerError> {
     let requested = settings.coordination.shard_count;
     let layout = store
         .agree_shard_count(requested, &settings.replica_name)

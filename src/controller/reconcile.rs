@@ -22,12 +22,12 @@ use super::status::{Observed, project};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
+use crate::db::{DbError, Pause};
 use crate::domain::{
     Candidate, DECIDED_BY_US, Request, RequestStatus, State, StateStatus, UnknownValue,
 };
 use crate::events::Publisher;
 use crate::processors::Step;
-use crate::store::{Pause, StoreError};
 use crate::telemetry::Metrics;
 
 /// Errors of one reconcile; the error policy requeues with backoff.
@@ -35,12 +35,12 @@ use crate::telemetry::Metrics;
 pub enum ReconcileError {
     /// The database failed.
     #[error("request {request_id}: {source}")]
-    Store {
+    Database {
         /// Whose CR is backed off.
         request_id: i64,
         /// The database's error.
         #[source]
-        source: StoreError,
+        source: DbError,
     },
     /// The API server refused to delete a CR being replaced.
     #[error("request {request_id}: replacing the AutoApproval: {source}")]
@@ -255,9 +255,9 @@ impl Reconcile<'_> {
         self.cr.spec.request_id
     }
 
-    fn store_err(&self) -> impl FnOnce(StoreError) -> ReconcileError {
+    fn store_err(&self) -> impl FnOnce(DbError) -> ReconcileError {
         let request_id = self.request_id();
-        move |source| ReconcileError::Store { request_id, source }
+        move |source| ReconcileError::Database { request_id, source }
     }
 
     /// Decides, carries the decision out, and decides again with what that
@@ -291,7 +291,7 @@ impl Reconcile<'_> {
     /// pause this CR set first when `resume`.
     async fn read(&self, resume: bool) -> Result<Lookup, ReconcileError> {
         let id = self.request_id();
-        let store = self.ctx.approver.store();
+        let store = self.ctx.approver.database();
         if resume {
             store
                 .resume(id, self.cr.uid().as_deref())
@@ -301,7 +301,7 @@ impl Reconcile<'_> {
         match store.request_with_state(id).await {
             Ok(Some((request, state))) => Ok(Lookup::Found(Box::new(request), state)),
             Ok(None) => Ok(Lookup::Missing),
-            Err(StoreError::Malformed { error, .. }) => Ok(Lookup::Malformed(error)),
+            Err(DbError::Malformed { error, .. }) => Ok(Lookup::Malformed(error)),
             Err(e) => Err(self.store_err()(e)),
         }
     }
@@ -338,7 +338,7 @@ impl Reconcile<'_> {
                     *state = self
                         .ctx
                         .approver
-                        .store()
+                        .database()
                         .state(id)
                         .await
                         .map_err(self.store_err())?;
@@ -367,7 +367,7 @@ impl Reconcile<'_> {
                 let pause = self
                     .ctx
                     .approver
-                    .store()
+                    .database()
                     .pause_of(id)
                     .await
                     .map_err(self.store_err())?;
@@ -380,7 +380,7 @@ impl Reconcile<'_> {
                 let by = format!("AutoApproval {}", self.cr.name_any());
                 self.ctx
                     .approver
-                    .store()
+                    .database()
                     .pause(id, &by, self.cr.uid().as_deref())
                     .await
                     .map_err(self.store_err())?;
@@ -532,7 +532,7 @@ impl Reconcile<'_> {
     async fn closed(&self, closed: Closed) -> Result<Action, ReconcileError> {
         self.ctx
             .approver
-            .store()
+            .database()
             .forget_closed(self.request_id())
             .await
             .map_err(self.store_err())?;
@@ -609,7 +609,7 @@ impl Reconcile<'_> {
         let made_due = self
             .ctx
             .approver
-            .store()
+            .database()
             .retry_now(self.request_id(), limit, &note, self.ctx.clock.now())
             .await
             .map_err(self.store_err())?;

@@ -9,14 +9,14 @@ use std::future::Future;
 use std::time::Duration;
 
 use super::Coordinator;
-use crate::store::StoreError;
+use crate::db::DbError;
 
 /// Why a shard could not be fenced this turn (it is then not acquired).
 #[derive(Debug, thiserror::Error)]
 pub(super) enum FenceError {
     /// The database refused or failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// The database did not answer within a retry period.
     #[error("no answer from the database within {0:?}")]
     Timeout(Duration),
@@ -40,7 +40,7 @@ impl Coordinator {
     /// The shard's current token in the database (0 if never fenced).
     pub(super) async fn db_token(&self, shard: u32) -> Result<i64, FenceError> {
         let k = self.settings.shard_count;
-        let read = self.cleanser.store().shard_token(k, shard);
+        let read = self.cleanser.database().shard_token(k, shard);
         Ok(self.bounded(read).await??.unwrap_or(0))
     }
 

@@ -19,7 +19,7 @@
 //! holder's next renew then fails and it drops every shard. Acquiring a
 //! shard raises its fencing token in the DB to the Lease's new generation
 //! and recovers the claims the previous holder left (see
-//! `Store::fence_shard`).
+//! `Database::fence_shard`).
 
 mod acquire;
 mod balance;
@@ -383,7 +383,7 @@ impl Coordinator {
     /// not answered for the renew deadline. Outages are logged as the API
     /// server's are: when they begin, every 30 s, when they end.
     async fn database_answers(&mut self, sent: Instant) -> bool {
-        let ping = self.cleanser.store().ping();
+        let ping = self.cleanser.database().ping();
         let answered = tokio::time::timeout(self.settings.retry_period, ping).await;
         match answered {
             Ok(Ok(())) => {

@@ -6,9 +6,9 @@ use async_trait::async_trait;
 
 use super::filters::Filter;
 use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
+use crate::db::StepResult;
 use crate::domain::Request;
 use crate::external::{CampaignApproval, IdempotencyKey, System};
-use crate::store::StepResult;
 
 /// Approves an ad contract's campaign; owner and store already exist.
 pub struct AdCampaignProcessor {

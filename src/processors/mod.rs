@@ -14,10 +14,10 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::clock::Clock;
+use crate::db::{Database, DbError};
 use crate::domain::{Claim, Request, RequestStatus, RequestType};
 use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems, IdempotencyKey};
 use crate::retry::RetryClass;
-use crate::store::{Store, StoreError};
 use crate::telemetry::Metrics;
 
 /// A step of the chain: shown in the status, labels metrics, and names
@@ -124,7 +124,7 @@ enum Transition {
 pub enum ChainError {
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// Our fence no longer matches: another worker holds the request now.
     #[error("claim on request {0} was lost")]
     FenceLost(i64),
@@ -137,7 +137,7 @@ pub enum ChainError {
 /// What a processor gets to work with.
 pub struct ChainContext<'a> {
     /// The store (primary re-reads and fenced writes).
-    pub store: &'a Store,
+    pub store: &'a Database,
     /// The four external systems, each behind its own concurrency limit.
     pub external: &'a ExternalSystems,
     /// The claim every write carries.
@@ -239,8 +239,8 @@ impl ChainContext<'_> {
 
 /// A recorded body that does not (de)serialize: refused by name, retried
 /// with backoff as any database failure after the claim.
-fn recorded_body_error(key: &IdempotencyKey, error: serde_json::Error) -> StoreError {
-    StoreError::Database {
+fn recorded_body_error(key: &IdempotencyKey, error: serde_json::Error) -> DbError {
+    DbError::Database {
         operation: "read the body recorded under an idempotency key",
         source: sqlx::Error::Decode(format!("key {}: {error}", key.as_str()).into()),
     }

@@ -6,9 +6,9 @@ use async_trait::async_trait;
 
 use super::filters::Filter;
 use super::{ChainContext, ChainError, Processor, RetryReason, Step, Transition, run_filters};
+use crate::db::StepResult;
 use crate::domain::Request;
 use crate::external::{IdempotencyKey, NewOwner, System};
-use crate::store::StepResult;
 
 /// Creates the owner of an owner contract.
 pub struct OwnerProcessor {

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use crate::store::Pool;
+use crate::db::Pool;
 
 use super::{KubeLabels, Metrics, NoLabels, PoolLabel, StateLabels, VerbLabel};
-use crate::store::RequestCensus;
+use crate::db::RequestCensus;
 
 // === impl Metrics ===
 

@@ -587,8 +587,8 @@ on_both!(an_operator_shows_retries_pauses_and_resumes_a_request);
 /// An operator without kubectl shows, retries, pauses and resumes a request
 /// through the database; refusals name the request and the reason.
 async fn an_operator_shows_retries_pauses_and_resumes_a_request(db: Db) {
+    use autoapproval::db::ClaimOutcome;
     use autoapproval::domain::{Candidate, RequestType};
-    use autoapproval::store::ClaimOutcome;
 
     let later = chrono::Utc::now() + chrono::Duration::minutes(10);
     waiting_owner_now(501).insert(&db).await;
@@ -623,7 +623,7 @@ async fn an_operator_shows_retries_pauses_and_resumes_a_request(db: Db) {
     let (ok, out, err) = request_command(&db, &["pause", "501"]).await;
     assert!(ok, "{err}");
     assert!(out.contains("request 501 paused"), "{out}");
-    let store = db.store();
+    let store = db.database();
     let state = store.state(501).await.unwrap().expect("state");
     let due = Candidate {
         request_id: 501,

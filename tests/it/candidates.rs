@@ -1,9 +1,9 @@
 //! The thin candidate query against the seed's reference rows.
 
 use autoapproval::controller::crd::Phase;
+use autoapproval::db::ShardFilter;
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
 use autoapproval::external::ContractStatus;
-use autoapproval::store::ShardFilter;
 use chrono::{Duration, Utc};
 
 use crate::support::{
@@ -14,7 +14,7 @@ use crate::support::{
 fn query(
     request_type: RequestType,
     shards: Option<ShardFilter>,
-) -> autoapproval::store::CandidateQuery {
+) -> autoapproval::db::CandidateQuery {
     defaults()
         .discovery
         .turn
@@ -24,7 +24,7 @@ fn query(
 on_both!(seed_rows_select_exactly_101_102_103_in_status_then_age_order);
 async fn seed_rows_select_exactly_101_102_103_in_status_then_age_order(db: Db) {
     seed_reference_rows(&db).await;
-    let store = db.store();
+    let store = db.database();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -60,7 +60,7 @@ async fn limit_window_and_type_bound_the_turn(db: Db) {
     let mut other = NewRequest::ready_owner(91);
     other.request_type = "MENU_CHANGE";
     other.insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -82,7 +82,7 @@ async fn ad_contracts_need_a_store_and_are_limited_to_ten(db: Db) {
         .sorted_at(t0() - Duration::days(1))
         .insert(&db)
         .await;
-    let store = db.store();
+    let store = db.database();
     let found = store
         .candidates(&query(RequestType::AdContract, None))
         .await
@@ -100,7 +100,7 @@ async fn shard_filter_selects_only_the_given_shards(db: Db) {
     for id in 1..=12 {
         NewRequest::ready_owner(id).insert(&db).await;
     }
-    let store = db.store();
+    let store = db.database();
     let shards = ShardFilter {
         shard_count: 4,
         shards: vec![1, 3],
@@ -152,7 +152,7 @@ async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(db: Db)
         )
         .await;
     }
-    let store = db.store();
+    let store = db.database();
     let found = store
         .candidates(&query(RequestType::OwnerContract, None))
         .await
@@ -171,7 +171,7 @@ async fn new_requests_and_due_retries_merge_in_age_order_under_the_limit(db: Db)
 fn benchmark_script_prepares_the_store_queries_verbatim() {
     let script = include_str!("../../benches/candidate_plans.sql");
     for t in [RequestType::OwnerContract, RequestType::AdContract] {
-        let sql = autoapproval::store::postgres::candidate_sql(t).unwrap();
+        let sql = autoapproval::db::postgres::candidate_sql(t).unwrap();
         assert!(
             script.contains(sql),
             "benches/candidate_plans.sql lacks the {t:?} query"
@@ -196,7 +196,7 @@ async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(db: Db)
         .sorted_at(t0() - Duration::days(31))
         .insert(&db)
         .await;
-    let store = db.store();
+    let store = db.database();
     let mut ranged = Vec::new();
     for request_type in RequestType::AUTO_APPROVABLE {
         ranged.extend(store.candidates(&query(request_type, None)).await.unwrap());
@@ -224,7 +224,7 @@ async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(db: Db)
 /// sends: they are prepared from these strings, verbatim.
 #[test]
 fn the_mysql_benchmark_script_prepares_the_store_queries_verbatim() {
-    use autoapproval::store::mysql::{candidate_sql, candidates_among_sql};
+    use autoapproval::db::mysql::{candidate_sql, candidates_among_sql};
     let script = include_str!("../../benches/mysql_plans.sql");
     let statements = [
         candidate_sql(RequestType::OwnerContract, 4).unwrap(),
@@ -291,7 +291,7 @@ async fn fresh_candidates_are_the_new_above_the_cursor_and_the_due_and_agree_wit
     }
     db.exec("INSERT INTO auto_approve_pause (request_id, paused_by) VALUES (33, 'alice')")
         .await;
-    let store = db.store();
+    let store = db.database();
     let ids = |found: &[Candidate]| found.iter().map(|c| c.request_id).collect::<Vec<_>>();
 
     let owner = query(RequestType::OwnerContract, None);
@@ -314,7 +314,7 @@ async fn fresh_candidates_are_the_new_above_the_cursor_and_the_due_and_agree_wit
     fresh.sort();
     assert_eq!(fresh, whole);
     // The limit bounds each branch: twenty at most of each, in their order.
-    let limited = autoapproval::store::CandidateQuery {
+    let limited = autoapproval::db::CandidateQuery {
         limit: 3,
         ..owner.clone()
     };
@@ -341,7 +341,7 @@ async fn fresh_candidates_are_the_new_above_the_cursor_and_the_due_and_agree_wit
 
 on_both!(the_newest_request_id_of_an_empty_table_is_zero);
 async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
-    assert_eq!(db.store().newest_request_id().await.unwrap(), 0);
+    assert_eq!(db.database().newest_request_id().await.unwrap(), 0);
 }
 
 /// The turn benchmarks must measure the statements the stores send: the
@@ -349,11 +349,11 @@ async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
 #[test]
 fn the_turn_benchmark_scripts_prepare_the_store_queries_verbatim() {
     let pg = include_str!("../../benches/turn_plans.sql");
-    let owner = autoapproval::store::postgres::candidate_sql(RequestType::OwnerContract).unwrap();
-    for sql in [owner, autoapproval::store::postgres::FRESH_CANDIDATES] {
+    let owner = autoapproval::db::postgres::candidate_sql(RequestType::OwnerContract).unwrap();
+    for sql in [owner, autoapproval::db::postgres::FRESH_CANDIDATES] {
         assert!(pg.contains(sql), "benches/turn_plans.sql lacks:\n{sql}");
     }
-    use autoapproval::store::mysql::{candidate_sql, fresh_candidates_sql};
+    use autoapproval::db::mysql::{candidate_sql, fresh_candidates_sql};
     let mysql = include_str!("../../benches/mysql_turn_plans.sql");
     for sql in [
         candidate_sql(RequestType::OwnerContract, 6).unwrap(),

@@ -7,8 +7,8 @@ use std::time::Duration as StdDuration;
 
 use autoapproval::census::{Census, CensusConfig};
 use autoapproval::clock::ManualClock;
+use autoapproval::db::{Database, RequestCensus};
 use autoapproval::domain::DEFAULT_RETRY_LIMIT;
-use autoapproval::store::{RequestCensus, Store};
 use autoapproval::telemetry::Metrics;
 use chrono::Duration;
 use sqlx::mysql::MySqlPoolOptions;
@@ -18,7 +18,7 @@ use crate::support::{Db, NewRequest, eventually, metric_sum, on_both, seed_refer
 
 const WINDOW: StdDuration = StdDuration::from_secs(30 * 86_400);
 
-fn census_of(store: Store, metrics: &Metrics) -> Census {
+fn census_of(store: Database, metrics: &Metrics) -> Census {
     Census {
         store,
         clock: Arc::new(ManualClock::new(t0())),
@@ -31,7 +31,7 @@ fn census_of(store: Store, metrics: &Metrics) -> Census {
     }
 }
 
-async fn oldest(store: &Store) -> Option<chrono::DateTime<chrono::Utc>> {
+async fn oldest(store: &Database) -> Option<chrono::DateTime<chrono::Utc>> {
     store
         .oldest_eligible(
             autoapproval::clock::before(t0(), WINDOW),
@@ -47,7 +47,7 @@ on_both!(the_census_counts_the_reference_rows_by_state_and_reason_class);
 /// for a condition; 106 at the limit. A transient failure moves 105.
 async fn the_census_counts_the_reference_rows_by_state_and_reason_class(db: Db) {
     seed_reference_rows(&db).await;
-    let store = db.store();
+    let store = db.database();
     let census = store.census(DEFAULT_RETRY_LIMIT).await.unwrap();
     assert_eq!(
         census,
@@ -69,7 +69,7 @@ on_both!(the_backlog_is_the_oldest_request_a_candidate_query_would_select);
 /// window, unclaimed or due and under the limit, not paused, an ad contract
 /// with its store. Older rows that miss any one of these are not backlog.
 async fn the_backlog_is_the_oldest_request_a_candidate_query_would_select(db: Db) {
-    let store = db.store();
+    let store = db.database();
     assert_eq!(oldest(&store).await, None, "nothing waits");
     seed_reference_rows(&db).await;
     // 101 is new since t0 - 1 min; 102 and 103 are due since then too.
@@ -128,7 +128,7 @@ on_both!(only_the_leader_exports_the_census_and_every_replica_its_database_ping)
 async fn only_the_leader_exports_the_census_and_every_replica_its_database_ping(db: Db) {
     seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    let census = census_of(db.store(), &metrics);
+    let census = census_of(db.database(), &metrics);
 
     census.once(true).await;
     let text = metrics.encode();
@@ -169,7 +169,7 @@ on_both!(the_census_follows_leadership_as_it_changes);
 async fn the_census_follows_leadership_as_it_changes(db: Db) {
     seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    let mut census = census_of(db.store(), &metrics);
+    let mut census = census_of(db.database(), &metrics);
     // A turn an hour away: only the changes of leadership can act.
     census.config.interval = StdDuration::from_secs(3600);
     let (leader, leading) = tokio::sync::watch::channel(false);
@@ -200,7 +200,7 @@ on_both!(a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_s
 async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_shown(db: Db) {
     seed_reference_rows(&db).await;
     let metrics = Metrics::new();
-    census_of(db.store(), &metrics).once(true).await;
+    census_of(db.database(), &metrics).once(true).await;
     assert!(metrics.encode().contains("autoapproval_requests{"));
     // The same metrics, now through a pool whose database refuses
     // connections (nothing listens on port 1).
@@ -210,14 +210,14 @@ async fn a_database_that_does_not_answer_is_reported_down_and_nothing_stale_is_s
                 .acquire_timeout(StdDuration::from_secs(2))
                 .connect_lazy("postgres://postgres@127.0.0.1:1/gone")
                 .expect("lazy pool");
-            Store::postgres(gone.clone(), gone)
+            Database::postgres(gone.clone(), gone)
         }
         Db::Mysql(_) => {
             let gone = MySqlPoolOptions::new()
                 .acquire_timeout(StdDuration::from_secs(2))
                 .connect_lazy("mysql://root@127.0.0.1:1/gone")
                 .expect("lazy pool");
-            Store::mysql(gone.clone(), gone)
+            Database::mysql(gone.clone(), gone)
         }
     };
     census_of(gone, &metrics).once(true).await;
@@ -240,7 +240,7 @@ fn the_backlog_benchmark_runs_the_stores_query_verbatim() {
     assert!(
         script.contains(&format!(
             "PREPARE backlog(timestamptz, timestamptz, int) AS\n{};",
-            autoapproval::store::postgres::BACKLOG_SQL
+            autoapproval::db::postgres::BACKLOG_SQL
         )),
         "benches/backlog_plan.sql lacks the store's backlog query"
     );

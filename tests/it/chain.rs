@@ -3,11 +3,11 @@
 use std::time::Duration as StdDuration;
 
 use autoapproval::approval::{AttemptOutcome, run_turn};
+use autoapproval::db::SessionArgs;
 use autoapproval::domain::{Candidate, RequestStatus, RequestType};
 use autoapproval::external::{ContractStatus, Dedup, System};
 use autoapproval::processors::Step;
 use autoapproval::retry::RetryClass;
-use autoapproval::store::SessionArgs;
 use autoapproval_sim::{FaultKind, Faults, Idempotency};
 
 use crate::support::{

@@ -1,7 +1,7 @@
 //! Claims: exactly one winner, and fenced writes that refuse stale holders.
 
+use autoapproval::db::{ClaimOutcome, Completion, Database, StepResult};
 use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
-use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use chrono::Duration;
 use sqlx::PgPool;
 
@@ -18,7 +18,7 @@ fn new_candidate(id: i64) -> Candidate {
 on_both!(two_concurrent_claimers_of_a_new_request_one_wins);
 async fn two_concurrent_claimers_of_a_new_request_one_wins(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let (fa, fb) = (fence("a", 1), fence("b", 1));
     let c = new_candidate(1);
     let (a, b) = tokio::join!(
@@ -47,7 +47,7 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(db: Db) {
         t0(),
     )
     .await;
-    let store = db.store();
+    let store = db.database();
     let c = Candidate {
         state_id: Some(state_id),
         ..new_candidate(1)
@@ -96,7 +96,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(db: Db) {
         t0(),
     )
     .await;
-    let store = db.store();
+    let store = db.database();
     for (id, state_id) in [(1, early), (2, spent)] {
         let c = Candidate {
             state_id: Some(state_id),
@@ -115,7 +115,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(db: Db) {
 on_both!(a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so);
 async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let ClaimOutcome::Won(old) = store
         .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
         .await
@@ -163,7 +163,7 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
 on_both!(release_makes_the_request_due_again_without_counting_a_retry);
 async fn release_makes_the_request_due_again_without_counting_a_retry(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let ClaimOutcome::Won(claim) = store
         .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
         .await
@@ -185,9 +185,9 @@ async fn release_makes_the_request_due_again_without_counting_a_retry(db: Db) {
 
 on_both!(a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once);
 async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(db: Db) {
-    use autoapproval::store::RetryWrite;
+    use autoapproval::db::RetryWrite;
 
-    let store = db.store();
+    let store = db.database();
     NewRequest::ready_owner(31).insert(&db).await;
     NewRequest::ready_owner(32).insert(&db).await;
     let mut claims = Vec::new();
@@ -231,9 +231,9 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(db: D
 async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_contract(
     pool: PgPool,
 ) {
-    use autoapproval::store::RequestChange;
+    use autoapproval::db::RequestChange;
 
-    let store = Store::postgres(pool.clone(), pool.clone());
+    let store = Database::postgres(pool.clone(), pool.clone());
     for id in [41, 42, 43] {
         let mut request = NewRequest::ready_owner(id);
         if id != 43 {
@@ -284,9 +284,9 @@ on_both!(our_own_approval_notifies_nobody_and_a_persons_decision_does);
 /// holder a discovery turn and a reconcile of a finished request. A
 /// person's decision still wakes.
 async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(db: Db) {
-    use autoapproval::store::{Completion, RequestChange};
+    use autoapproval::db::{Completion, RequestChange};
 
-    let store = db.store();
+    let store = db.database();
     for id in [61, 62] {
         NewRequest::ready_owner(id).insert(&db).await;
     }
@@ -328,10 +328,10 @@ on_both!(a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
 /// is scheduled due at once, and a change to a column no filter reads wakes
 /// nothing.
 async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_listener(db: Db) {
-    use autoapproval::store::RetryWrite;
+    use autoapproval::db::RetryWrite;
     use chrono::SubsecRound;
 
-    let store = db.store();
+    let store = db.database();
     // Microseconds, as both databases keep them.
     let now = chrono::Utc::now().trunc_subsecs(6);
     let later = now + Duration::minutes(10);
@@ -433,7 +433,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::postgres(chains.clone(), chains)
+            Database::postgres(chains.clone(), chains)
         }
         Db::Mysql(pool) => {
             let chains = sqlx::mysql::MySqlPoolOptions::new()
@@ -442,7 +442,7 @@ async fn the_listener_takes_no_connection_from_the_chains_pool(db: Db) {
                 .connect_with((*pool.connect_options()).clone())
                 .await
                 .unwrap();
-            Store::mysql(chains.clone(), chains)
+            Database::mysql(chains.clone(), chains)
         }
     };
     let _listening = store.request_changes().await.expect("listening");
@@ -540,7 +540,7 @@ on_both!(a_signed_econtract_is_never_synced_back_to_pending);
 /// still become REJECTED.
 async fn a_signed_econtract_is_never_synced_back_to_pending(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     store
         .sync_econtract(1, "EC-1", "SIGNED", t0())
         .await
@@ -569,7 +569,7 @@ on_both!(a_paused_request_is_neither_a_candidate_nor_claimed);
 /// A request paused in the database is claimed by no replica, new or due,
 /// and is no candidate, whatever a CR says; resumed, it is claimed again.
 async fn a_paused_request_is_neither_a_candidate_nor_claimed(db: Db) {
-    use autoapproval::store::CandidateQuery;
+    use autoapproval::db::CandidateQuery;
 
     NewRequest::ready_owner(1).insert(&db).await;
     NewRequest::ready_owner(2).insert(&db).await;
@@ -582,7 +582,7 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(db: Db) {
         t0(),
     )
     .await;
-    let store = db.store();
+    let store = db.database();
     store
         .pause(1, "AutoApproval request-1", Some("uid-1"))
         .await
@@ -639,7 +639,7 @@ on_both!(a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_the
 /// replaced gave: the request, its state row or none, nothing for an
 /// unknown request, and a malformed request row reported as such.
 async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_them(db: Db) {
-    let store = db.store();
+    let store = db.database();
     for id in [71, 72, 73] {
         NewRequest::ready_owner(id).insert(&db).await;
     }
@@ -665,7 +665,7 @@ async fn a_request_and_its_state_are_read_in_one_statement_as_two_reads_gave_the
         .await;
     assert!(matches!(
         store.request_with_state(73).await,
-        Err(autoapproval::store::StoreError::Malformed { request_id: 73, .. })
+        Err(autoapproval::db::DbError::Malformed { request_id: 73, .. })
     ));
 }
 
@@ -675,7 +675,7 @@ on_both!(a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim);
 /// request's claim carries the request's creation time (its pickup).
 async fn a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim(db: Db) {
     NewRequest::ready_owner(7).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let ClaimOutcome::Won(claim) = store
         .claim(&new_candidate(7), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
         .await

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use autoapproval::cleanser::Cleanser;
 use autoapproval::clock::ManualClock;
-use autoapproval::store::{ClaimOutcome, Store};
+use autoapproval::db::{ClaimOutcome, Database};
 use autoapproval::telemetry::Metrics;
 use chrono::{Duration, Utc};
 
@@ -68,7 +68,7 @@ async fn stuck_claims_recover_finished_rows_go_and_exhausted_rows_stay(db: Db) {
     )
     .await;
 
-    let store = db.store();
+    let store = db.database();
     let metrics = Metrics::new();
     let cleanser = Cleanser::new(
         store.clone(),
@@ -133,7 +133,7 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
                 .await
                 .unwrap();
             (
-                Store::postgres(pool.clone(), replica.clone()),
+                Database::postgres(pool.clone(), replica.clone()),
                 Db::Postgres(replica),
             )
         }
@@ -144,7 +144,7 @@ async fn the_garbage_collectors_statuses_come_from_the_primary_not_a_lagging_rep
             let Db::Mysql(read) = &replica else {
                 unreachable!("a MySQL scratch database")
             };
-            let store = Store::mysql(pool.clone(), read.clone());
+            let store = Database::mysql(pool.clone(), read.clone());
             lagging_scratch = Some(scratch);
             (store, replica)
         }
@@ -173,7 +173,7 @@ on_both!(a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one);
 /// database's clock, and stays with its holder.
 async fn a_cleanser_whose_clock_runs_ahead_takes_no_live_claim_for_a_stuck_one(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let ClaimOutcome::Won(claim) = store
         .claim(&candidate(1, None), &fence("a", 1), Utc::now(), 300)
         .await
@@ -212,7 +212,7 @@ async fn the_garbage_collector_ages_a_decision_in_the_database_clock(db: Db) {
           WHERE id = 1",
     )
     .await;
-    let store = db.store();
+    let store = db.database();
 
     let rows = store.request_statuses(&[1]).await.unwrap();
 
@@ -232,7 +232,7 @@ on_both!(lists_of_70_000_ids_are_read_released_woken_and_collected);
 /// collected again). Now a long list is sent in chunks; PostgreSQL binds
 /// one array and never had the limit.
 async fn lists_of_70_000_ids_are_read_released_woken_and_collected(db: Db) {
-    let store = db.store();
+    let store = db.database();
     for id in 1..=3 {
         NewRequest::ready_owner(id).insert(&db).await;
     }

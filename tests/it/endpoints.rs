@@ -12,7 +12,7 @@ async fn health_readiness_and_metrics_are_served(db: Db) {
     let server = TestServer::start(Options::default())
         .await
         .expect("test API server");
-    let store = db.store();
+    let store = db.database();
     let metrics = Metrics::new();
     metrics.notify_wakeup();
     metrics.reconcile("ok", 0.004);

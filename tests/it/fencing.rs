@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::SystemClock;
+use autoapproval::db::{ClaimOutcome, Completion, Database, StepResult};
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, Fence};
 use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{ClaimOutcome, Completion, StepResult, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::Faults;
 use chrono::Utc;
@@ -29,7 +29,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
     NewRequest::ready_owner(5).insert(&db).await;
     NewRequest::ready_owner(9).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let a = Fence::sharded("a", 1, K);
     let b = Fence::sharded("b", 2, K);
 
@@ -134,7 +134,7 @@ fn replica(
         HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url()).expect("defaults"))
             .expect("external clients");
     Arc::new(Approver::new(
-        db.db().store(),
+        db.db().database(),
         external,
         Arc::new(SystemClock),
         metrics,
@@ -205,7 +205,7 @@ async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_ow
         Metrics::new(),
         &config,
     );
-    let store = Store::postgres(pool.clone(), pool.clone());
+    let store = Database::postgres(pool.clone(), pool.clone());
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
 
     let a = tokio::spawn({
@@ -289,7 +289,7 @@ async fn a_chain_whose_shard_is_lost_makes_no_further_external_call(db: Db) {
     let a_metrics = Metrics::new();
     let replica_a = replica(&sim, db.clone(), a_metrics.clone(), &config);
     let replica_b = replica(&sim, db.clone(), Metrics::new(), &config);
-    let store = db.store();
+    let store = db.database();
     store.fence_shard(K, 1, 1, "a", Utc::now()).await.unwrap();
     let a_holds = Arc::new(std::sync::atomic::AtomicBool::new(true));
 
@@ -351,7 +351,7 @@ async fn an_external_call_after_the_shard_is_lost_is_never_started(db: Db) {
         &ExternalArgs::all_at("http://127.0.0.1:9".to_owned()).expect("defaults"),
     )
     .expect("external clients");
-    let store = db.store();
+    let store = db.database();
     let claim = autoapproval::domain::Claim {
         state_id: 1,
         request_id: 1,

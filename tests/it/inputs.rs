@@ -7,9 +7,9 @@ use std::time::Duration as StdDuration;
 
 use autoapproval::approval::{AttemptOutcome, WOKEN_BEFORE_COMPLETION};
 use autoapproval::clock::Clock;
+use autoapproval::db::SessionArgs;
 use autoapproval::domain::{Candidate, RequestType};
 use autoapproval::external::System;
-use autoapproval::store::SessionArgs;
 use autoapproval_sim::SimSystem;
 
 use crate::support::{

@@ -8,7 +8,7 @@
 //! the module that holds or re-exports it).
 //!
 //! The unit is a module among its siblings, at every level: the crate's
-//! top-level modules (`controller`, `coordination`, `store`, …) must not
+//! top-level modules (`controller`, `coordination`, `db`, …) must not
 //! import each other in a circle, counting every file beneath each; nor
 //! must the files of one directory module (`controller::config`,
 //! `controller::discovery`, …). A module and its own children are one room:

@@ -2,9 +2,9 @@
 
 use autoapproval::approval::{AttemptOutcome, attempt_all};
 use autoapproval::clock::Clock;
+use autoapproval::db::CandidateQuery;
 use autoapproval::domain::{DEFAULT_RETRY_LIMIT, RequestType};
 use autoapproval::retry::RetryClass;
-use autoapproval::store::CandidateQuery;
 use chrono::Duration;
 
 use crate::support::{Db, Env, NewRequest, candidate, defaults, fence, on_both, request_view, t0};

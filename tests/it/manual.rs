@@ -363,7 +363,7 @@ async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more
                 format!("CREATE ROLE {outsider} LOGIN"),
                 format!(
                     "GRANT EXECUTE ON FUNCTION {} TO {role}",
-                    autoapproval::store::postgres::MANUAL_FUNCTIONS
+                    autoapproval::db::postgres::MANUAL_FUNCTIONS
                 ),
             ],
             vec![
@@ -510,7 +510,7 @@ async fn a_role_with_the_documented_grants_cannot_shadow_our_tables_or_wake_requ
                 format!("CREATE ROLE {outsider} LOGIN"),
                 format!(
                     "GRANT EXECUTE ON FUNCTION {} TO {role}",
-                    autoapproval::store::postgres::MANUAL_FUNCTIONS
+                    autoapproval::db::postgres::MANUAL_FUNCTIONS
                 ),
             ] {
                 db.exec(&statement).await;

@@ -8,12 +8,12 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::time::{Duration as StdDuration, Instant};
 
-use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
-use autoapproval::store::mysql::{Flavour, flavour_of};
-use autoapproval::store::{
-    ClaimOutcome, Completion, DatabaseArgs, Pool, RequestChange, RequestChanges, RetryWrite,
-    SessionArgs, ShardFilter, StepResult, Store, StoreError,
+use autoapproval::db::mysql::{Flavour, flavour_of};
+use autoapproval::db::{
+    ClaimOutcome, Completion, Database, DatabaseArgs, DbError, Pool, RequestChange, RequestChanges,
+    RetryWrite, SessionArgs, ShardFilter, StepResult,
 };
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -32,7 +32,7 @@ struct Scratch {
     /// Its name.
     name: String,
     /// Our store, sessions as the controller sets them.
-    store: Store,
+    store: Database,
     /// Its pool.
     pool: MySqlPool,
     /// The business system's pool: the server's defaults (REPEATABLE READ).
@@ -61,7 +61,7 @@ where
         MysqlScratch::unmigrated().await
     };
     let pool = db.pool();
-    let store = Store::mysql(pool.clone(), pool.clone()).with_wake_poll_interval(POLL);
+    let store = Database::mysql(pool.clone(), pool.clone()).with_wake_poll_interval(POLL);
     let options: MySqlConnectOptions = db.url().parse().expect("the scratch database's URL");
     // The business sessions keep the server's own defaults.
     let business = MySqlPoolOptions::new()
@@ -412,7 +412,7 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
         // A restarted replica (a store of its own) starts at the oldest row
         // still there: nothing was consumed, so it hears of all again.
         let restarted =
-            Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
+            Database::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut again = restarted.request_changes().await.unwrap();
         let mut seen = vec![];
         for _ in 0..2 {
@@ -428,7 +428,7 @@ async fn mysql_the_poller_yields_changes_and_survives_a_restart() {
             .unwrap();
         assert_eq!(db.wake_rows().await, [(Some(2), None)]);
         insert_owner(&db.business, 3).await;
-        let fresh = Store::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
+        let fresh = Database::mysql(db.pool.clone(), db.pool.clone()).with_wake_poll_interval(POLL);
         let mut third = fresh.request_changes().await.unwrap();
         let seen = [next_change(&mut third).await, next_change(&mut third).await];
         assert_eq!(seen, [RequestChange::Changed(2), RequestChange::Changed(3)]);
@@ -655,7 +655,7 @@ async fn mysql_the_coordination_pool_gives_up_on_a_held_fence_row_after_the_lock
             db_lock_timeout: StdDuration::from_secs(1),
             db_statement_timeout: StdDuration::from_secs(30),
         };
-        let store = Store::connect(&args, Some(&session)).await.unwrap();
+        let store = Database::connect(&args, Some(&session)).await.unwrap();
         // As `run` makes the Lease loop's store.
         let coordination = store.dedicated(2);
         let Pool::Mysql(pool) = coordination.primary_pool() else {
@@ -695,7 +695,7 @@ async fn mysql_the_coordination_pool_gives_up_on_a_held_fence_row_after_the_lock
         .await
         .expect("the fence gave up on the held row before InnoDB's 50 s");
         assert!(
-            matches!(raised, Err(StoreError::RowLocked { .. })),
+            matches!(raised, Err(DbError::RowLocked { .. })),
             "{raised:?}"
         );
         other.execute("ROLLBACK").await.unwrap();

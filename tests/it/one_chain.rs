@@ -8,10 +8,10 @@ use std::time::Duration as StdDuration;
 
 use autoapproval::approval::{Approver, AttemptOutcome};
 use autoapproval::clock::Clock;
+use autoapproval::db::{ClaimOutcome, Completion, Database, RetryWrite, StepResult};
 use autoapproval::domain::{Claim, DEFAULT_RETRY_LIMIT};
 use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{ClaimOutcome, Completion, RetryWrite, StepResult, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimSystem};
 
@@ -24,7 +24,7 @@ fn slow_owner(latency: StdDuration) -> Faults {
     slow(System::Owner, latency)
 }
 
-async fn claim(store: &Store, id: i64, state_id: Option<i64>) -> Claim {
+async fn claim(store: &Database, id: i64, state_id: Option<i64>) -> Claim {
     match store
         .claim(
             &candidate(id, state_id),
@@ -85,7 +85,7 @@ async fn a_claim_given_back_and_taken_again_under_the_same_fence_refuses_the_fir
     db: Db,
 ) {
     NewRequest::ready_owner(1).insert(&db).await;
-    let store = db.store();
+    let store = db.database();
     let old = claim(&store, 1, None).await;
     // The sweep gives it back (no attempt of ours runs on it, it believes).
     assert_eq!(store.release_all("r1", &[7], &[], t0()).await.unwrap(), [1]);

@@ -108,7 +108,7 @@ async fn build_info_on_metrics_names_the_version_the_git_revision_and_the_featur
         "http://127.0.0.1:1".parse().expect("url"),
     ))
     .expect("client");
-    let health = Health::new(pool.db().store(), client, Metrics::new());
+    let health = Health::new(pool.db().database(), client, Metrics::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
         .expect("bind");

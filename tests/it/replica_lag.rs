@@ -101,7 +101,7 @@ async fn stale_candidates_of_a_frozen_replica_cost_only_refused_claims() {
     let reader = pool(&replica_url).await;
     let primary = Db::Mysql(writer.clone());
     primary
-        .store()
+        .database()
         .migrate()
         .await
         .expect("migrations apply on the primary");

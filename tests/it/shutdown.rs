@@ -25,7 +25,7 @@ async fn assert_finished(db: &Db, id: i64) {
 /// After a shutdown: the claim of `id` was released, due at once for the
 /// next holder, and nothing was decided.
 async fn assert_released(db: &Db, id: i64) {
-    let state = db.store().state(id).await.unwrap().expect("state row");
+    let state = db.database().state(id).await.unwrap().expect("state row");
     assert_eq!(
         state.status.as_str(),
         "RETRY_WAITING",

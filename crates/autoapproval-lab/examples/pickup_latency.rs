@@ -11,8 +11,8 @@ use std::time::Duration;
 use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::{Parts, run_until};
+use autoapproval::db::Database;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{SimConfig, Simulator};
 use kube_testserver::{Options, TestServer};
@@ -68,7 +68,7 @@ async fn run(base: &str, requests: i64, rate: f64, notify: bool) -> Result<(f64,
     let parts = Parts {
         client,
         api_server: server.url(),
-        store: Store::postgres(pool.clone(), pool.clone()),
+        store: Database::postgres(pool.clone(), pool.clone()),
         external,
         clock: Arc::new(SystemClock),
         metrics: Metrics::new(),

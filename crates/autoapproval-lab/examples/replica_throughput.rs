@@ -18,8 +18,8 @@ use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::ControllerConfig;
 use autoapproval::controller::{Parts, run_until};
 use autoapproval::coordination::SHARD_LEASE_PREFIX;
+use autoapproval::db::Database;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::Store;
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimConfig, Simulator};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -94,7 +94,7 @@ async fn measure(base: &str, requests: i64, replicas: usize) -> Result<f64, Erro
         let parts = Parts {
             client: common::client(&server)?,
             api_server: server.url(),
-            store: Store::postgres(replica_pool.clone(), replica_pool),
+            store: Database::postgres(replica_pool.clone(), replica_pool),
             external: HttpExternalSystems::build(&ExternalArgs::all_at(sim.base_url())?)?,
             clock: Arc::new(SystemClock),
             metrics: Metrics::new(),

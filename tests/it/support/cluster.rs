@@ -334,7 +334,7 @@ impl Cluster {
         Parts {
             client: self.controller_client.clone(),
             api_server: self.server.url(),
-            store: self.pool.store(),
+            store: self.pool.database(),
             external,
             clock: Arc::new(SystemClock),
             metrics,

@@ -3,8 +3,8 @@
 //! `MYSQL_URL` names, created for the test and dropped after it. Tests that
 //! must hold on both are written once over [`Db`] with [`on_both!`].
 
-use autoapproval::store::Store;
-use autoapproval::store::mysql;
+use autoapproval::db::Database;
+use autoapproval::db::mysql;
 use sqlx::mysql::{MySqlPool, MySqlPoolOptions};
 use sqlx::{ConnectOptions, Executor, PgPool};
 
@@ -47,10 +47,10 @@ pub(crate) use with_pool;
 
 impl Db {
     /// A store over this database, reading from the primary.
-    pub fn store(&self) -> Store {
+    pub fn database(&self) -> Database {
         match self {
-            Db::Postgres(pool) => Store::postgres(pool.clone(), pool.clone()),
-            Db::Mysql(pool) => Store::mysql(pool.clone(), pool.clone()),
+            Db::Postgres(pool) => Database::postgres(pool.clone(), pool.clone()),
+            Db::Mysql(pool) => Database::mysql(pool.clone(), pool.clone()),
         }
     }
 
@@ -225,7 +225,7 @@ impl MysqlScratch {
         let scratch = MysqlScratch::unmigrated().await;
         scratch
             .db()
-            .store()
+            .database()
             .migrate()
             .await
             .expect("MySQL migrations apply");

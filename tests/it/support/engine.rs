@@ -7,10 +7,10 @@ use std::sync::Arc;
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
+use autoapproval::db::{Database, DatabaseArgs, SessionArgs};
 use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
-use autoapproval::store::{DatabaseArgs, SessionArgs, Store};
 use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{FaultKind, Faults, SimHandle, SimSystem};
 use chrono::{DateTime, TimeZone, Utc};
@@ -32,7 +32,7 @@ pub fn defaults() -> ControllerConfig {
 
 /// Everything a test of the engine needs.
 pub struct Env {
-    pub store: Store,
+    pub store: Database,
     pub sim: SimHandle,
     pub clock: ManualClock,
     pub metrics: Metrics,
@@ -78,7 +78,7 @@ impl Env {
             db_max_connections: 4,
             wake_poll_interval: std::time::Duration::from_millis(250),
         };
-        let store = Store::connect(&args, session)
+        let store = Database::connect(&args, session)
             .await
             .expect("the store connects");
         Self::over(store, |c| c, defaults().approver).await
@@ -89,11 +89,11 @@ impl Env {
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
         approver_config: ApproverConfig,
     ) -> Env {
-        Self::over(pool.db().store(), adjust, approver_config).await
+        Self::over(pool.db().database(), adjust, approver_config).await
     }
 
     async fn over(
-        store: Store,
+        store: Database,
         adjust: impl FnOnce(ExternalArgs) -> ExternalArgs,
         approver_config: ApproverConfig,
     ) -> Env {

@@ -169,7 +169,7 @@ pub async fn request_status(db: &impl AsDb, id: i64) -> String {
 
 /// The memo history of a request, oldest first.
 pub async fn memos(db: &impl AsDb, id: i64) -> Vec<String> {
-    db.db().store().memos(id).await.expect("memos")
+    db.db().database().memos(id).await.expect("memos")
 }
 
 /// Like `owner_now`, its documents still in review: it waits.

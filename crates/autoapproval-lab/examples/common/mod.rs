@@ -2,7 +2,7 @@
 //! test API server with the CRD installed.
 
 use autoapproval::controller::crd::AutoApproval;
-use autoapproval::store::Store;
+use autoapproval::db::Database;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use kube::api::{Api, PostParams};
@@ -39,7 +39,7 @@ pub async fn fresh_database(
         .max_connections(connections)
         .connect(&url)
         .await?;
-    Store::postgres(pool.clone(), pool.clone())
+    Database::postgres(pool.clone(), pool.clone())
         .migrate()
         .await?;
     Ok((admin, pool))

@@ -27,12 +27,12 @@ use tracing::{info, warn};
 use autoapproval::approval::{Approver, TurnConfig, attempt_all, run_turn};
 use autoapproval::clock::SystemClock;
 use autoapproval::controller::config::{ControllerConfig, SettingError};
+use autoapproval::db::{Database, DatabaseArgs, DbError, Pool, SessionArgs};
 use autoapproval::domain::{Candidate, Fence, RequestType};
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::flags::parse_duration;
 use autoapproval::processors::Chain;
 use autoapproval::shutdown::Termination;
-use autoapproval::store::{DatabaseArgs, Pool, SessionArgs, Store, StoreError};
 use autoapproval::telemetry::Metrics;
 
 use super::seed_redis::{self, FailedClaims, RedisLocks, SeedWorker};
@@ -114,7 +114,7 @@ pub enum SeedDesignError {
     },
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// The endpoints could not be served.
     #[error("serving {addr}: {source}")]
     Listen {
@@ -164,7 +164,7 @@ pub async fn run(args: SeedDesignArgs) -> Result<(), SeedDesignError> {
             message: e.to_string(),
         }
     })?;
-    let store = Store::connect(&args.database, Some(&session)).await?;
+    let store = Database::connect(&args.database, Some(&session)).await?;
     let metrics = Metrics::new();
     let failed = Arc::new(FailedClaims::default());
     let listener = tokio::net::TcpListener::bind(args.listen)
@@ -291,7 +291,7 @@ async fn scheduled<F, Fut>(
 ) -> Result<(), SeedDesignError>
 where
     F: Fn() -> Fut,
-    Fut: std::future::Future<Output = Result<(), StoreError>>,
+    Fut: std::future::Future<Output = Result<(), DbError>>,
 {
     loop {
         tokio::time::sleep(until_next(cycle, offset)).await;
@@ -327,7 +327,7 @@ async fn collect(
     approver: &Arc<Approver>,
     queue: &SeedQueue,
     turn: &TurnConfig,
-) -> Result<(), StoreError> {
+) -> Result<(), DbError> {
     let turn = TurnConfig {
         owner_limit: 100_000,
         ad_limit: 100_000,
@@ -337,7 +337,7 @@ async fn collect(
     let mut candidates = Vec::new();
     for request_type in RequestType::AUTO_APPROVABLE {
         let query = turn.query(request_type, now, approver.config().retry.limit, None);
-        candidates.extend(approver.store().candidates(&query).await?);
+        candidates.extend(approver.database().candidates(&query).await?);
     }
     let queued = queue.enqueue(&candidates).await?;
     info!(candidates = candidates.len(), queued, "collector ran");
@@ -350,7 +350,7 @@ async fn process(
     queue: &SeedQueue,
     fence: &Fence,
     concurrency: usize,
-) -> Result<(), StoreError> {
+) -> Result<(), DbError> {
     loop {
         let batch = queue.queued(100).await?;
         if batch.is_empty() {
@@ -363,7 +363,7 @@ async fn process(
                 continue;
             };
             // A due retry is claimed through its state row.
-            let state_id = approver.store().state(*request_id).await?.map(|s| s.id);
+            let state_id = approver.database().state(*request_id).await?.map(|s| s.id);
             candidates.push(Candidate {
                 request_id: *request_id,
                 request_type,

@@ -26,11 +26,11 @@ use tracing::{debug, info, warn};
 
 use autoapproval::approval::TurnConfig;
 use autoapproval::clock::SystemClock;
+use autoapproval::db::{Completion, Database, DbError, RetryWrite};
 use autoapproval::domain::{Candidate, Claim, Fence, RequestType};
 use autoapproval::external::ExternalSystems;
 use autoapproval::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason};
 use autoapproval::retry::{RetryClass, RetryPolicy};
-use autoapproval::store::{Completion, RetryWrite, Store, StoreError};
 use autoapproval::telemetry::Metrics;
 
 use crate::harness::SeedQueue;
@@ -60,7 +60,7 @@ pub enum SeedRedisError {
     },
     /// The store failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
 }
 
 /// The per-request locks in Redis.
@@ -189,7 +189,7 @@ struct Recheck {
 /// One replica of the design.
 pub struct SeedWorker {
     /// Candidate queries (read pool) and the chain's reads and fenced writes.
-    pub store: Store,
+    pub store: Database,
     /// The writer, for the re-check and the state write.
     pub writer: MySqlPool,
     /// The external systems.
@@ -213,7 +213,7 @@ pub struct SeedWorker {
 impl SeedWorker {
     /// One turn: query, attempt every candidate, and query again while a
     /// round claimed nothing, up to [`MAX_ROUNDS`].
-    pub async fn turn(&self) -> Result<(), StoreError> {
+    pub async fn turn(&self) -> Result<(), DbError> {
         for _ in 0..MAX_ROUNDS {
             let now = Utc::now();
             let mut candidates = Vec::new();
@@ -273,8 +273,8 @@ impl SeedWorker {
 
     /// The re-check on the writer and the IN_PROGRESS write; `None` when the
     /// candidate is no longer one.
-    async fn claim(&self, request_id: i64) -> Result<Option<Claim>, StoreError> {
-        let fail = |operation| move |source| StoreError::Database { operation, source };
+    async fn claim(&self, request_id: i64) -> Result<Option<Claim>, DbError> {
+        let fail = |operation| move |source| DbError::Database { operation, source };
         let now = Utc::now();
         let row: Option<Recheck> = sqlx::query_as(
             "SELECT r.status, r.request_type, s.id AS state_id, s.status AS state_status,
@@ -310,7 +310,7 @@ impl SeedWorker {
                     // UNIQUE (request_id): another replica created it first.
                     Err(sqlx::Error::Database(e)) if e.is_unique_violation() => return Ok(None),
                     Err(source) => {
-                        return Err(StoreError::Database {
+                        return Err(DbError::Database {
                             operation: "record a claim",
                             source,
                         });
@@ -373,7 +373,7 @@ impl SeedWorker {
                 warn!(request_id = id, "state row taken over mid-chain; stopping");
                 return;
             }
-            Err(ChainError::Store(error)) => {
+            Err(ChainError::Database(error)) => {
                 warn!(request_id = claim.request_id, %error, "chain failed; the cleanser revives it");
                 return;
             }
@@ -402,7 +402,7 @@ impl SeedWorker {
         claim: &Claim,
         step: &str,
         reason: &RetryReason,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<bool, DbError> {
         let now = Utc::now();
         let transient = reason.class == RetryClass::Transient;
         let streak = if transient {
@@ -446,7 +446,7 @@ pub async fn poll_loop(worker: &SeedWorker, period: Duration) {
 /// lock, stuck claims (untouched for `stuck_after`) go back to
 /// RETRY_WAITING with a memo and rows of finished requests are deleted.
 pub async fn cleanser(
-    store: &Store,
+    store: &Database,
     locks: &SeedQueue,
     holder: &str,
     period: Duration,

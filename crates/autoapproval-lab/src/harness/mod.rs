@@ -13,12 +13,12 @@ use std::time::Duration;
 use sqlx::pool::PoolConnection;
 use sqlx::{MySqlPool, PgPool};
 
+use autoapproval::db::{DbError, Pool};
 use autoapproval::domain::{Candidate, RequestType};
-use autoapproval::store::{Pool, StoreError};
 
 /// The product's error for a failed statement, naming what the lab was doing.
-fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |source| StoreError::Database { operation, source }
+fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
+    move |source| DbError::Database { operation, source }
 }
 
 /// A request to seed.
@@ -121,69 +121,69 @@ impl Harness {
     /// stamped by a trigger on the state table), readable and writable by
     /// `worker_role`, which the controllers connect as; and the seed's old
     /// queue and scheduler lock tables.
-    pub async fn install_probes(&self, worker_role: &str) -> Result<(), StoreError> {
+    pub async fn install_probes(&self, worker_role: &str) -> Result<(), DbError> {
         on_db!(&self.db, install_probes(worker_role))
     }
 
     /// Inserts a request now (`created_at` in the database's clock) and, when
     /// it is workable at once, records it as eligible from that instant.
-    pub async fn insert_request(&self, request: &NewRequest) -> Result<i64, StoreError> {
+    pub async fn insert_request(&self, request: &NewRequest) -> Result<i64, DbError> {
         on_db!(&self.db, insert_request(request))
     }
 
     /// Releases the documents of `ids` (the change wakes the replicas) and
     /// records them as eligible from now.
-    pub async fn release_documents(&self, ids: &[i64]) -> Result<(), StoreError> {
+    pub async fn release_documents(&self, ids: &[i64]) -> Result<(), DbError> {
         on_db!(&self.db, release_documents(ids))
     }
 
     /// A person approves `id` by hand, as the business system would.
-    pub async fn approve_by_hand(&self, id: i64, person: &str) -> Result<(), StoreError> {
+    pub async fn approve_by_hand(&self, id: i64, person: &str) -> Result<(), DbError> {
         on_db!(&self.db, approve_by_hand(id, person))
     }
 
     /// Where each of `ids` stands now.
-    pub async fn ends(&self, ids: &[i64]) -> Result<Vec<RequestEnd>, StoreError> {
+    pub async fn ends(&self, ids: &[i64]) -> Result<Vec<RequestEnd>, DbError> {
         on_db!(&self.db, ends(ids))
     }
 
     /// Pickup latency in milliseconds of every request claimed since it
     /// became eligible (its first claim at or after `eligible_at`), ascending.
-    pub async fn pickups_ms(&self) -> Result<Vec<f64>, StoreError> {
+    pub async fn pickups_ms(&self) -> Result<Vec<f64>, DbError> {
         on_db!(&self.db, pickups_ms())
     }
 
     /// Approvals by `decided_by` and the time from the first eligible request
     /// to the last of those approvals.
-    pub async fn approval_span(&self, decided_by: &str) -> Result<ApprovalSpan, StoreError> {
+    pub async fn approval_span(&self, decided_by: &str) -> Result<ApprovalSpan, DbError> {
         on_db!(&self.db, approval_span(decided_by))
     }
 
     /// State rows waiting their retry (`RETRY_WAITING`).
-    pub async fn waiting(&self) -> Result<i64, StoreError> {
+    pub async fn waiting(&self) -> Result<i64, DbError> {
         on_db!(&self.db, waiting())
     }
 
     /// Open requests (PENDING, RETRY, ING).
-    pub async fn unfinished(&self) -> Result<i64, StoreError> {
+    pub async fn unfinished(&self) -> Result<i64, DbError> {
         on_db!(&self.db, unfinished())
     }
 
     /// The claim held longest among those still IN_PROGRESS: its request and
     /// its age in seconds, in the database's clock (from `harness_claim`).
-    pub async fn oldest_running_claim(&self) -> Result<Option<(i64, f64)>, StoreError> {
+    pub async fn oldest_running_claim(&self) -> Result<Option<(i64, f64)>, DbError> {
         on_db!(&self.db, oldest_running_claim())
     }
 
     /// Ends every session of `role` (what an operator or a failover does to
     /// sessions); returns how many were ended.
-    pub async fn terminate_backends(&self, role: &str) -> Result<i64, StoreError> {
+    pub async fn terminate_backends(&self, role: &str) -> Result<i64, DbError> {
         on_db!(&self.db, terminate_backends(role))
     }
 
     /// Whether statements are counted (PostgreSQL with `pg_stat_statements`
     /// preloaded; never on MariaDB); creates the extension if so.
-    pub async fn enable_statement_counts(&self) -> Result<bool, StoreError> {
+    pub async fn enable_statement_counts(&self) -> Result<bool, DbError> {
         match &self.db {
             Db::Postgres(pool) => postgres::enable_statement_counts(pool).await,
             Db::Mysql(_) => Ok(false),
@@ -191,7 +191,7 @@ impl Harness {
     }
 
     /// Forgets every statement counted so far.
-    pub async fn reset_statement_counts(&self) -> Result<(), StoreError> {
+    pub async fn reset_statement_counts(&self) -> Result<(), DbError> {
         match &self.db {
             Db::Postgres(pool) => postgres::reset_statement_counts(pool).await,
             Db::Mysql(_) => Ok(()),
@@ -200,7 +200,7 @@ impl Harness {
 
     /// Statements executed by `role` since the last reset (top-level only:
     /// what the client sent, not what triggers ran); 0 on MariaDB.
-    pub async fn statements_by(&self, role: &str) -> Result<i64, StoreError> {
+    pub async fn statements_by(&self, role: &str) -> Result<i64, DbError> {
         match &self.db {
             Db::Postgres(pool) => postgres::statements_by(pool, role).await,
             Db::Mysql(_) => Ok(0),
@@ -212,7 +212,7 @@ impl Harness {
         &self,
         role: &str,
         limit: i64,
-    ) -> Result<Vec<StatementCount>, StoreError> {
+    ) -> Result<Vec<StatementCount>, DbError> {
         match &self.db {
             Db::Postgres(pool) => postgres::top_statements(pool, role, limit).await,
             Db::Mysql(_) => Ok(Vec::new()),
@@ -260,7 +260,7 @@ impl SeedQueue {
         name: &str,
         holder: &str,
         at_most: Duration,
-    ) -> Result<Option<SchedulerLock>, StoreError> {
+    ) -> Result<Option<SchedulerLock>, DbError> {
         match &self.db {
             Db::Postgres(pool) => {
                 let mut conn = pool
@@ -284,7 +284,7 @@ impl SeedQueue {
         lock: SchedulerLock,
         holder: &str,
         at_least: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<(), DbError> {
         match (lock, &self.db) {
             (SchedulerLock::Postgres(mut conn, name), _) => {
                 postgres::unlock(&mut conn, &name).await
@@ -298,17 +298,17 @@ impl SeedQueue {
     }
 
     /// The collector: queues every candidate not already queued.
-    pub async fn enqueue(&self, candidates: &[Candidate]) -> Result<u64, StoreError> {
+    pub async fn enqueue(&self, candidates: &[Candidate]) -> Result<u64, DbError> {
         on_db!(&self.db, enqueue(candidates))
     }
 
     /// The processor's batch: the oldest `limit` queued requests.
-    pub async fn queued(&self, limit: i64) -> Result<Vec<(i64, i64, String)>, StoreError> {
+    pub async fn queued(&self, limit: i64) -> Result<Vec<(i64, i64, String)>, DbError> {
         on_db!(&self.db, queued(limit))
     }
 
     /// Marks a queue row processed.
-    pub async fn done(&self, id: i64) -> Result<(), StoreError> {
+    pub async fn done(&self, id: i64) -> Result<(), DbError> {
         on_db!(&self.db, done(id))
     }
 }

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use sqlx::{MySqlPool, QueryBuilder};
 
+use autoapproval::db::DbError;
 use autoapproval::domain::Candidate;
-use autoapproval::store::StoreError;
 
 use super::{ApprovalSpan, NewRequest, RequestEnd, db};
 
@@ -54,7 +54,7 @@ const PROBES: &[&str] = &[
          locked_by  VARCHAR(255) NOT NULL)",
 ];
 
-pub(super) async fn install_probes(pool: &MySqlPool, _worker_role: &str) -> Result<(), StoreError> {
+pub(super) async fn install_probes(pool: &MySqlPool, _worker_role: &str) -> Result<(), DbError> {
     // The replicas connect as root on the lab's throwaway server: no grants.
     for sql in PROBES {
         sqlx::raw_sql(sqlx::AssertSqlSafe(*sql))
@@ -65,10 +65,7 @@ pub(super) async fn install_probes(pool: &MySqlPool, _worker_role: &str) -> Resu
     Ok(())
 }
 
-pub(super) async fn insert_request(
-    pool: &MySqlPool,
-    request: &NewRequest,
-) -> Result<i64, StoreError> {
+pub(super) async fn insert_request(pool: &MySqlPool, request: &NewRequest) -> Result<i64, DbError> {
     let mut tx = pool.begin().await.map_err(db("seed a request"))?;
     let id = sqlx::query("INSERT INTO harness_request_id () VALUES ()")
         .execute(&mut *tx)
@@ -119,7 +116,7 @@ fn with_ids(prefix: &str, ids: &[i64], suffix: &str) -> QueryBuilder<sqlx::MySql
     query
 }
 
-pub(super) async fn release_documents(pool: &MySqlPool, ids: &[i64]) -> Result<(), StoreError> {
+pub(super) async fn release_documents(pool: &MySqlPool, ids: &[i64]) -> Result<(), DbError> {
     if ids.is_empty() {
         return Ok(());
     }
@@ -152,7 +149,7 @@ pub(super) async fn approve_by_hand(
     pool: &MySqlPool,
     id: i64,
     person: &str,
-) -> Result<(), StoreError> {
+) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE approval_request
             SET status = 'APPROVED', decided_by = ?, decided_at = UTC_TIMESTAMP(6),
@@ -167,7 +164,7 @@ pub(super) async fn approve_by_hand(
     Ok(())
 }
 
-pub(super) async fn ends(pool: &MySqlPool, ids: &[i64]) -> Result<Vec<RequestEnd>, StoreError> {
+pub(super) async fn ends(pool: &MySqlPool, ids: &[i64]) -> Result<Vec<RequestEnd>, DbError> {
     if ids.is_empty() {
         return Ok(Vec::new());
     }
@@ -185,7 +182,7 @@ pub(super) async fn ends(pool: &MySqlPool, ids: &[i64]) -> Result<Vec<RequestEnd
     .map_err(db("read the requests' ends"))
 }
 
-pub(super) async fn pickups_ms(pool: &MySqlPool) -> Result<Vec<f64>, StoreError> {
+pub(super) async fn pickups_ms(pool: &MySqlPool) -> Result<Vec<f64>, DbError> {
     // A float literal makes the quotient a DOUBLE on both servers.
     let rows: Vec<(f64,)> = sqlx::query_as(
         "SELECT TIMESTAMPDIFF(MICROSECOND, e.eligible_at, MIN(c.claimed_at)) / 1e3 AS ms
@@ -203,7 +200,7 @@ pub(super) async fn pickups_ms(pool: &MySqlPool) -> Result<Vec<f64>, StoreError>
 pub(super) async fn approval_span(
     pool: &MySqlPool,
     decided_by: &str,
-) -> Result<ApprovalSpan, StoreError> {
+) -> Result<ApprovalSpan, DbError> {
     let (approved, seconds): (i64, Option<f64>) = sqlx::query_as(
         "SELECT COUNT(*),
                 TIMESTAMPDIFF(MICROSECOND, (SELECT MIN(eligible_at) FROM harness_eligible),
@@ -221,7 +218,7 @@ pub(super) async fn approval_span(
     })
 }
 
-pub(super) async fn waiting(pool: &MySqlPool) -> Result<i64, StoreError> {
+pub(super) async fn waiting(pool: &MySqlPool) -> Result<i64, DbError> {
     let (n,): (i64,) =
         sqlx::query_as("SELECT COUNT(*) FROM auto_approve_state WHERE status = 'RETRY_WAITING'")
             .fetch_one(pool)
@@ -230,7 +227,7 @@ pub(super) async fn waiting(pool: &MySqlPool) -> Result<i64, StoreError> {
     Ok(n)
 }
 
-pub(super) async fn unfinished(pool: &MySqlPool) -> Result<i64, StoreError> {
+pub(super) async fn unfinished(pool: &MySqlPool) -> Result<i64, DbError> {
     let (n,): (i64,) = sqlx::query_as(
         "SELECT COUNT(*) FROM approval_request WHERE status IN ('PENDING', 'RETRY', 'ING')",
     )
@@ -240,9 +237,7 @@ pub(super) async fn unfinished(pool: &MySqlPool) -> Result<i64, StoreError> {
     Ok(n)
 }
 
-pub(super) async fn oldest_running_claim(
-    pool: &MySqlPool,
-) -> Result<Option<(i64, f64)>, StoreError> {
+pub(super) async fn oldest_running_claim(pool: &MySqlPool) -> Result<Option<(i64, f64)>, DbError> {
     sqlx::query_as(
         "SELECT s.request_id,
                 TIMESTAMPDIFF(MICROSECOND, MAX(c.claimed_at), UTC_TIMESTAMP(6)) / 1e6 AS age
@@ -258,7 +253,7 @@ pub(super) async fn oldest_running_claim(
     .map_err(db("read the oldest running claim"))
 }
 
-pub(super) async fn terminate_backends(pool: &MySqlPool, user: &str) -> Result<i64, StoreError> {
+pub(super) async fn terminate_backends(pool: &MySqlPool, user: &str) -> Result<i64, DbError> {
     let mut conn = pool.acquire().await.map_err(db("terminate the sessions"))?;
     let ids: Vec<(i64,)> = sqlx::query_as(
         "SELECT CAST(id AS SIGNED) FROM information_schema.processlist
@@ -289,7 +284,7 @@ pub(super) async fn try_lock(
     name: &str,
     holder: &str,
     at_most: Duration,
-) -> Result<bool, StoreError> {
+) -> Result<bool, DbError> {
     let micros = at_most.as_micros() as i64;
     let inserted = sqlx::query(
         "INSERT IGNORE INTO shedlock (name, lock_until, locked_at, locked_by)
@@ -325,7 +320,7 @@ pub(super) async fn unlock(
     name: &str,
     holder: &str,
     at_least: Duration,
-) -> Result<(), StoreError> {
+) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE shedlock
             SET lock_until = GREATEST(locked_at + INTERVAL ? MICROSECOND, UTC_TIMESTAMP(6))
@@ -340,7 +335,7 @@ pub(super) async fn unlock(
     Ok(())
 }
 
-pub(super) async fn enqueue(pool: &MySqlPool, candidates: &[Candidate]) -> Result<u64, StoreError> {
+pub(super) async fn enqueue(pool: &MySqlPool, candidates: &[Candidate]) -> Result<u64, DbError> {
     if candidates.is_empty() {
         return Ok(0);
     }
@@ -361,7 +356,7 @@ pub(super) async fn enqueue(pool: &MySqlPool, candidates: &[Candidate]) -> Resul
 pub(super) async fn queued(
     pool: &MySqlPool,
     limit: i64,
-) -> Result<Vec<(i64, i64, String)>, StoreError> {
+) -> Result<Vec<(i64, i64, String)>, DbError> {
     sqlx::query_as(
         "SELECT id, request_id, request_type FROM seed_old_queue
           WHERE status = 'NEW' ORDER BY id LIMIT ?",
@@ -372,7 +367,7 @@ pub(super) async fn queued(
     .map_err(db("read the queue"))
 }
 
-pub(super) async fn done(pool: &MySqlPool, id: i64) -> Result<(), StoreError> {
+pub(super) async fn done(pool: &MySqlPool, id: i64) -> Result<(), DbError> {
     sqlx::query("UPDATE seed_old_queue SET status = 'DONE' WHERE id = ?")
         .bind(id)
         .execute(pool)

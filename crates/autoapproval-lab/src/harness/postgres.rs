@@ -4,8 +4,8 @@
 use sqlx::PgPool;
 use sqlx::postgres::PgConnection;
 
+use autoapproval::db::DbError;
 use autoapproval::domain::Candidate;
-use autoapproval::store::StoreError;
 
 use super::{ApprovalSpan, NewRequest, RequestEnd, StatementCount, db};
 
@@ -13,7 +13,7 @@ use super::{ApprovalSpan, NewRequest, RequestEnd, StatementCount, db};
 /// workable, written by the harness) and `harness_claim` (every claim,
 /// stamped by a trigger on the state table), readable and writable by
 /// `worker_role`, which the controllers connect as.
-pub(super) async fn install_probes(pool: &PgPool, worker_role: &str) -> Result<(), StoreError> {
+pub(super) async fn install_probes(pool: &PgPool, worker_role: &str) -> Result<(), DbError> {
     let statements = [
         "CREATE TABLE IF NOT EXISTS harness_eligible (
              request_id  BIGINT PRIMARY KEY,
@@ -62,7 +62,7 @@ pub(super) async fn install_probes(pool: &PgPool, worker_role: &str) -> Result<(
 
 /// Inserts a request now (`created_at` in the database's clock) and, when
 /// it is workable at once, records it as eligible from that instant.
-pub(super) async fn insert_request(pool: &PgPool, request: &NewRequest) -> Result<i64, StoreError> {
+pub(super) async fn insert_request(pool: &PgPool, request: &NewRequest) -> Result<i64, DbError> {
     let (id,): (i64,) = sqlx::query_as(
         "WITH next AS (SELECT nextval(pg_get_serial_sequence('approval_request', 'id')) AS id),
          inserted AS (
@@ -91,7 +91,7 @@ pub(super) async fn insert_request(pool: &PgPool, request: &NewRequest) -> Resul
 
 /// Releases the documents of `ids` (the change NOTIFYs) and records them
 /// as eligible from now.
-pub(super) async fn release_documents(pool: &PgPool, ids: &[i64]) -> Result<(), StoreError> {
+pub(super) async fn release_documents(pool: &PgPool, ids: &[i64]) -> Result<(), DbError> {
     sqlx::query(
         "WITH released AS (
              UPDATE approval_request SET documents_released = true, updated_at = clock_timestamp()
@@ -108,11 +108,7 @@ pub(super) async fn release_documents(pool: &PgPool, ids: &[i64]) -> Result<(), 
 }
 
 /// A person approves `id` by hand, as the business system would.
-pub(super) async fn approve_by_hand(
-    pool: &PgPool,
-    id: i64,
-    person: &str,
-) -> Result<(), StoreError> {
+pub(super) async fn approve_by_hand(pool: &PgPool, id: i64, person: &str) -> Result<(), DbError> {
     sqlx::query(
         "UPDATE approval_request
             SET status = 'APPROVED', decided_by = $2, decided_at = now(), updated_at = now()
@@ -127,7 +123,7 @@ pub(super) async fn approve_by_hand(
 }
 
 /// Where each of `ids` stands now.
-pub(super) async fn ends(pool: &PgPool, ids: &[i64]) -> Result<Vec<RequestEnd>, StoreError> {
+pub(super) async fn ends(pool: &PgPool, ids: &[i64]) -> Result<Vec<RequestEnd>, DbError> {
     sqlx::query_as(
         "SELECT r.id AS request_id, r.status, r.decided_by, s.status AS state, s.last_reason
            FROM approval_request r
@@ -143,7 +139,7 @@ pub(super) async fn ends(pool: &PgPool, ids: &[i64]) -> Result<Vec<RequestEnd>, 
 
 /// Pickup latency in milliseconds of every request claimed since it
 /// became eligible (its first claim at or after `eligible_at`), ascending.
-pub(super) async fn pickups_ms(pool: &PgPool) -> Result<Vec<f64>, StoreError> {
+pub(super) async fn pickups_ms(pool: &PgPool) -> Result<Vec<f64>, DbError> {
     let rows: Vec<(f64,)> = sqlx::query_as(
         "SELECT (extract(epoch FROM min(c.claimed_at) - e.eligible_at) * 1000)::float8 AS ms
            FROM harness_eligible e
@@ -162,7 +158,7 @@ pub(super) async fn pickups_ms(pool: &PgPool) -> Result<Vec<f64>, StoreError> {
 pub(super) async fn approval_span(
     pool: &PgPool,
     decided_by: &str,
-) -> Result<ApprovalSpan, StoreError> {
+) -> Result<ApprovalSpan, DbError> {
     let (approved, seconds): (i64, Option<f64>) = sqlx::query_as(
         "SELECT count(*),
                 extract(epoch FROM max(r.decided_at) - (SELECT min(eligible_at) FROM harness_eligible))::float8
@@ -180,7 +176,7 @@ pub(super) async fn approval_span(
 }
 
 /// State rows waiting their retry (`RETRY_WAITING`).
-pub(super) async fn waiting(pool: &PgPool) -> Result<i64, StoreError> {
+pub(super) async fn waiting(pool: &PgPool) -> Result<i64, DbError> {
     let (n,): (i64,) =
         sqlx::query_as("SELECT count(*) FROM auto_approve_state WHERE status = 'RETRY_WAITING'")
             .fetch_one(pool)
@@ -190,7 +186,7 @@ pub(super) async fn waiting(pool: &PgPool) -> Result<i64, StoreError> {
 }
 
 /// Open requests that no claim has reached yet, and claims still held.
-pub(super) async fn unfinished(pool: &PgPool) -> Result<i64, StoreError> {
+pub(super) async fn unfinished(pool: &PgPool) -> Result<i64, DbError> {
     let (n,): (i64,) = sqlx::query_as(
         "SELECT count(*) FROM approval_request WHERE status IN ('PENDING', 'RETRY', 'ING')",
     )
@@ -202,7 +198,7 @@ pub(super) async fn unfinished(pool: &PgPool) -> Result<i64, StoreError> {
 
 /// The claim held longest among those still IN_PROGRESS: its request and
 /// its age in seconds, in the database's clock (from `harness_claim`).
-pub(super) async fn oldest_running_claim(pool: &PgPool) -> Result<Option<(i64, f64)>, StoreError> {
+pub(super) async fn oldest_running_claim(pool: &PgPool) -> Result<Option<(i64, f64)>, DbError> {
     sqlx::query_as(
         "SELECT s.request_id, extract(epoch FROM clock_timestamp() - max(c.claimed_at))::float8
            FROM auto_approve_state s
@@ -219,7 +215,7 @@ pub(super) async fn oldest_running_claim(pool: &PgPool) -> Result<Option<(i64, f
 
 /// Terminates every backend of `role` (`pg_terminate_backend`, what an
 /// operator or a failover does to sessions); returns how many were ended.
-pub(super) async fn terminate_backends(pool: &PgPool, role: &str) -> Result<i64, StoreError> {
+pub(super) async fn terminate_backends(pool: &PgPool, role: &str) -> Result<i64, DbError> {
     let (ended,): (i64,) = sqlx::query_as(
         "SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
            FROM pg_stat_activity
@@ -233,7 +229,7 @@ pub(super) async fn terminate_backends(pool: &PgPool, role: &str) -> Result<i64,
 }
 
 /// Whether `pg_stat_statements` is loaded; creates the extension if so.
-pub(super) async fn enable_statement_counts(pool: &PgPool) -> Result<bool, StoreError> {
+pub(super) async fn enable_statement_counts(pool: &PgPool) -> Result<bool, DbError> {
     let (loaded,): (bool,) = sqlx::query_as(
         "SELECT 'pg_stat_statements' = ANY(string_to_array(current_setting('shared_preload_libraries'), ','))",
     )
@@ -250,7 +246,7 @@ pub(super) async fn enable_statement_counts(pool: &PgPool) -> Result<bool, Store
 }
 
 /// Forgets every statement counted so far.
-pub(super) async fn reset_statement_counts(pool: &PgPool) -> Result<(), StoreError> {
+pub(super) async fn reset_statement_counts(pool: &PgPool) -> Result<(), DbError> {
     sqlx::query("SELECT pg_stat_statements_reset()")
         .execute(pool)
         .await
@@ -260,7 +256,7 @@ pub(super) async fn reset_statement_counts(pool: &PgPool) -> Result<(), StoreErr
 
 /// Statements executed by `role` since the last reset (top-level only:
 /// what the client sent, not what triggers ran).
-pub(super) async fn statements_by(pool: &PgPool, role: &str) -> Result<i64, StoreError> {
+pub(super) async fn statements_by(pool: &PgPool, role: &str) -> Result<i64, DbError> {
     let (n,): (Option<i64>,) = sqlx::query_as(
         "SELECT sum(s.calls)::bigint
            FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
@@ -278,7 +274,7 @@ pub(super) async fn top_statements(
     pool: &PgPool,
     role: &str,
     limit: i64,
-) -> Result<Vec<StatementCount>, StoreError> {
+) -> Result<Vec<StatementCount>, DbError> {
     sqlx::query_as(
         "SELECT left(regexp_replace(s.query, '\\s+', ' ', 'g'), 160) AS query, s.calls
            FROM pg_stat_statements s JOIN pg_roles r ON r.oid = s.userid
@@ -297,7 +293,7 @@ pub(super) async fn top_statements(
 
 /// Takes the advisory lock named `name` on `conn` when free (a session
 /// lock: it is gone when the holder's connection is).
-pub(super) async fn try_lock(conn: &mut PgConnection, name: &str) -> Result<bool, StoreError> {
+pub(super) async fn try_lock(conn: &mut PgConnection, name: &str) -> Result<bool, DbError> {
     let (won,): (bool,) = sqlx::query_as("SELECT pg_try_advisory_lock(hashtext($1))")
         .bind(name)
         .fetch_one(&mut *conn)
@@ -307,7 +303,7 @@ pub(super) async fn try_lock(conn: &mut PgConnection, name: &str) -> Result<bool
 }
 
 /// Releases the lock `name` taken on `conn`.
-pub(super) async fn unlock(conn: &mut PgConnection, name: &str) -> Result<(), StoreError> {
+pub(super) async fn unlock(conn: &mut PgConnection, name: &str) -> Result<(), DbError> {
     sqlx::query("SELECT pg_advisory_unlock(hashtext($1))")
         .bind(name)
         .execute(&mut *conn)
@@ -317,7 +313,7 @@ pub(super) async fn unlock(conn: &mut PgConnection, name: &str) -> Result<(), St
 }
 
 /// The collector: queues every candidate not already queued.
-pub(super) async fn enqueue(pool: &PgPool, candidates: &[Candidate]) -> Result<u64, StoreError> {
+pub(super) async fn enqueue(pool: &PgPool, candidates: &[Candidate]) -> Result<u64, DbError> {
     let ids: Vec<i64> = candidates.iter().map(|c| c.request_id).collect();
     let types: Vec<&str> = candidates.iter().map(|c| c.request_type.as_str()).collect();
     let done = sqlx::query(
@@ -334,10 +330,7 @@ pub(super) async fn enqueue(pool: &PgPool, candidates: &[Candidate]) -> Result<u
 }
 
 /// The processor's batch: the oldest `limit` queued requests.
-pub(super) async fn queued(
-    pool: &PgPool,
-    limit: i64,
-) -> Result<Vec<(i64, i64, String)>, StoreError> {
+pub(super) async fn queued(pool: &PgPool, limit: i64) -> Result<Vec<(i64, i64, String)>, DbError> {
     sqlx::query_as(
         "SELECT id, request_id, request_type FROM seed_old_queue
           WHERE status = 'NEW' ORDER BY id LIMIT $1",
@@ -349,7 +342,7 @@ pub(super) async fn queued(
 }
 
 /// Marks a queue row processed.
-pub(super) async fn done(pool: &PgPool, id: i64) -> Result<(), StoreError> {
+pub(super) async fn done(pool: &PgPool, id: i64) -> Result<(), DbError> {
     sqlx::query("UPDATE seed_old_queue SET status = 'DONE' WHERE id = $1")
         .bind(id)
         .execute(pool)

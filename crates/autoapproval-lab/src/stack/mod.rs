@@ -18,9 +18,9 @@ use kube_testserver::{Options, TestServer};
 use throwaway_db::MariaDb;
 
 use autoapproval::controller::crd::AutoApproval;
+use autoapproval::db::mysql;
+use autoapproval::db::{self, DbError};
 use autoapproval::shutdown::Termination;
-use autoapproval::store::mysql;
-use autoapproval::store::{Store, StoreError};
 use autoapproval_sim::{SimConfig, SimError, SimHandle, Simulator};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -132,7 +132,7 @@ pub enum StackError {
     Mariadb(String),
     /// The database failed.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Database(#[from] DbError),
     /// The test API server or a Kubernetes call failed.
     #[error("Kubernetes: {0}")]
     Kube(String),
@@ -301,7 +301,7 @@ impl Stack {
         }
         admin.close().await;
         let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
-        Store::postgres(worker.clone(), worker.clone())
+        db::Database::postgres(worker.clone(), worker.clone())
             .migrate()
             .await?;
         worker.close().await;
@@ -329,7 +329,9 @@ impl Stack {
             .map_err(|e| StackError::Mariadb(format!("{url}: {e}")))?;
         // The store's own session settings (READ COMMITTED, UTC).
         let pool = mysql::pool(options, 4, None);
-        Store::mysql(pool.clone(), pool.clone()).migrate().await?;
+        db::Database::mysql(pool.clone(), pool.clone())
+            .migrate()
+            .await?;
         Ok(Harness::mysql(pool))
     }
 

@@ -11,11 +11,11 @@ use std::time::Duration;
 
 use autoapproval::approval::TurnConfig;
 use autoapproval::controller::config::ControllerConfig;
+use autoapproval::db::Database;
+use autoapproval::db::mysql;
 use autoapproval::domain::RequestType;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::processors::Chain;
-use autoapproval::store::Store;
-use autoapproval::store::mysql;
 use autoapproval::telemetry::Metrics;
 use autoapproval_lab::bench::report::duplicate_creations;
 use autoapproval_lab::bench::seed_redis::{FailedClaims, RedisLocks, SeedWorker};
@@ -32,7 +32,7 @@ async fn two_seed_new_workers_on_mariadb_and_redis_never_claim_one_request_twice
     server.create_database("lab").await.expect("database");
     let url = server.database_url("lab");
     let pool = mysql::pool(url.parse().expect("URL"), 20, None);
-    let store = Store::mysql(pool.clone(), pool.clone());
+    let store = Database::mysql(pool.clone(), pool.clone());
     store.migrate().await.expect("migrated");
     let harness = Harness::mysql(pool.clone());
     harness.install_probes("root").await.expect("probes");

@@ -1,0 +1,235 @@
+//! The thin candidate queries on the read pool, as on PostgreSQL
+//! (store/candidates.rs). Nothing is locked; the claim decides.
+//!
+//! The request side reads the candidate index approval_request_open_candidates
+//! (request_type, status, sort_time, target_store_number), which is not
+//! partial here (migrations/mysql 0001): see `candidate_sql` for how the
+//! query keeps to the open ranges. The shard filter is `id % K IN (…)` with
+//! one placeholder per shard (no arrays).
+
+use super::{CHUNK, MysqlStore, db, placeholders};
+use crate::db::candidates::{of_any_type, of_type};
+use crate::db::{CandidateQuery, Candidates, DbError, ShardFilter};
+use crate::domain::{Candidate, RequestType};
+
+/// The open statuses in pickup order (ING < PENDING < RETRY).
+const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
+
+/// The candidate SQL of a type for `shards` shards (0: no shard filter);
+/// `None` for types that are not auto-approvable. Binds, three times (one
+/// branch per open status): window start, now, retry limit, [K, each
+/// shard,] limit; then the limit once more.
+///
+/// One branch per open status, not PostgreSQL's `status IN (…)`: the index
+/// is not partial, so the closed statuses sort between the open ones
+/// (APPROVED < CANCELED < ING < PENDING < REJECTED < RETRY), and on
+/// 1,000,000 requests MariaDB read the type's whole range in index order
+/// from APPROVED on (66,745 rows for 20, docs/BENCHMARKS.md issue 19)
+/// instead of the three open ranges. Each branch is one range read in
+/// order that LIMIT stops; the outer sort is of at most 3 × limit rows.
+pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
+    let branches: Vec<String> = OPEN
+        .iter()
+        .map(|status| {
+            format!(
+                "(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
+     FROM approval_request r
+     LEFT JOIN auto_approve_state s ON s.request_id = r.id
+    WHERE r.request_type = '{}'
+      AND r.status = '{status}'
+      AND r.sort_time >= ?{ad}
+      AND (s.id IS NULL
+           OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?)){shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.sort_time
+    LIMIT ?)",
+                request_type.as_str()
+            )
+        })
+        .collect();
+    Some(format!(
+        "SELECT request_id, state_id FROM (\n{}\n) AS candidates\n ORDER BY status, sort_time\n LIMIT ?",
+        branches.join("\n UNION ALL\n")
+    ))
+}
+
+/// The conditions both candidate statements add for a type (an ad contract
+/// needs its store) and for `shards` shards (0: none); `None` for types that
+/// are not auto-approvable.
+fn type_and_shard_conditions(
+    request_type: RequestType,
+    shards: usize,
+) -> Option<(&'static str, String)> {
+    let ad = match request_type {
+        RequestType::OwnerContract => "",
+        RequestType::AdContract => "\n      AND r.target_store_number IS NOT NULL",
+        _ => return None,
+    };
+    let shard = if shards == 0 {
+        String::new()
+    } else {
+        format!("\n      AND r.id % ? IN ({})", placeholders(shards))
+    };
+    Some((ad, shard))
+}
+
+/// The fresh-candidate SQL of a type for `shards` shards (0: no shard
+/// filter), as PostgreSQL's `FRESH_CANDIDATES`: new requests above a cursor
+/// by primary key in id order, and due retries from the index
+/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql
+/// 0005) in due order. Binds: cursor, window start, [K, each shard,] limit;
+/// then now, retry limit, window start, [K, each shard,] limit. The new
+/// branch's state id is a typed NULL so that the union's column is BIGINT.
+pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
+    let request_type = request_type.as_str();
+    Some(format!(
+        "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
+     FROM approval_request r
+    WHERE r.id > ?
+      AND r.request_type = '{request_type}'
+      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.sort_time >= ?{ad}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id){shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY r.id
+    LIMIT ?)
+ UNION ALL
+(SELECT r.id AS request_id, s.id AS state_id
+     FROM auto_approve_state s
+     JOIN approval_request r ON r.id = s.request_id
+    WHERE s.status = 'RETRY_WAITING'
+      AND s.next_retry_time <= ?
+      AND s.retry_count < ?
+      AND r.request_type = '{request_type}'
+      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.sort_time >= ?{ad}{shard}
+      AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+    ORDER BY s.next_retry_time
+    LIMIT ?)"
+    ))
+}
+
+/// The same conditions for given requests of both types, by primary key,
+/// in the candidate queries' order (status, then oldest sort_time): the
+/// look at notified requests, and the order of a turn's candidates found
+/// by several paths; for `n` of them.
+pub fn candidates_among_sql(n: usize) -> String {
+    format!(
+        "SELECT r.id AS request_id, r.request_type, s.id AS state_id
+  FROM approval_request r
+  LEFT JOIN auto_approve_state s ON s.request_id = r.id
+ WHERE r.id IN ({})
+   AND r.status IN ('ING', 'PENDING', 'RETRY')
+   AND (r.request_type = 'OWNER_CONTRACT'
+        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
+   AND r.sort_time >= ?
+   AND (s.id IS NULL
+        OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
+   AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
+ ORDER BY r.status, r.sort_time, r.id",
+        placeholders(n)
+    )
+}
+
+/// Binds a shard filter's K and shards, as `candidate_sql` and
+/// `fresh_candidates_sql` place them; nothing without a filter.
+fn bind_shards<'q, O>(
+    mut q: sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments>,
+    filter: Option<&ShardFilter>,
+) -> sqlx::query::QueryAs<'q, sqlx::MySql, O, sqlx::mysql::MySqlArguments> {
+    if let Some(f) = filter {
+        q = q.bind(f.shard_count.max(1));
+        if f.shards.is_empty() {
+            // No shard: a value no id % K equals.
+            q = q.bind(-1_i64);
+        }
+        for shard in &f.shards {
+            q = q.bind(*shard);
+        }
+    }
+    q
+}
+
+// === impl MysqlStore ===
+
+impl Candidates for MysqlStore {
+    // One statement per [`CHUNK`] of ids: MySQL has no array parameters.
+    async fn candidates_among(
+        &self,
+        request_ids: &[i64],
+        query: &CandidateQuery,
+    ) -> Result<Vec<Candidate>, DbError> {
+        if request_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut rows: Vec<(i64, String, Option<i64>)> = Vec::new();
+        for chunk in request_ids.chunks(CHUNK) {
+            let sql = candidates_among_sql(chunk.len());
+            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
+            rows.extend(
+                q.bind(query.window_start)
+                    .bind(query.now)
+                    .bind(query.retry_limit)
+                    .fetch_all(&self.read)
+                    .await
+                    .map_err(db("candidates among requests"))?,
+            );
+        }
+        of_any_type(rows)
+    }
+
+    async fn fresh_candidates(
+        &self,
+        query: &CandidateQuery,
+        since: i64,
+    ) -> Result<Vec<Candidate>, DbError> {
+        let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
+        let Some(sql) = fresh_candidates_sql(query.request_type, shards) else {
+            return Ok(Vec::new());
+        };
+        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+            .bind(since)
+            .bind(query.window_start);
+        let q = bind_shards(q, query.shards.as_ref())
+            .bind(query.limit)
+            .bind(query.now)
+            .bind(query.retry_limit)
+            .bind(query.window_start);
+        let rows: Vec<(i64, Option<i64>)> = bind_shards(q, query.shards.as_ref())
+            .bind(query.limit)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("fresh candidate query"))?;
+        Ok(of_type(rows, query.request_type))
+    }
+
+    async fn newest_request_id(&self) -> Result<i64, DbError> {
+        sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM approval_request")
+            .fetch_one(&self.read)
+            .await
+            .map_err(db("newest request id"))
+    }
+
+    async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, DbError> {
+        let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
+        let Some(sql) = candidate_sql(query.request_type, shards) else {
+            return Ok(Vec::new());
+        };
+        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        for _ in OPEN {
+            q = q
+                .bind(query.window_start)
+                .bind(query.now)
+                .bind(query.retry_limit);
+            q = bind_shards(q, query.shards.as_ref()).bind(query.limit);
+        }
+        let rows: Vec<(i64, Option<i64>)> = q
+            .bind(query.limit)
+            .fetch_all(&self.read)
+            .await
+            .map_err(db("candidate query"))?;
+        Ok(of_type(rows, query.request_type))
+    }
+}

@@ -1,0 +1,521 @@
+//! Claims and every write made under one, with PostgreSQL's guarantees
+//! (store/claims.rs): the unique request_id decides a new claim, a
+//! conditional UPDATE a due retry, the shard fence row is share-locked by
+//! every claim, and every later write is conditional on the fence
+//! `status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ? AND
+//! claim_nonce = ?` (the nonce drawn by each claim, migration 0006).
+//!
+//! Differences from PostgreSQL, all here:
+//! * No RETURNING in MySQL 8: a write is judged by its affected-row count
+//!   (sqlx sets CLIENT_FOUND_ROWS, so an UPDATE counts the rows it matched,
+//!   changed or not), and what it wrote is re-read in the same transaction.
+//! * No data-modifying WITH: PostgreSQL's one-statement writes are a short
+//!   transaction of statements, each by primary or unique key.
+//! * `INSERT IGNORE` for ON CONFLICT DO NOTHING: 1 row inserted, 0 when the
+//!   key exists. Strict mode stays on for our sessions and every value is
+//!   bound from a typed field, so IGNORE has no other error to swallow.
+//! * `LOCK IN SHARE MODE` for FOR SHARE (MariaDB has no FOR SHARE before
+//!   10.10; MySQL 8 accepts both), `FOR UPDATE NOWAIT` for FOR NO KEY
+//!   UPDATE NOWAIT (MySQL has no weaker row lock for an update).
+
+use chrono::{DateTime, Utc};
+use sqlx::MySql;
+
+use super::notify::delete_wakes;
+use super::{MysqlStore, db, give_up};
+use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
+use crate::domain::{Candidate, Claim, Fence};
+
+type Tx<'a> = sqlx::Transaction<'a, MySql>;
+
+// === impl MysqlStore ===
+
+impl Claims for MysqlStore {
+    // INSERT IGNORE for a new request; under shard coordination the fence
+    // row is share-locked first and its token must be the claim's.
+    async fn claim(
+        &self,
+        candidate: &Candidate,
+        fence: &Fence,
+        now: DateTime<Utc>,
+        retry_limit: i32,
+    ) -> Result<ClaimOutcome, DbError> {
+        let nonce = fresh_nonce();
+        let mut tx = self.begin("claim").await?;
+        if !fence_is_current(&mut tx, candidate.request_id, fence).await? {
+            return give_up(tx, "claim", ClaimOutcome::Lost).await;
+        }
+        // (state row, retries, transient streak, a new request's)
+        let won: Option<(i64, i32, i32, bool)> = match candidate.state_id {
+            None => {
+                // Only a known decision refuses the claim: an unknown status
+                // is claimed, and the chain's re-read reports it by name.
+                let inserted = sqlx::query(
+                    "INSERT IGNORE INTO auto_approve_state
+                            (request_id, request_type, status, holder, fencing_token, claim_nonce,
+                             created_at, modified_at)
+                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
+                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
+                        AND EXISTS (SELECT 1 FROM approval_request r
+                                     WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
+                )
+                .bind(candidate.request_id)
+                .bind(candidate.request_type.as_str())
+                .bind(&fence.holder)
+                .bind(fence.token)
+                .bind(nonce)
+                .bind(candidate.request_id)
+                .bind(candidate.request_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim new request"))?;
+                if inserted.rows_affected() == 0 {
+                    // Approved meanwhile (a lagging replica's candidate), decided
+                    // by a person, or held by another worker: the status tells.
+                    // A plain read: READ COMMITTED locks nothing here.
+                    let status: Option<(String,)> =
+                        sqlx::query_as("SELECT status FROM approval_request WHERE id = ?")
+                            .bind(candidate.request_id)
+                            .fetch_optional(&mut *tx)
+                            .await
+                            .map_err(db("claim new request: why refused"))?;
+                    let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()));
+                    return give_up(tx, "claim", outcome).await;
+                }
+                Some((inserted.last_insert_id() as i64, 0, 0, true))
+            }
+            Some(state_id) => {
+                let updated = sqlx::query(
+                    "UPDATE auto_approve_state
+                        SET status = 'IN_PROGRESS', holder = ?, fencing_token = ?, claim_nonce = ?,
+                            modified_at = UTC_TIMESTAMP(6), woken_at = NULL
+                      WHERE id = ? AND request_id = ? AND status = 'RETRY_WAITING'
+                        AND next_retry_time <= ? AND retry_count < ?
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
+                )
+                .bind(&fence.holder)
+                .bind(fence.token)
+                .bind(nonce)
+                .bind(state_id)
+                .bind(candidate.request_id)
+                .bind(now)
+                .bind(retry_limit)
+                .bind(candidate.request_id)
+                .execute(&mut *tx)
+                .await
+                .map_err(db("claim due retry"))?;
+                if updated.rows_affected() == 1 {
+                    let (retry_count, transient_streak): (i32, i32) = sqlx::query_as(
+                        "SELECT retry_count, transient_streak FROM auto_approve_state WHERE id = ?",
+                    )
+                    .bind(state_id)
+                    .fetch_one(&mut *tx)
+                    .await
+                    .map_err(db("claim due retry: re-read"))?;
+                    Some((state_id, retry_count, transient_streak, false))
+                } else {
+                    None
+                }
+            }
+        };
+        let Some((state_id, retry_count, transient_streak, new_request)) = won else {
+            return give_up(tx, "claim", ClaimOutcome::Lost).await;
+        };
+        // The chain reads the facts after this claim: the wakes recorded
+        // before it are consumed here (PostgreSQL 0010), the new request's
+        // own insert row included, so the retry it schedules is not due at
+        // once for them.
+        consume_wakes_of(&mut tx, candidate.request_id)
+            .await
+            .map_err(db("claim: consume wakes"))?;
+        tx.commit().await.map_err(db("claim: commit"))?;
+        // No RETURNING: what a new request's pickup is measured from, read
+        // after the commit so that the claim's locks are held no longer. The
+        // claim is ours by now: a failed read costs the pickup sample only,
+        // never the claim (an error here would strand it until the cleanser).
+        let requested_at = if new_request {
+            sqlx::query_as::<_, (DateTime<Utc>,)>(
+                "SELECT created_at FROM approval_request WHERE id = ?",
+            )
+            .bind(candidate.request_id)
+            .fetch_optional(&self.primary)
+            .await
+            .inspect_err(|error| {
+                tracing::warn!(request_id = candidate.request_id, %error, "could not read the creation time of a claimed request");
+            })
+            .ok()
+            .flatten()
+            .map(|(at,)| at)
+        } else {
+            None
+        };
+        Ok(ClaimOutcome::Won(Claim {
+            state_id,
+            request_id: candidate.request_id,
+            retry_count,
+            transient_streak,
+            fence: fence.clone(),
+            nonce,
+            requested_at,
+        }))
+    }
+
+    async fn retry_now(
+        &self,
+        request_id: i64,
+        retry_limit: i32,
+        note: &str,
+        now: DateTime<Utc>,
+    ) -> Result<bool, DbError> {
+        let mut tx = self.begin("retry now").await?;
+        let due = sqlx::query(
+            "UPDATE auto_approve_state
+                SET next_retry_time = ?, retry_count = LEAST(retry_count, ? - 1),
+                    modified_at = UTC_TIMESTAMP(6)
+              WHERE request_id = ? AND status = 'RETRY_WAITING'",
+        )
+        .bind(now)
+        .bind(retry_limit)
+        .bind(request_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("retry now"))?;
+        if due.rows_affected() == 0 {
+            return give_up(tx, "retry now", false).await;
+        }
+        insert_memo(&mut tx, request_id, now, "autoapproval", note)
+            .await
+            .map_err(db("retry now: memo"))?;
+        tx.commit().await.map_err(db("retry now: commit"))?;
+        Ok(true)
+    }
+
+    async fn schedule_retry(
+        &self,
+        claim: &Claim,
+        retry: &RetryWrite<'_>,
+        now: DateTime<Utc>,
+    ) -> Result<Option<(i32, DateTime<Utc>)>, DbError> {
+        let mut tx = self.begin("schedule retry").await?;
+        let old: Option<(Option<String>, Option<DateTime<Utc>>)> = sqlx::query_as(
+            "SELECT last_reason, woken_at FROM auto_approve_state
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?
+              FOR UPDATE",
+        )
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(claim.nonce)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("schedule retry: lock"))?;
+        let Some((old_reason, woken_at)) = old else {
+            return give_up(tx, "schedule retry", None).await;
+        };
+        // Woken while the chain ran: it may have read the old fact.
+        let woken_rows = consume_wakes_of(&mut tx, claim.request_id)
+            .await
+            .map_err(db("schedule retry: consume wakes"))?;
+        let next_retry_time = if woken_at.is_some() || woken_rows > 0 {
+            retry.next_retry_time.min(now)
+        } else {
+            retry.next_retry_time
+        };
+        sqlx::query(
+            "UPDATE auto_approve_state
+                SET status = 'RETRY_WAITING',
+                    retry_count = retry_count + IF(?, 1, 0),
+                    transient_streak = IF(?, transient_streak + 1, 0),
+                    next_retry_time = ?, woken_at = NULL, last_reason = ?, step = ?,
+                    modified_at = UTC_TIMESTAMP(6)
+              WHERE id = ?",
+        )
+        .bind(retry.counted)
+        .bind(retry.transient)
+        .bind(next_retry_time)
+        .bind(retry.reason)
+        .bind(retry.step)
+        .bind(claim.state_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("schedule retry"))?;
+        let (retry_count, due): (i32, DateTime<Utc>) = sqlx::query_as(
+            "SELECT retry_count, next_retry_time FROM auto_approve_state WHERE id = ?",
+        )
+        .bind(claim.state_id)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db("schedule retry: re-read"))?;
+        if old_reason.as_deref() != Some(retry.reason) {
+            let memo = format!("auto-approval waits: {}", retry.reason);
+            insert_memo(&mut tx, claim.request_id, now, "autoapproval", &memo)
+                .await
+                .map_err(db("schedule retry: memo"))?;
+        }
+        tx.commit().await.map_err(db("schedule retry: commit"))?;
+        Ok(Some((retry_count, due)))
+    }
+
+    // Lock order as on PostgreSQL: the request row (NOWAIT: a row the
+    // business holds fails at once), then the state row, each by primary key.
+    async fn complete(&self, claim: &Claim) -> Result<Completion, DbError> {
+        let mut tx = self.begin("complete").await?;
+        let status = lock_request_nowait(&mut tx, claim.request_id)
+            .await
+            .map_err(db("complete: lock request"))?;
+        // A wake row (the claim consumed the earlier ones) or woken_at: a
+        // fact changed after the claim, maybe after the chain read it. The
+        // request row is ours now, so no change to it can come in between
+        // this read and the approval. The subquery reads without locks.
+        let woken: Option<(bool,)> = sqlx::query_as(
+            "SELECT woken_at IS NOT NULL
+                    OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = ?)
+               FROM auto_approve_state
+              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                AND claim_nonce = ?
+              FOR UPDATE",
+        )
+        .bind(claim.request_id)
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(claim.nonce)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("complete: lock state"))?;
+        let open = status.as_deref().is_some_and(is_open);
+        match woken {
+            None => return give_up(tx, "complete", Completion::Stale).await,
+            // A decided request's wake (MySQL appends one for every
+            // change) changes nothing: the claim goes as before.
+            Some((true,)) if open => return give_up(tx, "complete", Completion::Woken).await,
+            Some(_) => {}
+        }
+        if open {
+            sqlx::query(
+                "UPDATE approval_request
+                    SET status = 'APPROVED', decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
+                        updated_at = UTC_TIMESTAMP(6)
+                  WHERE id = ?",
+            )
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: approve request"))?;
+        }
+        sqlx::query("DELETE FROM auto_approve_state WHERE id = ?")
+            .bind(claim.state_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete state"))?;
+        sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete sent bodies"))?;
+        tx.commit().await.map_err(db("complete: commit"))?;
+        Ok(if open {
+            Completion::Approved
+        } else {
+            Completion::RequestClosed
+        })
+    }
+
+    fenced_writes! {
+        heartbeat: "UPDATE auto_approve_state SET modified_at = UTC_TIMESTAMP(6), step = ?
+                     WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                       AND claim_nonce = ?",
+        drop: "DELETE FROM auto_approve_state
+                WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                  AND claim_nonce = ?",
+        release: "UPDATE auto_approve_state
+                     SET status = 'RETRY_WAITING', next_retry_time = ?,
+                         modified_at = UTC_TIMESTAMP(6)
+                   WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+                     AND claim_nonce = ?",
+    }
+
+    // INSERT IGNORE by the primary key, under the share-locked fence.
+    async fn record_sent(
+        &self,
+        claim: &Claim,
+        key: &str,
+        body: &str,
+    ) -> Result<Option<String>, DbError> {
+        let mut tx = self.begin("record sent body").await?;
+        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+            .await
+            .map_err(db("record sent body: check fence"))?
+        {
+            return give_up(tx, "record sent body", None).await;
+        }
+        sqlx::query(
+            "INSERT IGNORE INTO auto_approve_sent (request_id, idempotency_key, body)
+             VALUES (?, ?, ?)",
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .bind(body)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("record sent body"))?;
+        let (recorded,): (String,) = sqlx::query_as(
+            "SELECT body FROM auto_approve_sent WHERE request_id = ? AND idempotency_key = ?",
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db("record sent body: re-read"))?;
+        tx.commit().await.map_err(db("record sent body: commit"))?;
+        Ok(Some(recorded))
+    }
+
+    sent_result!("?", "?");
+
+    // A result saved only while the claim is still ours: the request row
+    // locked NOWAIT (a business transaction holding it fails the attempt
+    // at once, `DbError::RowLocked`), then the state row share-locked
+    // under the fence (a recovery meanwhile makes it not ours), then the
+    // update by primary key.
+    async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
+        let mut tx = self.begin("save result").await?;
+        if lock_request_nowait(&mut tx, claim.request_id)
+            .await
+            .map_err(db("save result: lock request"))?
+            .is_none()
+        {
+            return give_up(tx, "save result", false).await;
+        }
+        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+            .await
+            .map_err(db("save result: check fence"))?
+        {
+            return give_up(tx, "save result", false).await;
+        }
+        let query = match result {
+            StepResult::OwnerNumber(number) => sqlx::query(SAVE_OWNER_NUMBER).bind(number),
+            StepResult::StoreNumber(number) => sqlx::query(SAVE_STORE_NUMBER).bind(number),
+            StepResult::CampaignId { campaign_id, .. } => {
+                sqlx::query(SAVE_CAMPAIGN_ID).bind(campaign_id)
+            }
+        };
+        query
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("save result"))?;
+        if let StepResult::CampaignId { key, campaign_id } = result {
+            sqlx::query(
+                "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
+            )
+            .bind(campaign_id)
+            .bind(claim.request_id)
+            .bind(key)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("save result: answer of the key"))?;
+        }
+        tx.commit().await.map_err(db("save result: commit"))?;
+        Ok(true)
+    }
+}
+
+const SAVE_OWNER_NUMBER: &str =
+    "UPDATE approval_request SET owner_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+const SAVE_STORE_NUMBER: &str =
+    "UPDATE approval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+const SAVE_CAMPAIGN_ID: &str =
+    "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+
+pub(super) fn is_open(status: &str) -> bool {
+    matches!(status, "ING" | "PENDING" | "RETRY")
+}
+
+/// Under shard coordination, share-locks the shard's fence row by primary
+/// key and tells whether its token is the fence's (PostgreSQL 0008); true
+/// outside coordination.
+async fn fence_is_current(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+    fence: &Fence,
+) -> Result<bool, DbError> {
+    let Some(shard_count) = fence.shard_count else {
+        return Ok(true);
+    };
+    let shard_count = i64::from(shard_count.max(1));
+    let token: Option<(i64,)> = sqlx::query_as(
+        "SELECT token FROM shard_fence WHERE shard_count = ? AND shard = ? LOCK IN SHARE MODE",
+    )
+    .bind(shard_count)
+    .bind(request_id.rem_euclid(shard_count))
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db("claim: lock shard fence"))?;
+    Ok(token.is_some_and(|(t,)| t == fence.token))
+}
+
+/// Locks the request row by primary key without waiting; its status, or
+/// `None` when it is gone.
+async fn lock_request_nowait(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+) -> Result<Option<String>, sqlx::Error> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT status FROM approval_request WHERE id = ? FOR UPDATE NOWAIT")
+            .bind(request_id)
+            .fetch_optional(&mut **tx)
+            .await?;
+    Ok(row.map(|(s,)| s))
+}
+
+/// Locks the claim's state row by primary key (`lock`: FOR UPDATE or LOCK
+/// IN SHARE MODE) when the fence still matches; false when it does not.
+async fn lock_fenced(tx: &mut Tx<'_>, claim: &Claim, lock: &str) -> Result<bool, sqlx::Error> {
+    let sql = format!(
+        "SELECT id FROM auto_approve_state
+          WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+            AND claim_nonce = ? {lock}"
+    );
+    let row: Option<(i64,)> = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        .bind(claim.state_id)
+        .bind(&claim.fence.holder)
+        .bind(claim.fence.token)
+        .bind(claim.nonce)
+        .fetch_optional(&mut **tx)
+        .await?;
+    Ok(row.is_some())
+}
+
+/// Deletes the wake rows of `request_id`: found without a lock through the
+/// (request_id, id) index, deleted by primary key. The count deleted.
+async fn consume_wakes_of(tx: &mut Tx<'_>, request_id: i64) -> Result<u64, sqlx::Error> {
+    let ids: Vec<(i64,)> = sqlx::query_as("SELECT id FROM auto_approve_wake WHERE request_id = ?")
+        .bind(request_id)
+        .fetch_all(&mut **tx)
+        .await?;
+    let ids: Vec<i64> = ids.into_iter().map(|(id,)| id).collect();
+    delete_wakes(tx, &ids).await
+}
+
+pub(super) async fn insert_memo(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+    at: DateTime<Utc>,
+    author: &str,
+    message: &str,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+         VALUES (?, ?, ?, ?)",
+    )
+    .bind(request_id)
+    .bind(at)
+    .bind(author)
+    .bind(message)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}

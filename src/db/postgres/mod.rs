@@ -1,0 +1,116 @@
+//! The PostgreSQL backend: every capability of the store in PostgreSQL's
+//! SQL, migrations in `migrations/postgres/`, wakes by LISTEN/NOTIFY.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPool};
+use sqlx::{Postgres, Transaction};
+
+use super::{DatabaseArgs, DbError, SessionArgs, connect};
+
+mod candidates;
+mod census;
+mod claims;
+mod layout;
+mod ledger;
+mod notify;
+mod pause;
+mod recovery;
+mod rows;
+
+pub use candidates::{FRESH_CANDIDATES, candidate_sql};
+pub use census::BACKLOG_SQL;
+pub(crate) use notify::Listener;
+
+/// The manual-approval functions of migration 0013, with their argument
+/// types as a `GRANT EXECUTE ON FUNCTION` names them: the other service's
+/// role needs these and nothing else (README: Working alongside people).
+pub const MANUAL_FUNCTIONS: &str = "autoapproval_manual_claim(bigint, text), \
+autoapproval_manual_heartbeat(bigint, text, bigint), \
+autoapproval_manual_release(bigint, text, bigint), \
+autoapproval_manual_decide(bigint, text, bigint, text, text)";
+
+pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
+    move |source| match source.as_database_error().and_then(|e| e.code()) {
+        // lock_not_available: a NOWAIT lock (or lock_timeout) found the row held.
+        Some(code) if code == "55P03" => DbError::RowLocked { operation },
+        _ => DbError::Database { operation, source },
+    }
+}
+
+/// The store on PostgreSQL: a primary pool and a read pool (a replica, or
+/// the primary when none is configured).
+#[derive(Clone, Debug)]
+pub(crate) struct PgStore {
+    primary: PgPool,
+    read: PgPool,
+    /// The read pool reaches a replica of its own (--read-database-url).
+    separate_read: bool,
+}
+
+impl PgStore {
+    pub(super) fn new(primary: PgPool, read: PgPool) -> Self {
+        Self {
+            primary,
+            read,
+            separate_read: false,
+        }
+    }
+
+    /// Connects both pools; the read pool is the primary when no replica is
+    /// set. Each database is reached once first, so a wrong host, port,
+    /// password or name is reported at once with the driver's own words.
+    pub(super) async fn connect(
+        config: &DatabaseArgs,
+        session: Option<&SessionArgs>,
+    ) -> Result<Self, DbError> {
+        let pool =
+            |options| connect::pool_options(config.db_max_connections).connect_lazy_with(options);
+        let limited = |options| match session {
+            Some(session) => session.apply_to_postgres(options),
+            None => options,
+        };
+        let primary = pool(limited(
+            connect::reach("primary", &config.database_url).await?,
+        ));
+        let read = match &config.read_database_url {
+            Some(url) => pool(limited(connect::reach("read replica", url).await?)),
+            None => primary.clone(),
+        };
+        Ok(Self {
+            primary,
+            read,
+            separate_read: config.read_database_url.is_some(),
+        })
+    }
+
+    pub(super) fn dedicated(&self, connections: u32) -> PgStore {
+        let pool = connect::pool_options(connections)
+            .connect_lazy_with(self.primary.connect_options().as_ref().clone());
+        PgStore::new(pool.clone(), pool)
+    }
+
+    pub(super) fn primary(&self) -> &PgPool {
+        &self.primary
+    }
+
+    /// The read replica's pool, when it is not the primary's.
+    pub(super) fn replica(&self) -> Option<&PgPool> {
+        self.separate_read.then_some(&self.read)
+    }
+
+    async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, Postgres>, DbError> {
+        self.primary.begin().await.map_err(db(operation))
+    }
+}
+
+impl SessionArgs {
+    /// `options` with these limits set for every session they open.
+    pub(super) fn apply_to_postgres(&self, options: PgConnectOptions) -> PgConnectOptions {
+        let ms = |d: Duration| d.as_millis().to_string();
+        options.options([
+            ("lock_timeout", ms(self.db_lock_timeout)),
+            ("statement_timeout", ms(self.db_statement_timeout)),
+        ])
+    }
+}
