@@ -278,8 +278,8 @@ impl Discovery {
                 self.metrics.notify_wakeup();
                 // Changes in other replicas' shards are theirs to work: no
                 // turn here, and the poll keeps its time.
-                let mine = self.mine(&woken.ids);
-                if mine.is_empty() && !woken.reconnected {
+                let workable = self.workable_among(&woken.ids);
+                if workable.is_empty() && !woken.reconnected {
                     continue;
                 }
                 // Only new requests (no CR yet, so no state row and no wake
@@ -288,14 +288,14 @@ impl Discovery {
                 // While a backlog waits, they are the next turn's (due
                 // within the backlog delay) to order among it: a backlog is
                 // served oldest first.
-                let all_new = mine
+                let all_new = workable
                     .iter()
                     .all(|id| self.cache.get(&self.key(*id)).is_none());
                 if !woken.reconnected && all_new && backlog {
                     continue;
                 }
                 if !woken.reconnected && all_new {
-                    match self.look_at(&mine).await {
+                    match self.look_at(&workable).await {
                         Ok(summary) => {
                             if summary.full {
                                 backlog = true;
@@ -390,15 +390,19 @@ impl Discovery {
 
     /// Whether a request is in a shard this replica can work now (one
     /// look at the held shards, for a whole batch).
-    fn ours(&self) -> impl Fn(i64) -> bool + '_ {
+    fn workable(&self) -> impl Fn(i64) -> bool + '_ {
         let held = self.shards.workable();
         move |request_id| held.contains(&self.shards.shard_of(request_id))
     }
 
     /// The requests among `request_ids` in a shard this replica can work now.
-    fn mine(&self, request_ids: &[i64]) -> Vec<i64> {
-        let ours = self.ours();
-        request_ids.iter().copied().filter(|id| ours(*id)).collect()
+    fn workable_among(&self, request_ids: &[i64]) -> Vec<i64> {
+        let workable = self.workable();
+        request_ids
+            .iter()
+            .copied()
+            .filter(|id| workable(*id))
+            .collect()
     }
 
     /// Which of `request_ids` are candidates, by the candidate queries'
@@ -417,9 +421,9 @@ impl Discovery {
     /// Puts back the CRs of deleted AutoApprovals whose request is still
     /// open; a finished or unknown request's CR stays deleted.
     async fn restore(&self, request_ids: &[i64]) {
-        let ours = self.ours();
+        let workable = self.workable();
         for &request_id in request_ids {
-            if !ours(request_id) || self.cache.get(&self.key(request_id)).is_some() {
+            if !workable(request_id) || self.cache.get(&self.key(request_id)).is_some() {
                 continue;
             }
             let request = match self.store.request(request_id).await {
@@ -455,13 +459,13 @@ impl Discovery {
     /// A request whose CR exists, or that has a state row, waits for the
     /// first turn after the sync: whole, it finds whatever is due.
     async fn attempt_before_sync(&self, changed: &[i64], early: &mut JoinSet<()>) {
-        let mine = self.mine(changed);
-        if mine.is_empty() {
+        let workable = self.workable_among(changed);
+        if workable.is_empty() {
             return;
         }
         // In the documented order, at most a turn's worth: the first turn
         // after the sync takes the rest among whatever else waits.
-        let found = match self.candidates_among(&mine).await {
+        let found = match self.candidates_among(&workable).await {
             Ok(found) => {
                 let new = found.into_iter().filter(|c| c.state_id.is_none()).collect();
                 self.take(new).taken
@@ -516,11 +520,11 @@ impl Discovery {
     /// a change notified while a shard changes hands is found due by the
     /// next holder's first turn.
     async fn wake(&self, changed: &[i64]) {
-        let ours = self.ours();
+        let workable = self.workable();
         let cached: Vec<i64> = changed
             .iter()
             .copied()
-            .filter(|id| ours(*id) && self.cache.get(&self.key(*id)).is_some())
+            .filter(|id| workable(*id) && self.cache.get(&self.key(*id)).is_some())
             .collect();
         if cached.is_empty() {
             return;
