@@ -2,8 +2,10 @@
 //! (scripts/install-control-plane.sh builds them) on free loopback ports, with TLS and
 //! RBAC, an admin identity and, per namespace, the controller's ServiceAccount.
 
+mod crd;
 mod procs;
 
+pub use crd::{OpenApiProbe, install_crd};
 pub use procs::check_binaries;
 
 use std::io::Write;
@@ -75,6 +77,8 @@ pub enum Error {
         url: String,
         detail: String,
     },
+    #[error("the CRD {name} was not served within {within:?}: still waiting for {waiting_for}", within = crd::SERVED_WITHIN)]
+    CrdNotServed { name: String, waiting_for: String },
     #[error("kube-apiserver still answers at {0} after it was killed")]
     StillUp(String),
 }

@@ -5,7 +5,6 @@
 use autoapproval::controller::crd::AutoApproval;
 use control_plane::{ControlPlane, Options, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, PostParams};
 use kube::{Client, CustomResourceExt, Resource};
 use serde_json::Value;
@@ -54,32 +53,18 @@ pub async fn private_control_plane(options: Options) -> &'static ControlPlane {
 /// the OpenAPI that `kubectl explain` reads (a moment after it is established).
 async fn install_crd(plane: &ControlPlane) {
     let admin = plane.admin_client().await.expect("admin client");
-    let crds: Api<CustomResourceDefinition> = Api::all(admin.clone());
-    let crd = AutoApproval::crd();
-    let name = crd.metadata.name.clone().expect("CRD name");
-    crds.create(&PostParams::default(), &crd)
-        .await
-        .expect("the real kube-apiserver takes the CRD");
-    eventually("the CRD to be established", || async {
-        let crd = crds.get(&name).await.ok()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
     let openapi = format!(
         "/openapi/v3/apis/{}/{}",
         AutoApproval::group(&()),
         AutoApproval::version(&())
     );
-    eventually("the CRD's schema in the OpenAPI", || async {
-        let request = http::Request::get(&openapi).body(Vec::new()).ok()?;
-        let text = admin.request_text(request).await.ok()?;
-        text.contains("requestId").then_some(())
-    })
-    .await;
+    let probe = control_plane::OpenApiProbe {
+        path: &openapi,
+        needle: "requestId",
+    };
+    control_plane::install_crd(&admin, &AutoApproval::crd(), Some(probe))
+        .await
+        .expect("the real kube-apiserver serves the CRD");
 }
 
 /// A fresh namespace with the chart's Role, changed by `edit`, bound to the

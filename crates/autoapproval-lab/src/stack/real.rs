@@ -6,11 +6,9 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::Duration;
 
 use control_plane::{ControlPlane, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
 use kube::api::{Api, PostParams};
 use serde::Deserialize;
@@ -21,9 +19,6 @@ use autoapproval::controller::crd::AutoApproval;
 /// The chart rendered with its defaults: its Role and RoleBinding are what the
 /// replicas are granted.
 const MANIFESTS: &str = include_str!("../../../../deploy/manifests/autoapproval.yaml");
-
-/// How long the CRD may take to be established.
-const ESTABLISHED_WITHIN: Duration = Duration::from_secs(60);
 
 fn kube_err(what: &'static str) -> impl FnOnce(kube::Error) -> StackError {
     move |e| StackError::Kube(format!("{what}: {e}"))
@@ -63,31 +58,9 @@ impl RealServer {
     }
 
     async fn install_crd(&self) -> Result<(), StackError> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.admin.clone());
-        let crd = AutoApproval::crd();
-        let name = crd.metadata.name.clone().unwrap_or_default();
-        crds.create(&PostParams::default(), &crd)
-            .await
-            .map_err(kube_err("applying the CRD"))?;
-        let deadline = tokio::time::Instant::now() + ESTABLISHED_WITHIN;
-        loop {
-            let crd = crds.get(&name).await.map_err(kube_err("reading the CRD"))?;
-            let established = crd
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            if established {
-                return Ok(());
-            }
-            if tokio::time::Instant::now() > deadline {
-                return Err(StackError::Kube(format!(
-                    "the CRD {name} was not established within {ESTABLISHED_WITHIN:?}"
-                )));
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        // Established is enough: the lab never asks kubectl to explain it.
+        control_plane::install_crd(&self.admin, &AutoApproval::crd(), None).await?;
+        Ok(())
     }
 
     async fn bind_chart_role(&self) -> Result<(), StackError> {

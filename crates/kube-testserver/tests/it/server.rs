@@ -5,7 +5,6 @@
 
 use control_plane::ControlPlane;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
@@ -189,30 +188,14 @@ pub async fn install_crd(client: Client, group: &str) {
             .unwrap();
     crd["metadata"]["name"] = json!(format!("autoapprovals.{group}"));
     crd["spec"]["group"] = json!(group);
-    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
-    api.create(
-        &PostParams::default(),
-        &serde_json::from_value(crd).unwrap(),
-    )
-    .await
-    .unwrap();
-    let name = format!("autoapprovals.{group}");
-    eventually("the CRD established", || async {
-        let crd = api.get(&name).await.ok()?;
-        crd.status?
-            .conditions?
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(())
-    })
-    .await;
     let openapi = format!("/openapi/v3/apis/{group}/v1alpha1");
-    eventually("the CRD's schema in the OpenAPI", || async {
-        let request = http::Request::get(&openapi).body(Vec::new()).ok()?;
-        let text = client.request_text(request).await.ok()?;
-        text.contains("requestId").then_some(())
-    })
-    .await;
+    let probe = control_plane::OpenApiProbe {
+        path: &openapi,
+        needle: "requestId",
+    };
+    control_plane::install_crd(&client, &serde_json::from_value(crd).unwrap(), Some(probe))
+        .await
+        .unwrap();
 }
 
 /// Waits until `f` answers `Some`, for at most 30 s.
