@@ -4,9 +4,11 @@
 
 mod crd;
 mod procs;
+mod rbac;
 
 pub use crd::{OpenApiProbe, install_crd};
 pub use procs::check_binaries;
+pub use rbac::chart_rbac;
 
 use std::io::Write;
 use std::os::unix::process::CommandExt;
@@ -79,6 +81,8 @@ pub enum Error {
     },
     #[error("the CRD {name} was not served within {within:?}: still waiting for {waiting_for}", within = crd::SERVED_WITHIN)]
     CrdNotServed { name: String, waiting_for: String },
+    #[error("the chart's manifests: {0}")]
+    Manifests(String),
     #[error("kube-apiserver still answers at {0} after it was killed")]
     StillUp(String),
 }

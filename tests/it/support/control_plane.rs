@@ -7,11 +7,10 @@ use control_plane::{ControlPlane, Options, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use kube::{Client, CustomResourceExt, Resource};
-use serde_json::Value;
 use tokio::sync::OnceCell;
 
 use super::cluster::eventually;
-use super::tools::{parse_yaml_stream, repo};
+use super::tools::repo;
 
 /// A test's namespace on the real control plane.
 pub struct RealNamespace {
@@ -104,25 +103,7 @@ pub async fn real_namespace_on(
 pub fn chart_rbac(namespace: &str) -> (Role, RoleBinding) {
     let path = repo().join("deploy/manifests/autoapproval.yaml");
     let yaml = std::fs::read_to_string(&path).expect("deploy/manifests/autoapproval.yaml");
-    let objects = parse_yaml_stream(&yaml);
-    let of_kind = |kind: &str| -> Value {
-        let mut o = objects
-            .iter()
-            .find(|o| o["kind"] == kind)
-            .unwrap_or_else(|| panic!("no {kind} in {}", path.display()))
-            .clone();
-        o["metadata"]["namespace"] = namespace.into();
-        if let Some(subjects) = o["subjects"].as_array_mut() {
-            for s in subjects {
-                s["namespace"] = namespace.into();
-            }
-        }
-        o
-    };
-    (
-        serde_json::from_value(of_kind("Role")).expect("a Role"),
-        serde_json::from_value(of_kind("RoleBinding")).expect("a RoleBinding"),
-    )
+    control_plane::chart_rbac(&yaml, namespace).expect("the chart's Role and RoleBinding")
 }
 
 /// Removes the Role's rule on `resource` (e.g. `"autoapprovals/status"`).

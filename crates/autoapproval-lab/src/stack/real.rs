@@ -11,7 +11,6 @@ use control_plane::{ControlPlane, TestNamespace};
 use k8s_openapi::api::rbac::v1::{Role, RoleBinding};
 use kube::CustomResourceExt;
 use kube::api::{Api, PostParams};
-use serde::Deserialize;
 
 use super::StackError;
 use autoapproval::controller::crd::AutoApproval;
@@ -64,7 +63,7 @@ impl RealServer {
     }
 
     async fn bind_chart_role(&self) -> Result<(), StackError> {
-        let (role, binding) = chart_rbac(&self.ns.name)?;
+        let (role, binding) = control_plane::chart_rbac(MANIFESTS, &self.ns.name)?;
         Api::<Role>::namespaced(self.admin.clone(), &self.ns.name)
             .create(&PostParams::default(), &role)
             .await
@@ -127,33 +126,6 @@ impl RealServer {
     }
 }
 
-/// The chart's Role and RoleBinding, moved to `namespace`.
-fn chart_rbac(namespace: &str) -> Result<(Role, RoleBinding), StackError> {
-    let bad = |e: &dyn std::fmt::Display| {
-        StackError::Kube(format!("deploy/manifests/autoapproval.yaml: {e}"))
-    };
-    let mut role = None;
-    let mut binding = None;
-    for doc in serde_yaml::Deserializer::from_str(MANIFESTS) {
-        let mut object = serde_json::Value::deserialize(doc).map_err(|e| bad(&e))?;
-        object["metadata"]["namespace"] = namespace.into();
-        match object["kind"].as_str() {
-            Some("Role") => role = Some(serde_json::from_value(object).map_err(|e| bad(&e))?),
-            Some("RoleBinding") => {
-                for subject in object["subjects"].as_array_mut().into_iter().flatten() {
-                    subject["namespace"] = namespace.into();
-                }
-                binding = Some(serde_json::from_value(object).map_err(|e| bad(&e))?);
-            }
-            _ => {}
-        }
-    }
-    match (role, binding) {
-        (Some(role), Some(binding)) => Ok((role, binding)),
-        _ => Err(bad(&"no Role and RoleBinding")),
-    }
-}
-
 /// `apiserver_request_total`'s writes by verb and resource: POST is `create`, PUT
 /// `update`, PATCH and APPLY (server-side apply) `patch`; subresources fold into
 /// their resource, as in the in-memory server's counts.
@@ -207,19 +179,6 @@ mod tests {
                 ("patch autoapprovals".to_owned(), 5),
                 ("update leases".to_owned(), 7),
             ])
-        );
-    }
-
-    #[test]
-    fn the_chart_role_and_binding_move_to_the_namespace() {
-        let (role, binding) = chart_rbac("lab-7").expect("the chart's RBAC");
-        assert_eq!(role.metadata.namespace.as_deref(), Some("lab-7"));
-        assert!(!role.rules.unwrap_or_default().is_empty());
-        let subjects = binding.subjects.unwrap_or_default();
-        assert!(
-            subjects
-                .iter()
-                .all(|s| s.namespace.as_deref() == Some("lab-7"))
         );
     }
 }
