@@ -1,9 +1,10 @@
 //! The thin candidate queries on the read pool, as on PostgreSQL
 //! (store/candidates.rs). Nothing is locked; the claim decides.
 //!
-//! The request side reads the candidate index approval_request_open_candidates
+//! The request side reads the view autoapproval_request; over the reference
+//! tables, that is the candidate index approval_request_open_candidates
 //! (request_type, status, sort_time, target_store_number), which is not
-//! partial here (migrations/mysql 0001): see `candidate_sql` for how the
+//! partial here (migrations/mysql/reference): see `candidate_sql` for how the
 //! query keeps to the open ranges. The shard filter is `id % K IN (…)` with
 //! one placeholder per shard (no arrays).
 
@@ -34,7 +35,7 @@ pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String>
         .map(|status| {
             format!(
                 "(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = '{}'
       AND r.status = '{status}'
@@ -77,8 +78,8 @@ fn type_and_shard_conditions(
 /// The fresh-candidate SQL of a type for `shards` shards (0: no shard
 /// filter), as PostgreSQL's `FRESH_CANDIDATES`: new requests above a cursor
 /// by primary key in id order, and due retries from the index
-/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql
-/// 0005) in due order. Binds: cursor, window start, [K, each shard,] limit;
+/// `auto_approve_state_due (status, next_retry_time)` (migrations/mysql/controller)
+/// in due order. Binds: cursor, window start, [K, each shard,] limit;
 /// then now, retry limit, window start, [K, each shard,] limit. The new
 /// branch's state id is a typed NULL so that the union's column is BIGINT.
 pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
@@ -86,7 +87,7 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
     let request_type = request_type.as_str();
     Some(format!(
         "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
-     FROM approval_request r
+     FROM autoapproval_request r
     WHERE r.id > ?
       AND r.request_type = '{request_type}'
       AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -98,7 +99,7 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id
      FROM auto_approve_state s
-     JOIN approval_request r ON r.id = s.request_id
+     JOIN autoapproval_request r ON r.id = s.request_id
     WHERE s.status = 'RETRY_WAITING'
       AND s.next_retry_time <= ?
       AND s.retry_count < ?
@@ -118,7 +119,7 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
 pub fn candidates_among_sql(n: usize) -> String {
     format!(
         "SELECT r.id AS request_id, r.request_type, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id IN ({})
    AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -206,7 +207,7 @@ impl Candidates for MysqlStore {
     }
 
     async fn newest_request_id(&self) -> Result<i64, DbError> {
-        sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM approval_request")
+        sqlx::query_scalar("SELECT CAST(COALESCE(MAX(id), 0) AS SIGNED) FROM autoapproval_request")
             .fetch_one(&self.read)
             .await
             .map_err(db("newest request id"))

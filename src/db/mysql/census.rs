@@ -20,7 +20,7 @@ SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END) AS in_progress,
 /// unclaimed, unpaused request of that range of the candidate index.
 fn first_new(request_type: &str, status: &str) -> String {
     format!(
-        "(SELECT r.sort_time AS t FROM approval_request r
+        "(SELECT r.sort_time AS t FROM autoapproval_request r
           WHERE r.request_type = '{request_type}' AND r.status = '{status}' AND r.sort_time >= ?
             AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
             AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
@@ -43,7 +43,7 @@ fn backlog_sql() -> String {
     branches.push(
         "(SELECT s.next_retry_time AS t
             FROM auto_approve_state s
-            JOIN approval_request r ON r.id = s.request_id
+            JOIN autoapproval_request r ON r.id = s.request_id
            WHERE s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?
              AND r.status IN ('ING', 'PENDING', 'RETRY')
              AND r.request_type IN ('OWNER_CONTRACT', 'AD_CONTRACT')

@@ -3,7 +3,7 @@
 //! conditional UPDATE a due retry, the shard fence row is share-locked by
 //! every claim, and every later write is conditional on the fence
 //! `status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ? AND
-//! claim_nonce = ?` (the nonce drawn by each claim, migration 0006).
+//! claim_nonce = ?` (the nonce drawn by each claim).
 //!
 //! Differences from PostgreSQL, all here:
 //! * No RETURNING in MySQL 8: a write is judged by its affected-row count
@@ -19,8 +19,9 @@
 //!   UPDATE NOWAIT (MySQL has no weaker row lock for an update).
 
 use chrono::{DateTime, Utc};
-use sqlx::MySql;
+use sqlx::{Connection, MySql, MySqlConnection};
 
+use super::naming::{Named, Naming};
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
@@ -57,7 +58,7 @@ impl Claims for MysqlStore {
                              created_at, modified_at)
                      SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
                       WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
-                        AND EXISTS (SELECT 1 FROM approval_request r
+                        AND EXISTS (SELECT 1 FROM autoapproval_request r
                                      WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
                 )
                 .bind(candidate.request_id)
@@ -75,7 +76,7 @@ impl Claims for MysqlStore {
                     // by a person, or held by another worker: the status tells.
                     // A plain read: READ COMMITTED locks nothing here.
                     let status: Option<(String,)> =
-                        sqlx::query_as("SELECT status FROM approval_request WHERE id = ?")
+                        sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = ?")
                             .bind(candidate.request_id)
                             .fetch_optional(&mut *tx)
                             .await
@@ -136,7 +137,7 @@ impl Claims for MysqlStore {
         // never the claim (an error here would strand it until the cleanser).
         let requested_at = if new_request {
             sqlx::query_as::<_, (DateTime<Utc>,)>(
-                "SELECT created_at FROM approval_request WHERE id = ?",
+                "SELECT created_at FROM autoapproval_request WHERE id = ?",
             )
             .bind(candidate.request_id)
             .fetch_optional(&self.primary)
@@ -258,69 +259,19 @@ impl Claims for MysqlStore {
         Ok(Some((retry_count, due)))
     }
 
-    // Lock order as on PostgreSQL: the request row (NOWAIT: a row the
-    // business holds fails at once), then the state row, each by primary key.
+    // Our own approval wakes nobody: the connection names the request to
+    // the trigger's procedure for the whole transaction.
     async fn complete(&self, claim: &Claim) -> Result<Completion, DbError> {
-        let mut tx = self.begin("complete").await?;
-        let status = lock_request_nowait(&mut tx, claim.request_id)
-            .await
-            .map_err(db("complete: lock request"))?;
-        // A wake row (the claim consumed the earlier ones) or woken_at: a
-        // fact changed after the claim, maybe after the chain read it. The
-        // request row is ours now, so no change to it can come in between
-        // this read and the approval. The subquery reads without locks.
-        let woken: Option<(bool,)> = sqlx::query_as(
-            "SELECT woken_at IS NOT NULL
-                    OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = ?)
-               FROM auto_approve_state
-              WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
-                AND claim_nonce = ?
-              FOR UPDATE",
+        let mut naming = Naming::new(
+            &self.primary,
+            Named::WritingRequest,
+            claim.request_id,
+            "complete: name the request",
         )
-        .bind(claim.request_id)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db("complete: lock state"))?;
-        let open = status.as_deref().is_some_and(is_open);
-        match woken {
-            None => return give_up(tx, "complete", Completion::Stale).await,
-            // A decided request's wake (MySQL appends one for every
-            // change) changes nothing: the claim goes as before.
-            Some((true,)) if open => return give_up(tx, "complete", Completion::Woken).await,
-            Some(_) => {}
-        }
-        if open {
-            sqlx::query(
-                "UPDATE approval_request
-                    SET status = 'APPROVED', decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
-                        updated_at = UTC_TIMESTAMP(6)
-                  WHERE id = ?",
-            )
-            .bind(claim.request_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("complete: approve request"))?;
-        }
-        sqlx::query("DELETE FROM auto_approve_state WHERE id = ?")
-            .bind(claim.state_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("complete: delete state"))?;
-        sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
-            .bind(claim.request_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("complete: delete sent bodies"))?;
-        tx.commit().await.map_err(db("complete: commit"))?;
-        Ok(if open {
-            Completion::Approved
-        } else {
-            Completion::RequestClosed
-        })
+        .await?;
+        let completion = complete_on(naming.conn(), claim).await;
+        naming.clear().await;
+        completion
     }
 
     fenced_writes! {
@@ -375,60 +326,145 @@ impl Claims for MysqlStore {
 
     sent_result!("?", "?");
 
-    // A result saved only while the claim is still ours: the request row
-    // locked NOWAIT (a business transaction holding it fails the attempt
-    // at once, `DbError::RowLocked`), then the state row share-locked
-    // under the fence (a recovery meanwhile makes it not ours), then the
-    // update by primary key.
+    // A result is our own write too: it wakes nobody.
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
-        let mut tx = self.begin("save result").await?;
-        if lock_request_nowait(&mut tx, claim.request_id)
-            .await
-            .map_err(db("save result: lock request"))?
-            .is_none()
-        {
-            return give_up(tx, "save result", false).await;
-        }
-        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
-            .await
-            .map_err(db("save result: check fence"))?
-        {
-            return give_up(tx, "save result", false).await;
-        }
-        let query = match result {
-            StepResult::OwnerNumber(number) => sqlx::query(SAVE_OWNER_NUMBER).bind(number),
-            StepResult::StoreNumber(number) => sqlx::query(SAVE_STORE_NUMBER).bind(number),
-            StepResult::CampaignId { campaign_id, .. } => {
-                sqlx::query(SAVE_CAMPAIGN_ID).bind(campaign_id)
-            }
-        };
-        query
-            .bind(claim.request_id)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("save result"))?;
-        if let StepResult::CampaignId { key, campaign_id } = result {
-            sqlx::query(
-                "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
-            )
-            .bind(campaign_id)
-            .bind(claim.request_id)
-            .bind(key)
-            .execute(&mut *tx)
-            .await
-            .map_err(db("save result: answer of the key"))?;
-        }
-        tx.commit().await.map_err(db("save result: commit"))?;
-        Ok(true)
+        let mut naming = Naming::new(
+            &self.primary,
+            Named::WritingRequest,
+            claim.request_id,
+            "save result: name the request",
+        )
+        .await?;
+        let saved = save_result_on(naming.conn(), claim, result).await;
+        naming.clear().await;
+        saved
     }
 }
 
 const SAVE_OWNER_NUMBER: &str =
-    "UPDATE approval_request SET owner_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+    "UPDATE autoapproval_request SET owner_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 const SAVE_STORE_NUMBER: &str =
-    "UPDATE approval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+    "UPDATE autoapproval_request SET store_number = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 const SAVE_CAMPAIGN_ID: &str =
-    "UPDATE approval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+    "UPDATE autoapproval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
+
+/// Approves the claim's request when it is still open and nothing woke it
+/// since the claim, and ends the claim. Lock order as on PostgreSQL: the
+/// request row (NOWAIT: a row the business holds fails at once), then the
+/// state row, each by primary key.
+async fn complete_on(conn: &mut MySqlConnection, claim: &Claim) -> Result<Completion, DbError> {
+    let mut tx = conn.begin().await.map_err(db("complete"))?;
+    let status = lock_request_nowait(&mut tx, claim.request_id)
+        .await
+        .map_err(db("complete: lock request"))?;
+    // A wake row (the claim consumed the earlier ones) or woken_at: a
+    // fact changed after the claim, maybe after the chain read it. The
+    // request row is ours now, so no change to it can come in between
+    // this read and the approval. The subquery reads without locks.
+    let woken: Option<(bool,)> = sqlx::query_as(
+        "SELECT woken_at IS NOT NULL
+                OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = ?)
+           FROM auto_approve_state
+          WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
+            AND claim_nonce = ?
+          FOR UPDATE",
+    )
+    .bind(claim.request_id)
+    .bind(claim.state_id)
+    .bind(&claim.fence.holder)
+    .bind(claim.fence.token)
+    .bind(claim.nonce)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db("complete: lock state"))?;
+    let open = status.as_deref().is_some_and(is_open);
+    match woken {
+        None => return give_up(tx, "complete", Completion::Stale).await,
+        // A decided request's wake (MySQL appends one for every
+        // change) changes nothing: the claim goes as before.
+        Some((true,)) if open => return give_up(tx, "complete", Completion::Woken).await,
+        Some(_) => {}
+    }
+    if open {
+        sqlx::query(
+            "UPDATE autoapproval_request
+                SET status = 'APPROVED', decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
+                    updated_at = UTC_TIMESTAMP(6)
+              WHERE id = ?",
+        )
+        .bind(claim.request_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("complete: approve request"))?;
+    }
+    sqlx::query("DELETE FROM auto_approve_state WHERE id = ?")
+        .bind(claim.state_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("complete: delete state"))?;
+    sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
+        .bind(claim.request_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("complete: delete sent bodies"))?;
+    tx.commit().await.map_err(db("complete: commit"))?;
+    Ok(if open {
+        Completion::Approved
+    } else {
+        Completion::RequestClosed
+    })
+}
+
+/// Saves a result only while the claim is still ours: the request row
+/// locked NOWAIT (a business transaction holding it fails the attempt at
+/// once, `DbError::RowLocked`), then the state row share-locked under the
+/// fence (a recovery meanwhile makes it not ours), then the update by
+/// primary key.
+async fn save_result_on(
+    conn: &mut MySqlConnection,
+    claim: &Claim,
+    result: StepResult<'_>,
+) -> Result<bool, DbError> {
+    let mut tx = conn.begin().await.map_err(db("save result"))?;
+    if lock_request_nowait(&mut tx, claim.request_id)
+        .await
+        .map_err(db("save result: lock request"))?
+        .is_none()
+    {
+        return give_up(tx, "save result", false).await;
+    }
+    if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+        .await
+        .map_err(db("save result: check fence"))?
+    {
+        return give_up(tx, "save result", false).await;
+    }
+    let query = match result {
+        StepResult::OwnerNumber(number) => sqlx::query(SAVE_OWNER_NUMBER).bind(number),
+        StepResult::StoreNumber(number) => sqlx::query(SAVE_STORE_NUMBER).bind(number),
+        StepResult::CampaignId { campaign_id, .. } => {
+            sqlx::query(SAVE_CAMPAIGN_ID).bind(campaign_id)
+        }
+    };
+    query
+        .bind(claim.request_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("save result"))?;
+    if let StepResult::CampaignId { key, campaign_id } = result {
+        sqlx::query(
+            "UPDATE auto_approve_sent SET result = ? WHERE request_id = ? AND idempotency_key = ?",
+        )
+        .bind(campaign_id)
+        .bind(claim.request_id)
+        .bind(key)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("save result: answer of the key"))?;
+    }
+    tx.commit().await.map_err(db("save result: commit"))?;
+    Ok(true)
+}
 
 pub(super) fn is_open(status: &str) -> bool {
     matches!(status, "ING" | "PENDING" | "RETRY")
@@ -464,7 +500,7 @@ async fn lock_request_nowait(
     request_id: i64,
 ) -> Result<Option<String>, sqlx::Error> {
     let row: Option<(String,)> =
-        sqlx::query_as("SELECT status FROM approval_request WHERE id = ? FOR UPDATE NOWAIT")
+        sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT")
             .bind(request_id)
             .fetch_optional(&mut **tx)
             .await?;
@@ -508,7 +544,7 @@ pub(super) async fn insert_memo(
     message: &str,
 ) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+        "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
          VALUES (?, ?, ?, ?)",
     )
     .bind(request_id)

@@ -38,6 +38,7 @@ mod census;
 mod claims;
 mod layout;
 mod ledger;
+mod naming;
 mod notify;
 mod pause;
 mod recovery;

@@ -1,7 +1,8 @@
-//! Wakes without LISTEN/NOTIFY: the poller that reads the rows the
-//! triggers append (migrations/mysql 0003) and turns them into the
-//! `RequestChange`s discovery already understands, and the consumption of
-//! those rows by the shard's owner (`apply_wakes`).
+//! Wakes without LISTEN/NOTIFY: the poller that reads the rows the business
+//! tables' triggers append (through the procedures autoapproval_request_changed
+//! and autoapproval_econtract_changed, migrations/mysql/controller) and turns
+//! them into the `RequestChange`s discovery already understands, and the
+//! consumption of those rows by the shard's owner (`apply_wakes`).
 
 //! Where the poller stands is the [`WakeCursor`] (wake_cursor.rs).
 
@@ -379,7 +380,7 @@ impl MysqlStore {
             return give_up(tx, "expand e-contract wake", false).await;
         }
         let requests: Vec<(i64,)> = sqlx::query_as(
-            "SELECT r.id FROM approval_request r
+            "SELECT r.id FROM autoapproval_request r
               WHERE r.econtract_ref = ? AND (? IS NULL OR r.id <> ?)",
         )
         .bind(contract_ref)

@@ -54,7 +54,7 @@ impl Recovery for MysqlStore {
         let finished = ids(
             sqlx::query_as(
                 "SELECT s.id FROM auto_approve_state s
-                  WHERE NOT EXISTS (SELECT 1 FROM approval_request r
+                  WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
                                      WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
             )
             .fetch_all(&self.primary)
@@ -65,7 +65,7 @@ impl Recovery for MysqlStore {
         for chunk in finished.chunks(CHUNK) {
             let sql = format!(
                 "DELETE FROM auto_approve_state
-                  WHERE id IN ({}) AND NOT EXISTS (SELECT 1 FROM approval_request r
+                  WHERE id IN ({}) AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
                         WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
                 placeholders(chunk.len())
             );
@@ -85,7 +85,7 @@ impl Recovery for MysqlStore {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state
               WHERE request_id = ? AND status = 'RETRY_WAITING'
-                AND NOT EXISTS (SELECT 1 FROM approval_request r
+                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
                                  WHERE r.id = auto_approve_state.request_id
                                    AND r.status IN ('ING', 'PENDING', 'RETRY'))",
         )

@@ -25,7 +25,7 @@ impl Rows for MysqlStore {
                 "SELECT id, status,
                         GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(decided_at, updated_at),
                                                UTC_TIMESTAMP(6)), 0) / 1e6
-                   FROM approval_request WHERE id IN ({})",
+                   FROM autoapproval_request WHERE id IN ({})",
                 placeholders(chunk.len())
             );
             let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
