@@ -386,6 +386,48 @@ async fn mysql_the_triggers_append_a_wake_row_per_relevant_change_only() {
     .await;
 }
 
+#[tokio::test]
+async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change_does() {
+    with_db(|db| async move {
+        // One connection for all our writes: what they leave in its session,
+        // the statement after them sees.
+        let options: MySqlConnectOptions = db.url().parse().expect("the scratch database's URL");
+        let one = autoapproval::db::mysql::pool(options, 1, None);
+        let store = Database::mysql(one.clone(), one.clone()).with_wake_poll_interval(POLL);
+        insert_owner(&db.business, 1).await;
+        let ClaimOutcome::Won(claim) = store
+            .claim(&new_candidate(1), &Fence::new("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .await
+            .unwrap()
+        else {
+            panic!("claim");
+        };
+        assert!(db.wake_rows().await.is_empty(), "the claim consumed the insert's row");
+        assert!(store.save_result(&claim, StepResult::OwnerNumber(77)).await.unwrap());
+        // A result the business's lock refuses: the error path clears too.
+        let mut business = db.business_connection().await;
+        business.execute("BEGIN").await.unwrap();
+        sqlx::query("SELECT id FROM approval_request WHERE id = 1 FOR UPDATE")
+            .fetch_all(&mut business)
+            .await
+            .unwrap();
+        let refused = store.save_result(&claim, StepResult::StoreNumber(88)).await;
+        assert!(matches!(refused, Err(DbError::RowLocked { .. })), "{refused:?}");
+        business.execute("ROLLBACK").await.unwrap();
+        assert!(store.save_result(&claim, StepResult::StoreNumber(88)).await.unwrap());
+        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert!(db.wake_rows().await.is_empty(), "our approval and results wake nobody");
+        // A business change of a watched column wakes, even on the
+        // connection our writes used: nothing of theirs is left in it.
+        sqlx::query("UPDATE approval_request SET operational_hold = true WHERE id = 1")
+            .execute(&one)
+            .await
+            .unwrap();
+        assert_eq!(db.wake_rows().await, [(Some(1), None)]);
+    })
+    .await;
+}
+
 /// The next change the poller yields, within a second.
 async fn next_change(changes: &mut RequestChanges) -> RequestChange {
     tokio::time::timeout(StdDuration::from_secs(1), changes.next())
