@@ -43,3 +43,4 @@ mod shutdown;
 mod status;
 mod support;
 mod traces;
+mod upgrade;
