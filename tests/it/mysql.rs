@@ -149,24 +149,102 @@ fn new_candidate(id: i64) -> Candidate {
 async fn mysql_migrations_apply_twice() {
     scratch(false, |db| async move {
         migrate_twice(&db.url());
-        let (tables,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM information_schema.tables
+        let count = |sql: &'static str| {
+            let business = db.business.clone();
+            async move {
+                let (n,): (i64,) = sqlx::query_as(sql).fetch_one(&business).await.unwrap();
+                n
+            }
+        };
+        const OURS: &str = "SELECT COUNT(*) FROM information_schema.tables
+              WHERE table_schema = DATABASE()
+                AND table_name IN ('auto_approve_state', 'auto_approve_wake', 'shard_fence',
+                                   'shard_layout', 'auto_approve_pause', 'auto_approve_sent',
+                                   'autoapproval_manual_token', '_autoapproval_migrations')";
+        const BUSINESS: &str = "SELECT COUNT(*) FROM information_schema.tables
               WHERE table_schema = DATABASE()
                 AND table_name IN ('approval_request', 'approval_request_memo', 'econtract',
-                                   'auto_approve_state', 'auto_approve_wake', 'shard_fence',
-                                   'shard_layout', 'auto_approve_pause')",
-        )
-        .fetch_one(&db.business)
+                                   'autoapproval_request', 'autoapproval_econtract',
+                                   'autoapproval_request_memo', '_autoapproval_reference_migrations')";
+        const TRIGGERS: &str =
+            "SELECT COUNT(*) FROM information_schema.triggers WHERE trigger_schema = DATABASE()";
+        assert_eq!(count(OURS).await, 8, "the controller's own objects");
+        assert_eq!(count(BUSINESS).await, 0, "no business table, no binding");
+        assert_eq!(count(TRIGGERS).await, 0);
+
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+            .args(["migrate", "--reference-schema", "--database-url", &db.url()])
+            .output()
+            .expect("run autoapproval migrate --reference-schema");
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(count(BUSINESS).await, 7, "the reference schema and its binding");
+        assert_eq!(count(TRIGGERS).await, 4, "the binding's wake triggers");
+    })
+    .await;
+}
+
+/// 0.2.0's wake table and the trigger its 0003 put on approval_request.
+const WAKE_0_2_0: &str = "
+CREATE TABLE auto_approve_wake (
+    id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
+    request_id   BIGINT,
+    contract_ref VARCHAR(255),
+    skip_request BIGINT,
+    new_request  BOOLEAN      NOT NULL DEFAULT false,
+    woken_at     DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+    KEY auto_approve_wake_request (request_id, id)
+) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
+CREATE TRIGGER approval_request_wake_insert
+    AFTER INSERT ON approval_request FOR EACH ROW
+    INSERT INTO auto_approve_wake (request_id, new_request) VALUES (NEW.id, true);
+";
+
+#[tokio::test]
+async fn mysql_migrating_a_0_2_0_database_keeps_its_requests_and_drops_its_triggers() {
+    scratch(false, |db| async move {
+        // 0.2.0 made the business tables itself (the reference set's are
+        // the same) and a wake trigger on them.
+        sqlx::raw_sql(include_str!(
+            "../../migrations/mysql/reference/0001_business_tables.sql"
+        ))
+        .execute(&db.business)
         .await
         .unwrap();
-        assert_eq!(tables, 8);
-        let (triggers,): (i64,) = sqlx::query_as(
-            "SELECT COUNT(*) FROM information_schema.triggers WHERE trigger_schema = DATABASE()",
+        sqlx::raw_sql(WAKE_0_2_0)
+            .execute(&db.business)
+            .await
+            .unwrap();
+        insert_owner(&db.business, 1).await;
+        assert_eq!(db.wake_rows().await, [(Some(1), None)]);
+
+        db.store
+            .migrate(true)
+            .await
+            .expect("0.2.0's database migrates");
+
+        let triggers: Vec<String> = sqlx::query_scalar(
+            "SELECT trigger_name FROM information_schema.triggers
+              WHERE trigger_schema = DATABASE() ORDER BY trigger_name",
         )
-        .fetch_one(&db.business)
+        .fetch_all(&db.business)
         .await
         .unwrap();
-        assert_eq!(triggers, 4);
+        assert_eq!(
+            triggers,
+            [
+                "approval_request_autoapproval_inserted",
+                "approval_request_autoapproval_updated",
+                "econtract_autoapproval_inserted",
+                "econtract_autoapproval_updated"
+            ]
+        );
+        assert!(
+            db.store.request(1).await.unwrap().is_some(),
+            "the request stays"
+        );
+        // One wake row per change, not one per trigger generation.
+        insert_owner(&db.business, 2).await;
+        assert_eq!(db.wake_rows().await, [(Some(1), None), (Some(2), None)]);
     })
     .await;
 }
@@ -396,14 +474,27 @@ async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change
         let store = Database::mysql(one.clone(), one.clone()).with_wake_poll_interval(POLL);
         insert_owner(&db.business, 1).await;
         let ClaimOutcome::Won(claim) = store
-            .claim(&new_candidate(1), &Fence::new("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .claim(
+                &new_candidate(1),
+                &Fence::new("a", 1),
+                t0(),
+                DEFAULT_RETRY_LIMIT,
+            )
             .await
             .unwrap()
         else {
             panic!("claim");
         };
-        assert!(db.wake_rows().await.is_empty(), "the claim consumed the insert's row");
-        assert!(store.save_result(&claim, StepResult::OwnerNumber(77)).await.unwrap());
+        assert!(
+            db.wake_rows().await.is_empty(),
+            "the claim consumed the insert's row"
+        );
+        assert!(
+            store
+                .save_result(&claim, StepResult::OwnerNumber(77))
+                .await
+                .unwrap()
+        );
         // A result the business's lock refuses: the error path clears too.
         let mut business = db.business_connection().await;
         business.execute("BEGIN").await.unwrap();
@@ -412,11 +503,22 @@ async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change
             .await
             .unwrap();
         let refused = store.save_result(&claim, StepResult::StoreNumber(88)).await;
-        assert!(matches!(refused, Err(DbError::RowLocked { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(DbError::RowLocked { .. })),
+            "{refused:?}"
+        );
         business.execute("ROLLBACK").await.unwrap();
-        assert!(store.save_result(&claim, StepResult::StoreNumber(88)).await.unwrap());
+        assert!(
+            store
+                .save_result(&claim, StepResult::StoreNumber(88))
+                .await
+                .unwrap()
+        );
         assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
-        assert!(db.wake_rows().await.is_empty(), "our approval and results wake nobody");
+        assert!(
+            db.wake_rows().await.is_empty(),
+            "our approval and results wake nobody"
+        );
         // A business change of a watched column wakes, even on the
         // connection our writes used: nothing of theirs is left in it.
         sqlx::query("UPDATE approval_request SET operational_hold = true WHERE id = 1")
