@@ -13,7 +13,7 @@ use autoapproval::db::{
     ClaimOutcome, Completion, Database, DatabaseArgs, DbError, Pool, RequestChange, RequestChanges,
     RetryWrite, SessionArgs, ShardFilter, StepResult,
 };
-use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence, RequestType};
+use autoapproval::domain::{Candidate, Claim, DEFAULT_RETRY_LIMIT, Fence, RequestType};
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
@@ -142,6 +142,23 @@ fn new_candidate(id: i64) -> Candidate {
         request_id: id,
         request_type: RequestType::OwnerContract,
         state_id: None,
+    }
+}
+
+/// Claims new request `id` for replica `holder`, which must win it.
+async fn claim_new(store: &Database, id: i64, holder: &str) -> Claim {
+    match store
+        .claim(
+            &new_candidate(id),
+            &Fence::new(holder, 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Won(claim) => claim,
+        lost => panic!("{holder} claims request {id}: {lost:?}"),
     }
 }
 
@@ -448,14 +465,7 @@ async fn mysql_the_triggers_append_a_wake_row_per_relevant_change_only() {
         assert_eq!(skip, Some(1));
         // Our own approval wakes nobody.
         let before = db.wake_rows().await.len();
-        let ClaimOutcome::Won(claim) = db
-            .store
-            .claim(&new_candidate(1), &Fence::new("a", 1), t0(), DEFAULT_RETRY_LIMIT)
-            .await
-            .unwrap()
-        else {
-            panic!("claim");
-        };
+        let claim = claim_new(&db.store, 1, "a").await;
         let after_claim = db.wake_rows().await.len();
         assert!(after_claim < before, "the claim consumed the request's rows");
         assert_eq!(db.store.complete(&claim).await.unwrap(), Completion::Approved);
@@ -473,18 +483,7 @@ async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change
         let one = autoapproval::db::mysql::pool(options, 1, None);
         let store = Database::mysql(one.clone(), one.clone()).with_wake_poll_interval(POLL);
         insert_owner(&db.business, 1).await;
-        let ClaimOutcome::Won(claim) = store
-            .claim(
-                &new_candidate(1),
-                &Fence::new("a", 1),
-                t0(),
-                DEFAULT_RETRY_LIMIT,
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("claim");
-        };
+        let claim = claim_new(&store, 1, "a").await;
         assert!(
             db.wake_rows().await.is_empty(),
             "the claim consumed the insert's row"
@@ -655,19 +654,7 @@ async fn mysql_a_change_makes_a_waiting_request_due_at_its_owners_turn_only() {
 async fn mysql_a_business_update_never_waits_for_a_state_row_we_hold() {
     with_db(|db| async move {
         insert_owner(&db.business, 1).await;
-        let ClaimOutcome::Won(_) = db
-            .store
-            .claim(
-                &new_candidate(1),
-                &Fence::new("a", 1),
-                t0(),
-                DEFAULT_RETRY_LIMIT,
-            )
-            .await
-            .unwrap()
-        else {
-            panic!("claim");
-        };
+        claim_new(&db.store, 1, "a").await;
         // Our transaction holds the state row and has deleted the newest
         // wake rows, as a retry write and a wake consumption do.
         let mut ours = db.pool.acquire().await.unwrap();

@@ -21,7 +21,7 @@
 use chrono::{DateTime, Utc};
 use sqlx::{Connection, MySql, MySqlConnection};
 
-use super::naming::{Named, Naming};
+use super::naming::{Named, named_write};
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
@@ -262,16 +262,14 @@ impl Claims for MysqlStore {
     // Our own approval wakes nobody: the connection names the request to
     // the trigger's procedure for the whole transaction.
     async fn complete(&self, claim: &Claim) -> Result<Completion, DbError> {
-        let mut naming = Naming::new(
+        named_write(
             &self.primary,
             Named::WritingRequest,
             claim.request_id,
             "complete: name the request",
+            async |conn| complete_on(conn, claim).await,
         )
-        .await?;
-        let completion = complete_on(naming.conn(), claim).await;
-        naming.clear().await;
-        completion
+        .await
     }
 
     fenced_writes! {
@@ -328,16 +326,14 @@ impl Claims for MysqlStore {
 
     // A result is our own write too: it wakes nobody.
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
-        let mut naming = Naming::new(
+        named_write(
             &self.primary,
             Named::WritingRequest,
             claim.request_id,
             "save result: name the request",
+            async |conn| save_result_on(conn, claim, result).await,
         )
-        .await?;
-        let saved = save_result_on(naming.conn(), claim, result).await;
-        naming.clear().await;
-        saved
+        .await
     }
 }
 

@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::naming::{Named, Naming};
+use super::naming::{Named, named_write};
 use super::{MysqlStore, db};
 use crate::db::ledger::ledger_statements;
 use crate::db::{DbError, Ledger};
@@ -26,35 +26,34 @@ impl Ledger for MysqlStore {
         status: &str,
         now: DateTime<Utc>,
     ) -> Result<(), DbError> {
-        // The econtract trigger's procedure reads the session variable, so
+        // The e-contract trigger's procedure reads the session variable, so
         // it is set on this connection for the one statement and cleared
-        // after it.
-        let mut naming = Naming::new(
-            &self.primary,
-            Named::SyncingRequest,
-            request_id,
-            "sync e-contract: name the request",
-        )
-        .await?;
-        // ON DUPLICATE KEY UPDATE for ON CONFLICT (through the view, onto
+        // after it. ON DUPLICATE KEY UPDATE for ON CONFLICT (through the view, onto
         // its table's primary key); VALUES(col) is the row proposed (MySQL
         // 8.0.20+ deprecates it for a row alias MariaDB lacks; both still
         // accept it). Assignments run left to right, so synced_at is judged
         // before status changes.
-        let written = sqlx::query(
-            "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
-             ON DUPLICATE KEY UPDATE
-                synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
-                status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))",
+        named_write(
+            &self.primary,
+            Named::SyncingRequest,
+            request_id,
+            "sync e-contract: name the request",
+            async |conn| {
+                sqlx::query(
+                    "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
+                     ON DUPLICATE KEY UPDATE
+                        synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
+                        status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))",
+                )
+                .bind(contract_ref)
+                .bind(status)
+                .bind(now)
+                .execute(conn)
+                .await
+                .map_err(db("sync e-contract"))?;
+                Ok(())
+            },
         )
-        .bind(contract_ref)
-        .bind(status)
-        .bind(now)
-        .execute(naming.conn())
         .await
-        .map_err(db("sync e-contract"));
-        naming.clear().await;
-        written?;
-        Ok(())
     }
 }

@@ -37,12 +37,27 @@ impl Named {
     }
 }
 
+/// Runs `write` on a connection of `pool` naming `request_id` in `named`,
+/// and clears the variable after it, whatever `write` answered.
+pub(super) async fn named_write<T>(
+    pool: &MySqlPool,
+    named: Named,
+    request_id: i64,
+    operation: &'static str,
+    write: impl AsyncFnOnce(&mut MySqlConnection) -> Result<T, DbError>,
+) -> Result<T, DbError> {
+    let mut naming = Naming::new(pool, named, request_id, operation).await?;
+    let outcome = write(naming.conn()).await;
+    naming.clear().await;
+    outcome
+}
+
 /// A primary connection whose session names a request in a [`Named`]
-/// variable until [`Naming::clear`]. A connection dropped without it (an
+/// variable until [`Naming::clear`] ([`named_write`]). A connection dropped without it (an
 /// error, a cancelled future) or whose clearing failed is closed, never
 /// returned to the pool with the variable set: another write on it would
 /// wake nobody, or skip the wrong request.
-pub(super) struct Naming {
+struct Naming {
     conn: PoolConnection<MySql>,
     named: Named,
     request_id: i64,
@@ -54,7 +69,7 @@ pub(super) struct Naming {
 
 impl Naming {
     /// A connection of `pool` naming `request_id` in `named`.
-    pub(super) async fn new(
+    async fn new(
         pool: &MySqlPool,
         named: Named,
         request_id: i64,
@@ -76,13 +91,13 @@ impl Naming {
     }
 
     /// The connection, for the statements of the write.
-    pub(super) fn conn(&mut self) -> &mut MySqlConnection {
+    fn conn(&mut self) -> &mut MySqlConnection {
         &mut self.conn
     }
 
     /// Clears the variable; the connection goes back to the pool only when
     /// that succeeded. The write's outcome stands either way.
-    pub(super) async fn clear(mut self) {
+    async fn clear(mut self) {
         match sqlx::query(self.named.clear_sql())
             .execute(&mut *self.conn)
             .await
