@@ -15,7 +15,7 @@ cargo build --quiet -p autoapproval -p autoapproval-sim -p kube-testserver
 db=autoapproval_local
 psql "$base" -qc "DROP DATABASE IF EXISTS $db WITH (FORCE)" -c "CREATE DATABASE $db"
 export AUTOAPPROVAL_DATABASE_URL="${base%/*}/$db"
-target/debug/autoapproval migrate
+target/debug/autoapproval migrate --reference-schema
 
 tmp="$(mktemp -d)"
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$tmp"' EXIT

@@ -25,7 +25,7 @@ pub struct Cli {
 /// The shipped binary's subcommands; the tooling has binaries of its own.
 #[derive(Subcommand, Debug)]
 pub enum Command {
-    /// Apply the database migrations (idempotent).
+    /// Apply the controller's database migrations (idempotent; docs/INTEGRATING.md).
     Migrate(MigrateArgs),
     /// Run the controller.
     Run(Box<crate::controller::config::RunArgs>),
@@ -41,6 +41,15 @@ pub struct MigrateArgs {
     /// The database to migrate (the primary).
     #[command(flatten)]
     pub database: DatabaseArgs,
+    /// Also create the reference business schema (approval_request, econtract, their memo
+    /// table) and bind it, for the demo, the tests or a new system that adopts it; a company's
+    /// own tables are bound by docs/INTEGRATING.md instead [default: off].
+    #[arg(long, env = "AUTOAPPROVAL_REFERENCE_SCHEMA", default_value_t = false)]
+    pub reference_schema: bool,
+    /// Print the SQL the pending migrations would run (with the history rows they record)
+    /// instead of running it, for a DBA who applies DDL by hand [default: off].
+    #[arg(long, default_value_t = false)]
+    pub print_sql: bool,
 }
 
 /// Errors that end the program.
@@ -107,8 +116,15 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Migrate(args) => {
             // Migrations may wait for locks and build indexes: no session limits.
             let store = Database::connect(&args.database, None).await?;
-            store.migrate().await?;
-            tracing::info!("migrations applied");
+            if args.print_sql {
+                print!("{}", store.migration_script(args.reference_schema).await?);
+                return Ok(());
+            }
+            store.migrate(args.reference_schema).await?;
+            tracing::info!(
+                reference_schema = args.reference_schema,
+                "migrations applied"
+            );
             Ok(())
         }
         Command::Run(args) => run_controller(*args).await,
@@ -139,6 +155,12 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .config(String::new(), String::new())?
         .check_pool(args.database.db_max_connections)?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
+    let store = Database::connect(&args.database, Some(&args.session)).await?;
+    // A schema older than this binary, or a binding the role cannot use,
+    // stops here, naming it; what only slows the controller is a warning.
+    for warning in store.check_schema().await? {
+        tracing::warn!(%warning, "schema");
+    }
     let metrics = Metrics::new();
     let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref(), &metrics).await?;
     let namespace = match &args.controller.namespace {
@@ -150,7 +172,6 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         None => own_name().ok_or(CliError::NoReplicaName)?,
     };
     let settings = args.controller.config(namespace, replica_name)?;
-    let store = Database::connect(&args.database, Some(&args.session)).await?;
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

@@ -51,7 +51,7 @@ interface! {
 
 /// The ledger's methods that are the same on both backends but for their
 /// SQL, as items of `impl Ledger for <backend>` (beside its own
-/// `sync_econtract`). `$status` reads econtract.status by contract_ref;
+/// `sync_econtract`). `$status` reads autoapproval_econtract.status by contract_ref;
 /// `$add` inserts a memo (request_id, created_at, message) by
 /// `autoapproval`; `$history` and `$memos` read a request's memos in id order.
 macro_rules! ledger_statements {

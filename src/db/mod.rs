@@ -65,6 +65,7 @@ mod pause;
 pub mod postgres;
 mod recovery;
 mod rows;
+mod schema;
 
 use candidates::Candidates;
 use census::CensusQueries;
@@ -86,6 +87,7 @@ pub use notify::RequestChange;
 pub use pause::Pause;
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
+pub use schema::{MigrationSet, SchemaReport};
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,21 @@ pub enum DbError {
     /// Applying migrations failed.
     #[error("migration failed: {0}")]
     Migrate(#[from] sqlx::migrate::MigrateError),
+    /// The schema lacks controller migrations this binary needs.
+    #[error(
+        "the database lacks controller migration {missing}: run `autoapproval migrate` of this \
+         version (or apply `autoapproval migrate --print-sql`) before `run`"
+    )]
+    SchemaBehind {
+        /// The missing migrations, as `0002 (description)`.
+        missing: String,
+    },
+    /// The controller's role cannot use part of the binding to the business tables.
+    #[error("binding to the business tables: {problems} (docs/INTEGRATING.md)")]
+    Binding {
+        /// Each part that failed, naming the view, column or grant.
+        problems: String,
+    },
     /// A row holds a value the controller does not know; it is skipped.
     #[error("request {request_id}: {error}")]
     Malformed {
@@ -320,23 +337,6 @@ impl Database {
             Backend::Postgres(b) => Pool::Postgres(b.primary().clone()),
             Backend::Mysql(b) => Pool::Mysql(b.primary().clone()),
         }
-    }
-
-    /// Applies the backend's migrations; a no-op when they are applied.
-    pub async fn migrate(&self) -> Result<(), DbError> {
-        match &self.backend {
-            Backend::Postgres(b) => {
-                sqlx::migrate!("./migrations/postgres")
-                    .run(b.primary())
-                    .await?
-            }
-            Backend::Mysql(b) => {
-                sqlx::migrate!("./migrations/mysql")
-                    .run(b.primary())
-                    .await?
-            }
-        }
-        Ok(())
     }
 
     /// The pools to watch, by name: `primary`, and `read` when a replica

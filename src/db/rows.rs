@@ -220,7 +220,7 @@ macro_rules! key_reads {
                         documents_released, operational_hold, menu_registered, logo_registered,
                         previous_step_approved, econtract_ref, target_store_number, owner_number,
                         store_number, campaign_id, decided_by
-                   FROM approval_request WHERE id = ",
+                   FROM autoapproval_request WHERE id = ",
                 $id
             ))
             .bind(request_id)
@@ -248,7 +248,7 @@ macro_rules! key_reads {
                         s.retry_count AS s_retry_count, s.holder AS s_holder,
                         s.fencing_token AS s_fencing_token, s.step AS s_step,
                         s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
-                   FROM approval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
+                   FROM autoapproval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
                   WHERE r.id = ",
                 $id
             ))

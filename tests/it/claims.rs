@@ -227,10 +227,11 @@ async fn a_change_notified_mid_chain_makes_the_scheduled_retry_due_at_once(db: D
     assert_eq!(quiet, Some((1, later)), "the long interval");
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
+#[sqlx::test(migrations = false)]
 async fn the_chains_own_econtract_sync_wakes_only_the_other_requests_on_that_contract(
     pool: PgPool,
 ) {
+    let pool = crate::support::migrated(pool).await;
     use autoapproval::db::RequestChange;
 
     let store = Database::postgres(pool.clone(), pool.clone());

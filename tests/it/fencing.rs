@@ -176,10 +176,11 @@ async fn install_audit(pool: &PgPool) {
     }
 }
 
-#[sqlx::test(migrations = "migrations/postgres")]
+#[sqlx::test(migrations = false)]
 async fn a_replica_that_lost_its_shard_mid_chain_writes_nothing_after_the_new_owner_claimed(
     pool: PgPool,
 ) {
+    let pool = crate::support::migrated(pool).await;
     install_audit(&pool).await;
     NewRequest::ready_owner(1)
         .sorted_at(Utc::now())

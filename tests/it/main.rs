@@ -44,3 +44,4 @@ mod shutdown;
 mod status;
 mod support;
 mod traces;
+mod upgrade;

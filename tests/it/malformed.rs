@@ -68,8 +68,9 @@ async fn unknown_type_or_status_is_skipped_with_a_metric_and_the_turn_proceeds(d
 /// retry with backoff, so the limit ends it, instead of the claim being
 /// released uncounted and the external call repeated every poll for ever.
 // PostgreSQL only: the refusal is of a NUL in text, which MySQL and MariaDB store.
-#[sqlx::test(migrations = "migrations/postgres")]
+#[sqlx::test(migrations = false)]
 async fn a_result_the_database_refuses_counts_as_a_retry_until_the_limit(pool: sqlx::PgPool) {
+    let pool = crate::support::migrated(pool).await;
     let db = Db::Postgres(pool);
     const LIMIT: i32 = 3;
     let mut config = crate::support::defaults().approver;

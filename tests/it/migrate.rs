@@ -1,4 +1,5 @@
-//! `autoapproval migrate` is idempotent, and says when it cannot connect.
+//! `autoapproval migrate` is idempotent, creates only the controller's objects unless asked
+//! for the reference schema, and says when it cannot connect.
 
 use std::process::Command;
 
@@ -20,14 +21,39 @@ async fn migrate_twice_against_an_empty_database_succeeds_both_times(pool: PgPoo
         .expect("DATABASE_URL names a database");
     let url = format!("{server}/{name}");
     migrate_twice(&url);
-    let (tables,): (i64,) = sqlx::query_as(
-        "SELECT count(*) FROM information_schema.tables
-          WHERE table_name IN ('approval_request', 'approval_request_memo', 'econtract', 'auto_approve_state')",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(tables, 4);
+    let tables = |names: &'static str| {
+        let pool = pool.clone();
+        async move {
+            let (n,): (i64,) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM information_schema.tables
+                  WHERE table_schema = current_schema() AND table_name IN ({names})"
+            )))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            n
+        }
+    };
+    const OURS: &str = "'auto_approve_state', 'auto_approve_wake', '_autoapproval_migrations'";
+    const BUSINESS: &str = "'approval_request', 'approval_request_memo', 'econtract', \
+                            'autoapproval_request', '_autoapproval_reference_migrations'";
+    assert_eq!(tables(OURS).await, 3, "the controller's own objects");
+    assert_eq!(tables(BUSINESS).await, 0, "no business table, no binding");
+
+    let out = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["migrate", "--reference-schema", "--database-url", &url])
+        .output()
+        .expect("run autoapproval migrate --reference-schema");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        tables(BUSINESS).await,
+        5,
+        "the reference schema and its binding"
+    );
 }
 
 /// Refused on either backend, before anything else, naming what failed.

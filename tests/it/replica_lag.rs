@@ -102,7 +102,7 @@ async fn stale_candidates_of_a_frozen_replica_cost_only_refused_claims() {
     let primary = Db::Mysql(writer.clone());
     primary
         .database()
-        .migrate()
+        .migrate(true)
         .await
         .expect("migrations apply on the primary");
     for id in 1..=REQUESTS {

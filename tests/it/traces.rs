@@ -273,10 +273,11 @@ mod otlp {
         bytes.iter().map(|b| format!("{b:02x}")).collect()
     }
 
-    #[sqlx::test(migrations = "migrations/postgres")]
+    #[sqlx::test(migrations = false)]
     async fn each_attempt_is_one_trace_covering_its_external_calls_and_the_downstream_gets_it(
         pool: sqlx::PgPool,
     ) {
+        let pool = crate::support::migrated(pool).await;
         let (collector_url, received) = collector().await;
         let stage = Stage::start("otlp").await;
         // The first attempt's owner creation fails: a transient retry, so
@@ -445,8 +446,9 @@ mod otlp {
         spans
     }
 
-    #[sqlx::test(migrations = "migrations/postgres")]
+    #[sqlx::test(migrations = false)]
     async fn the_opentelemetry_variables_alone_configure_the_export(pool: sqlx::PgPool) {
+        let pool = crate::support::migrated(pool).await;
         let spans = export_of_one_request(
             &pool,
             &[],
@@ -467,8 +469,9 @@ mod otlp {
         }
     }
 
-    #[sqlx::test(migrations = "migrations/postgres")]
+    #[sqlx::test(migrations = false)]
     async fn the_flags_win_over_the_opentelemetry_variables(pool: sqlx::PgPool) {
+        let pool = crate::support::migrated(pool).await;
         let spans = export_of_one_request(
             &pool,
             &[

@@ -42,6 +42,7 @@ mod notify;
 mod pause;
 mod recovery;
 mod rows;
+mod schema;
 mod wake_cursor;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};

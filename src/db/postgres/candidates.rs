@@ -15,7 +15,7 @@ use crate::domain::{Candidate, RequestType};
 // docs/BENCHMARKS.md.
 const OWNER_CANDIDATES: &str = "\
 SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.status IN ('ING', 'PENDING', 'RETRY')
    AND r.request_type = 'OWNER_CONTRACT'
@@ -30,7 +30,7 @@ SELECT r.id AS request_id, s.id AS state_id
 // Ad contracts also need the store they advertise.
 const AD_CANDIDATES: &str = "\
 SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.status IN ('ING', 'PENDING', 'RETRY')
    AND r.request_type = 'AD_CONTRACT'
@@ -49,7 +49,7 @@ SELECT r.id AS request_id, s.id AS state_id
 // that a turn takes them in that order; no limit.
 const CANDIDATES_AMONG: &str = "\
 SELECT r.id AS request_id, r.request_type, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id = ANY($4::bigint[])
    AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -71,7 +71,7 @@ SELECT r.id AS request_id, r.request_type, s.id AS state_id
 /// requests are in neither, however many there are.
 pub const FRESH_CANDIDATES: &str = "\
 (SELECT r.id AS request_id, NULL::bigint AS state_id
-   FROM approval_request r
+   FROM autoapproval_request r
   WHERE r.id > $7
     AND r.status IN ('ING', 'PENDING', 'RETRY')
     AND r.request_type = $8
@@ -85,7 +85,7 @@ pub const FRESH_CANDIDATES: &str = "\
 UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id
    FROM auto_approve_state s
-   JOIN approval_request r ON r.id = s.request_id
+   JOIN autoapproval_request r ON r.id = s.request_id
   WHERE s.status = 'RETRY_WAITING'
     AND s.next_retry_time <= $2
     AND s.retry_count < $3
@@ -142,7 +142,7 @@ impl Candidates for PgStore {
     }
 
     async fn newest_request_id(&self) -> Result<i64, DbError> {
-        sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM approval_request")
+        sqlx::query_scalar("SELECT COALESCE(max(id), 0) FROM autoapproval_request")
             .fetch_one(&self.read)
             .await
             .map_err(db("newest request id"))

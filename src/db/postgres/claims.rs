@@ -39,7 +39,7 @@ impl Claims for PgStore {
                     AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
                     -- Only a known decision refuses: an unknown status is
                     -- claimed, and the chain's re-read reports it by name.
-                    AND EXISTS (SELECT 1 FROM approval_request r
+                    AND EXISTS (SELECT 1 FROM autoapproval_request r
                                  WHERE r.id = $1 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))
                  ON CONFLICT (request_id) DO NOTHING
                  RETURNING id, request_id, retry_count, transient_streak
@@ -47,7 +47,7 @@ impl Claims for PgStore {
                      DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
                  )
                  SELECT id, retry_count, transient_streak,
-                        (SELECT created_at FROM approval_request WHERE id = $1)
+                        (SELECT created_at FROM autoapproval_request WHERE id = $1)
                    FROM claimed",
             )
             .bind(candidate.request_id)
@@ -109,7 +109,7 @@ impl Claims for PgStore {
             // a person, or held by another worker: the status tells.
             None if candidate.state_id.is_none() => {
                 let status: Option<(String,)> =
-                    sqlx::query_as("SELECT status FROM approval_request WHERE id = $1")
+                    sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = $1")
                         .bind(candidate.request_id)
                         .fetch_optional(&self.primary)
                         .await
@@ -135,7 +135,7 @@ impl Claims for PgStore {
                   WHERE request_id = $1 AND status = 'RETRY_WAITING'
                  RETURNING request_id
              )
-             INSERT INTO approval_request_memo (request_id, created_at, author, message)
+             INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
              SELECT request_id, $3, 'autoapproval', $4 FROM due
              RETURNING request_id",
         )
@@ -180,7 +180,7 @@ impl Claims for PgStore {
                    FROM old WHERE s.id = old.id
                  RETURNING s.request_id, s.retry_count, s.next_retry_time, old.last_reason AS old_reason
              ), memo AS (
-                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $8, 'autoapproval', 'auto-approval waits: ' || $6
                    FROM upd WHERE old_reason IS DISTINCT FROM $6
              )
@@ -216,11 +216,13 @@ impl Claims for PgStore {
         // or woken_at: a fact changed after the claim consumed the earlier
         // ones) refuses the delete, and with it the approval: the chain may
         // have read the fact before it changed. The request's recorded
-        // bodies go with the state row.
+        // bodies go with the state row. The lock names the request as ours
+        // to write (autoapproval.writing_request): our approval wakes nobody.
         let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(
             "WITH free AS (
-                 SELECT id, status IN ('ING', 'PENDING', 'RETRY') AS open
-                   FROM approval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+                 SELECT id, status IN ('ING', 'PENDING', 'RETRY') AS open,
+                        set_config('autoapproval.writing_request', id::text, true)
+                   FROM autoapproval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
              ), woken AS (
                  SELECT id FROM auto_approve_state
                   WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
@@ -238,7 +240,7 @@ impl Claims for PgStore {
                  DELETE FROM auto_approve_sent s
                   WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
              ), approved AS (
-                 UPDATE approval_request r
+                 UPDATE autoapproval_request r
                     SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
                    FROM free
                   WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -355,28 +357,31 @@ DELETE FROM auto_approve_state
 // out the lock timeout (16 such waits starve the whole pool). FOR SHARE on
 // the state row: a fence recovering it meanwhile makes the check see the
 // recovered row (not ours any more), so nothing is written after a takeover.
+// The lock also names the request as ours to write for the rest of the
+// transaction (autoapproval.writing_request): its wake trigger skips it.
 // $6: the claim's nonce.
 macro_rules! fenced_result {
     () => {
         "
-  FROM (SELECT id FROM approval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
+  FROM (SELECT id, set_config('autoapproval.writing_request', id::text, true)
+          FROM autoapproval_request WHERE id = $5 FOR NO KEY UPDATE NOWAIT) AS free
  WHERE r.id = free.id AND EXISTS (SELECT 1 FROM auto_approve_state
      WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2 AND fencing_token = $3
        AND claim_nonce = $6 FOR SHARE)"
     };
 }
 const SAVE_OWNER_NUMBER: &str = concat!(
-    "UPDATE approval_request r SET owner_number = $4, updated_at = now()",
+    "UPDATE autoapproval_request r SET owner_number = $4, updated_at = now()",
     fenced_result!()
 );
 const SAVE_STORE_NUMBER: &str = concat!(
-    "UPDATE approval_request r SET store_number = $4, updated_at = now()",
+    "UPDATE autoapproval_request r SET store_number = $4, updated_at = now()",
     fenced_result!()
 );
 // $7: the key the campaign was approved under; its recorded body's result
 // becomes the campaign id, which the ad step compares (migration 0018).
 const SAVE_CAMPAIGN_ID: &str = concat!(
-    "WITH saved AS (UPDATE approval_request r SET campaign_id = $4, updated_at = now()",
+    "WITH saved AS (UPDATE autoapproval_request r SET campaign_id = $4, updated_at = now()",
     fenced_result!(),
     " RETURNING r.id), answered AS (
  UPDATE auto_approve_sent s SET result = $4

@@ -9,12 +9,12 @@ use crate::db::{DbError, Ledger};
 
 impl Ledger for PgStore {
     ledger_statements! {
-        status: "SELECT status FROM econtract WHERE contract_ref = $1",
-        add: "INSERT INTO approval_request_memo (request_id, created_at, author, message)
+        status: "SELECT status FROM autoapproval_econtract WHERE contract_ref = $1",
+        add: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
               VALUES ($1, $2, 'autoapproval', $3)",
-        history: "SELECT created_at, author, message FROM approval_request_memo
+        history: "SELECT created_at, author, message FROM autoapproval_request_memo
                    WHERE request_id = $1 ORDER BY id",
-        memos: "SELECT message FROM approval_request_memo WHERE request_id = $1 ORDER BY id",
+        memos: "SELECT message FROM autoapproval_request_memo WHERE request_id = $1 ORDER BY id",
     }
 
     async fn sync_econtract(
@@ -28,10 +28,10 @@ impl Ledger for PgStore {
         // read by the econtract trigger (migration 0007), lasts until the
         // statement's implicit transaction ends, after the trigger fired.
         sqlx::query(
-            "INSERT INTO econtract (contract_ref, status, synced_at)
+            "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
              SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
              ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
-              WHERE NOT (econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
+              WHERE NOT (autoapproval_econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
         )
         .bind(contract_ref)
         .bind(status)

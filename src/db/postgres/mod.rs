@@ -17,6 +17,7 @@ mod notify;
 mod pause;
 mod recovery;
 mod rows;
+mod schema;
 
 pub use candidates::{FRESH_CANDIDATES, candidate_sql};
 pub use census::BACKLOG_SQL;

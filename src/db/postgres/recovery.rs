@@ -22,7 +22,7 @@ impl Recovery for PgStore {
                   WHERE status = 'IN_PROGRESS' AND modified_at < now() - make_interval(secs => $1)
                  RETURNING request_id, holder
              ), memo AS (
-                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $2, 'autoapproval-cleanser',
                         'auto-approval was interrupted on ' || holder || '; retrying'
                    FROM stuck
@@ -36,7 +36,7 @@ impl Recovery for PgStore {
         .map_err(db("cleanse stuck claims"))?;
         let deleted = sqlx::query(
             "DELETE FROM auto_approve_state s
-              WHERE NOT EXISTS (SELECT 1 FROM approval_request r
+              WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
                                  WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
         )
         .execute(&self.primary)
@@ -52,7 +52,7 @@ impl Recovery for PgStore {
         let done = sqlx::query(
             "DELETE FROM auto_approve_state s
               WHERE s.request_id = $1 AND s.status = 'RETRY_WAITING'
-                AND NOT EXISTS (SELECT 1 FROM approval_request r
+                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
                                  WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
         )
         .bind(request_id)
@@ -128,7 +128,7 @@ impl Recovery for PgStore {
                     AND fencing_token > 0 AND fencing_token < $3
                  RETURNING request_id, holder
              ), memo AS (
-                 INSERT INTO approval_request_memo (request_id, created_at, author, message)
+                 INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $5, 'autoapproval-cleanser',
                         'auto-approval was interrupted on ' || holder || '; retrying'
                    FROM orphaned

@@ -17,7 +17,7 @@ impl Rows for PgStore {
         let rows: Vec<(i64, String, f64)> = sqlx::query_as(
             "SELECT id, status,
                     GREATEST(extract(epoch FROM now() - COALESCE(decided_at, updated_at)), 0)::float8
-               FROM approval_request WHERE id = ANY($1)",
+               FROM autoapproval_request WHERE id = ANY($1)",
         )
         .bind(request_ids)
         .fetch_all(&self.primary)

@@ -209,6 +209,17 @@ impl Business {
     }
 }
 
+/// `pool`'s database (a fresh one of `sqlx::test`) with the controller's
+/// migrations and the reference business schema applied, as
+/// `autoapproval migrate --reference-schema` applies them.
+pub async fn migrated(pool: PgPool) -> PgPool {
+    Database::postgres(pool.clone(), pool.clone())
+        .migrate(true)
+        .await
+        .expect("PostgreSQL migrations apply");
+    pool
+}
+
 /// A scratch database on the MariaDB/MySQL server of `MYSQL_URL`, dropped
 /// by [`MysqlScratch::finish`]; a failed test leaves its database behind
 /// for a look (named `aa_it_<pid>_<n>`).
@@ -226,7 +237,7 @@ impl MysqlScratch {
         scratch
             .db()
             .database()
-            .migrate()
+            .migrate(true)
             .await
             .expect("MySQL migrations apply");
         scratch
@@ -343,9 +354,12 @@ fn database_url(server: &str, database: &str) -> String {
 macro_rules! on_both {
     ($name:ident) => {
         mod $name {
-            #[sqlx::test(migrations = "migrations/postgres")]
+            #[sqlx::test(migrations = false)]
             async fn postgres(pool: sqlx::PgPool) {
-                super::$name($crate::support::Db::Postgres(pool)).await
+                super::$name($crate::support::Db::Postgres(
+                    $crate::support::migrated(pool).await,
+                ))
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -367,9 +381,13 @@ macro_rules! on_both_servers {
         mod $name {
             use $crate::support::On;
 
-            #[sqlx::test(migrations = "migrations/postgres")]
+            #[sqlx::test(migrations = false)]
             async fn postgres(pool: sqlx::PgPool) {
-                super::$name($crate::support::Db::Postgres(pool), On::TestServer).await
+                super::$name(
+                    $crate::support::Db::Postgres($crate::support::migrated(pool).await),
+                    On::TestServer,
+                )
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -379,9 +397,13 @@ macro_rules! on_both_servers {
                 scratch.finish().await;
             }
 
-            #[sqlx::test(migrations = "migrations/postgres")]
+            #[sqlx::test(migrations = false)]
             async fn postgres_real_server(pool: sqlx::PgPool) {
-                super::$name($crate::support::Db::Postgres(pool), On::RealServer).await
+                super::$name(
+                    $crate::support::Db::Postgres($crate::support::migrated(pool).await),
+                    On::RealServer,
+                )
+                .await
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

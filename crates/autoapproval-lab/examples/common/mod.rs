@@ -40,7 +40,7 @@ pub async fn fresh_database(
         .connect(&url)
         .await?;
     Database::postgres(pool.clone(), pool.clone())
-        .migrate()
+        .migrate(true)
         .await?;
     Ok((admin, pool))
 }

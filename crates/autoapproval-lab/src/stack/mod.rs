@@ -302,7 +302,7 @@ impl Stack {
         admin.close().await;
         let worker = postgres.connect(WORKER_ROLE, DATABASE).await?;
         db::Database::postgres(worker.clone(), worker.clone())
-            .migrate()
+            .migrate(true)
             .await?;
         worker.close().await;
         self.postgres = Some(postgres);
@@ -330,7 +330,7 @@ impl Stack {
         // The store's own session settings (READ COMMITTED, UTC).
         let pool = mysql::pool(options, 4, None);
         db::Database::mysql(pool.clone(), pool.clone())
-            .migrate()
+            .migrate(true)
             .await?;
         Ok(Harness::mysql(pool))
     }

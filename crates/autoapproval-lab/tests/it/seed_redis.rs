@@ -33,7 +33,7 @@ async fn two_seed_new_workers_on_mariadb_and_redis_never_claim_one_request_twice
     let url = server.database_url("lab");
     let pool = mysql::pool(url.parse().expect("URL"), 20, None);
     let store = Database::mysql(pool.clone(), pool.clone());
-    store.migrate().await.expect("migrated");
+    store.migrate(true).await.expect("migrated");
     let harness = Harness::mysql(pool.clone());
     harness.install_probes("root").await.expect("probes");
     // Downstreams that ignore idempotency keys, as the seed's: two chains

@@ -113,7 +113,7 @@ It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two can
 - name: migrate
   image: {{ include "autoapproval.image" . | quote }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args: ["migrate"]
+  args: ["migrate"{{ if .Values.migrations.referenceSchema }}, "--reference-schema"{{ end }}]
   env:
     - name: AUTOAPPROVAL_DATABASE_URL
       valueFrom:

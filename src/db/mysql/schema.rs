@@ -1,0 +1,205 @@
+//! The migrations and the start-up checks of the schema, on MySQL / MariaDB.
+
+use sqlx::Row;
+use sqlx::migrate::Migrator;
+
+use super::candidates::candidate_sql;
+use super::{MysqlStore, db};
+use crate::db::schema::{
+    MigrationSet, Probe, Schema, SchemaReport, Script, configured, hex, label, pending, script,
+    trigger_warnings,
+};
+use crate::db::{DbError, MigrationSet as Set};
+use crate::domain::RequestType;
+
+fn migrator(set: MigrationSet) -> Migrator {
+    configured(
+        match set {
+            Set::Controller => sqlx::migrate!("./migrations/mysql/controller"),
+            Set::Reference => sqlx::migrate!("./migrations/mysql/reference"),
+        },
+        set,
+    )
+}
+
+const SCRIPT: Script = Script {
+    history_ddl: "CREATE TABLE IF NOT EXISTS {table} (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    success BOOLEAN NOT NULL,
+    checksum BLOB NOT NULL,
+    execution_time BIGINT NOT NULL
+);",
+    checksum: |bytes| format!("x'{}'", hex(bytes)),
+    // A migration holds triggers and procedures whose bodies contain `;`:
+    // the mysql client sends it whole under another delimiter (its server
+    // runs the statements one after the other, as sqlx does).
+    wrap: |sql, _| format!("DELIMITER $$\n{sql}\n$$\nDELIMITER ;\n"),
+};
+
+// As on PostgreSQL: each statement uses the binding as the controller does
+// and changes nothing.
+const PROBES: &[Probe] = &[
+    Probe {
+        needs: "SELECT on autoapproval_request with every column of the contract",
+        sql: "SELECT id, request_type, status, sort_time, created_at, updated_at, business_name,
+                     documents_released, operational_hold, menu_registered, logo_registered,
+                     previous_step_approved, econtract_ref, target_store_number, owner_number,
+                     store_number, campaign_id, decided_at, decided_by
+                FROM autoapproval_request LIMIT 0",
+    },
+    Probe {
+        needs: "UPDATE on autoapproval_request (status, updated_at, owner_number, store_number, \
+                campaign_id, decided_at, decided_by)",
+        sql: "UPDATE autoapproval_request SET status = status, updated_at = updated_at, \
+              owner_number = owner_number, store_number = store_number, campaign_id = campaign_id, \
+              decided_at = decided_at, decided_by = decided_by WHERE FALSE",
+    },
+    Probe {
+        needs: "SELECT on autoapproval_econtract (contract_ref, status, synced_at)",
+        sql: "SELECT contract_ref, status, synced_at FROM autoapproval_econtract LIMIT 0",
+    },
+    Probe {
+        needs: "INSERT and UPDATE on autoapproval_econtract",
+        sql: "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
+              SELECT NULL, NULL, NULL FROM DUAL WHERE FALSE
+              ON DUPLICATE KEY UPDATE status = VALUES(status), synced_at = VALUES(synced_at)",
+    },
+    Probe {
+        needs: "SELECT on autoapproval_request_memo (id, request_id, created_at, author, message)",
+        sql: "SELECT id, request_id, created_at, author, message FROM autoapproval_request_memo LIMIT 0",
+    },
+    Probe {
+        needs: "INSERT on autoapproval_request_memo (request_id, created_at, author, message)",
+        sql: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
+              SELECT NULL, NULL, NULL, NULL FROM DUAL WHERE FALSE",
+    },
+];
+
+impl Schema for MysqlStore {
+    async fn migrate_set(&self, set: MigrationSet) -> Result<(), DbError> {
+        migrator(set).run(&self.primary).await?;
+        Ok(())
+    }
+
+    async fn pending_sql(&self, set: MigrationSet) -> Result<String, DbError> {
+        let applied = self.applied(set).await?.unwrap_or_default();
+        let migrator = migrator(set);
+        Ok(script(set, &pending(&migrator, &applied), &SCRIPT))
+    }
+
+    async fn schema_report(&self) -> Result<SchemaReport, DbError> {
+        let mut report = SchemaReport::default();
+        let migrator = migrator(Set::Controller);
+        match self.applied(Set::Controller).await? {
+            None => report.missing = migrator.iter().map(label).collect(),
+            Some(applied) => {
+                report.missing = pending(&migrator, &applied)
+                    .into_iter()
+                    .map(label)
+                    .collect()
+            }
+        }
+        if !report.missing.is_empty() {
+            return Ok(report);
+        }
+        for probe in PROBES {
+            if let Err(e) = sqlx::query(probe.sql).execute(&self.primary).await {
+                let Some(e) = e.as_database_error() else {
+                    return Err(DbError::Database {
+                        operation: "probing the binding",
+                        source: e,
+                    });
+                };
+                report
+                    .binding
+                    .push(format!("{} needed: {}", probe.needs, e.message()));
+            }
+        }
+        if !report.binding.is_empty() {
+            return Ok(report);
+        }
+        report.warnings.extend(self.candidate_scans().await?);
+        let (requests, econtracts): (i64, i64) = sqlx::query_as(
+            "SELECT CAST(COALESCE(SUM(ACTION_STATEMENT LIKE '%autoapproval_request_changed%'), 0) AS SIGNED),
+                    CAST(COALESCE(SUM(ACTION_STATEMENT LIKE '%autoapproval_econtract_changed%'), 0) AS SIGNED)
+               FROM information_schema.TRIGGERS WHERE TRIGGER_SCHEMA = DATABASE()",
+        )
+        .fetch_one(&self.primary)
+        .await
+        .map_err(db("listing the wake triggers"))?;
+        report.warnings.extend(trigger_warnings(
+            requests,
+            econtracts,
+            "create the triggers of docs/INTEGRATING.md",
+        ));
+        Ok(report)
+    }
+}
+
+impl MysqlStore {
+    /// The versions of `set` applied; `None` when its history table is missing.
+    async fn applied(&self, set: MigrationSet) -> Result<Option<Vec<i64>>, DbError> {
+        let exists: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM information_schema.TABLES
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(set.history_table())
+        .fetch_one(&self.primary)
+        .await
+        .map_err(db("reading the migration history"))?;
+        if exists == 0 {
+            return Ok(None);
+        }
+        let versions = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT version FROM {} WHERE success ORDER BY version",
+            set.history_table()
+        )))
+        .fetch_all(&self.primary)
+        .await
+        .map_err(db("reading the migration history"))?;
+        Ok(Some(versions))
+    }
+
+    /// The candidate queries that would read the business table whole: a
+    /// request-side read (alias `r`) with no index it could use. MySQL has
+    /// no switch to forbid full scans, and chooses one on a small table
+    /// whatever its indexes, so the test is the usable keys, not the plan.
+    async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
+        let now = chrono::Utc::now();
+        let mut warnings = Vec::new();
+        for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
+            let Some(sql) = candidate_sql(request_type, 0) else {
+                continue;
+            };
+            let mut explain = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
+            for _ in 0..3 {
+                explain = explain
+                    .bind(now - chrono::Duration::days(1))
+                    .bind(now)
+                    .bind(i32::MAX)
+                    .bind(1_i64);
+            }
+            let rows = explain
+                .bind(1_i64)
+                .fetch_all(&self.read)
+                .await
+                .map_err(db("explaining the candidate query"))?;
+            let unindexed = rows.iter().any(|row| {
+                let table: Option<String> = row.try_get("table").ok().flatten();
+                let keys: Option<String> = row.try_get("possible_keys").ok().flatten();
+                table.as_deref() == Some("r") && keys.is_none_or(|k| k.is_empty())
+            });
+            if unindexed {
+                warnings.push(format!(
+                    "the {} candidate query reads the table behind autoapproval_request whole: \
+                     it needs an index on the columns behind (request_type, status, sort_time) \
+                     (docs/INTEGRATING.md)",
+                    request_type.as_str()
+                ));
+            }
+        }
+        Ok(warnings)
+    }
+}

@@ -1,0 +1,223 @@
+//! The schema the controller runs on: its two migration sets, and what
+//! `run` checks before it starts (the controller's migrations applied, the
+//! binding to the business tables usable, the candidate index present).
+//!
+//! The controller set (`migrations/<db>/controller/`) creates only our own
+//! objects; the reference set (`migrations/<db>/reference/`) is a business
+//! schema for the demo, the lab and the tests, bound to the controller as
+//! an integrator binds theirs (docs/INTEGRATING.md). Each set keeps its own
+//! history table, and an applied migration this binary does not know is
+//! ignored: an older binary starts on a newer schema, which is why every
+//! migration only adds what the previous release tolerates (expand, then
+//! contract in a later release).
+
+use sqlx::migrate::{Migration, Migrator};
+
+use super::DbError;
+
+/// One of the two migration sets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MigrationSet {
+    /// The controller's own tables, functions and wake routines.
+    Controller,
+    /// The reference business schema and its binding.
+    Reference,
+}
+
+impl MigrationSet {
+    /// The sets `migrate` applies, in order: the reference schema is bound
+    /// through the controller's routines, so it comes second.
+    pub fn chosen(reference_schema: bool) -> &'static [MigrationSet] {
+        if reference_schema {
+            &[MigrationSet::Controller, MigrationSet::Reference]
+        } else {
+            &[MigrationSet::Controller]
+        }
+    }
+
+    /// The set's history table.
+    pub fn history_table(self) -> &'static str {
+        match self {
+            MigrationSet::Controller => "_autoapproval_migrations",
+            MigrationSet::Reference => "_autoapproval_reference_migrations",
+        }
+    }
+
+    /// The set as the messages name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MigrationSet::Controller => "controller",
+            MigrationSet::Reference => "reference schema",
+        }
+    }
+}
+
+/// A migrator over `migrator`'s files that keeps its history in the set's
+/// table and ignores applied migrations it does not know (a newer binary's).
+pub(super) fn configured(mut migrator: Migrator, set: MigrationSet) -> Migrator {
+    migrator.dangerous_set_table_name(set.history_table());
+    migrator.set_ignore_missing(true);
+    migrator
+}
+
+/// A migration as messages name it: `0001 (controller objects)`.
+pub(super) fn label(migration: &Migration) -> String {
+    format!("{:04} ({})", migration.version, migration.description)
+}
+
+/// The migrations of `migrator` not among `applied`.
+pub(super) fn pending<'a>(migrator: &'a Migrator, applied: &[i64]) -> Vec<&'a Migration> {
+    migrator
+        .iter()
+        .filter(|m| m.migration_type.is_up_migration() && !applied.contains(&m.version))
+        .collect()
+}
+
+/// How a dialect writes the script `migrate --print-sql` prints.
+pub(super) struct Script {
+    /// The history table's DDL, `{table}` standing for its name (sqlx's own).
+    pub history_ddl: &'static str,
+    /// A byte string literal of the checksum.
+    pub checksum: fn(&[u8]) -> String,
+    /// Wraps one migration's text so the dialect's client runs it whole.
+    pub wrap: fn(&str, bool) -> String,
+}
+
+/// The SQL that applying `pending` of `set` would run, with the history
+/// rows sqlx would write, for a DBA who applies DDL by hand.
+pub(super) fn script(set: MigrationSet, pending: &[&Migration], dialect: &Script) -> String {
+    let table = set.history_table();
+    let mut out = format!(
+        "-- autoapproval {} migrations ({})\n",
+        set.name(),
+        if pending.is_empty() {
+            "none pending".to_string()
+        } else {
+            pending
+                .iter()
+                .map(|m| label(m))
+                .collect::<Vec<_>>()
+                .join(", ")
+        }
+    );
+    if pending.is_empty() {
+        return out;
+    }
+    out.push_str(&dialect.history_ddl.replace("{table}", table));
+    out.push('\n');
+    for m in pending {
+        let record = format!(
+            "INSERT INTO {table} (version, description, success, checksum, execution_time) \
+             VALUES ({}, '{}', TRUE, {}, -1);",
+            m.version,
+            m.description.replace('\'', "''"),
+            (dialect.checksum)(&m.checksum),
+        );
+        out.push_str(&format!("\n-- {}\n", label(m)));
+        out.push_str(&(dialect.wrap)(
+            &format!("{}\n{record}", m.sql.as_str().trim_end()),
+            m.no_tx,
+        ));
+    }
+    out
+}
+
+/// The hexadecimal digits of `bytes`.
+pub(super) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// What `run` found wrong with the schema, or would warn about.
+#[derive(Debug, Default)]
+pub struct SchemaReport {
+    /// Controller migrations this binary needs that are not applied.
+    pub missing: Vec<String>,
+    /// Parts of the binding the controller's role cannot use, each naming
+    /// the view, column or grant, with the database's own words.
+    pub binding: Vec<String>,
+    /// Warnings: a candidate query reading a business table whole, no wake
+    /// trigger attached.
+    pub warnings: Vec<String>,
+}
+
+impl SchemaReport {
+    /// The report as the error that stops start-up, if anything is missing.
+    pub fn into_result(self) -> Result<Vec<String>, DbError> {
+        if !self.missing.is_empty() {
+            return Err(DbError::SchemaBehind {
+                missing: self.missing.join(", "),
+            });
+        }
+        if !self.binding.is_empty() {
+            return Err(DbError::Binding {
+                problems: self.binding.join("; "),
+            });
+        }
+        Ok(self.warnings)
+    }
+}
+
+/// One statement that uses a part of the binding as the controller does,
+/// changing nothing, and what it needs.
+pub(super) struct Probe {
+    /// What the statement needs: "SELECT on autoapproval_request (every column)".
+    pub needs: &'static str,
+    /// The statement.
+    pub sql: &'static str,
+}
+
+/// The wake triggers found, by kind, and the warnings they call for.
+pub(super) fn trigger_warnings(requests: i64, econtracts: i64, how: &str) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if requests == 0 {
+        warnings.push(format!(
+            "no wake trigger calls autoapproval_request_changed ({how}): \
+             a change of a request is seen only by the next poll (--poll-interval)"
+        ));
+    }
+    if econtracts == 0 {
+        warnings.push(format!(
+            "no wake trigger calls autoapproval_econtract_changed ({how}): \
+             a signed e-contract is seen only when its request is next polled"
+        ));
+    }
+    warnings
+}
+
+interface! {
+    /// What start-up checks of the schema, and the migrations themselves.
+    trait Schema {
+        /// Applies the set's pending migrations; a no-op when none is.
+        #[tracing::instrument(name = "store.migrate", skip_all)]
+        fn migrate_set(&self, set: MigrationSet) -> Result<(), DbError>;
+        /// The SQL applying the set's pending migrations would run.
+        fn pending_sql(&self, set: MigrationSet) -> Result<String, DbError>;
+        /// What is wrong with the schema for `run`, and what to warn about.
+        fn schema_report(&self) -> Result<SchemaReport, DbError>;
+    }
+}
+
+impl super::Database {
+    /// Applies the sets `migrate` was asked for, in order.
+    pub async fn migrate(&self, reference_schema: bool) -> Result<(), DbError> {
+        for set in MigrationSet::chosen(reference_schema) {
+            self.migrate_set(*set).await?;
+        }
+        Ok(())
+    }
+
+    /// The SQL `migrate` would run for the sets asked for, without running it.
+    pub async fn migration_script(&self, reference_schema: bool) -> Result<String, DbError> {
+        let mut out = String::new();
+        for set in MigrationSet::chosen(reference_schema) {
+            out.push_str(&self.pending_sql(*set).await?);
+        }
+        Ok(out)
+    }
+
+    /// Stops start-up when the schema lacks a controller migration this
+    /// binary needs or the binding is unusable; returns the warnings.
+    pub async fn check_schema(&self) -> Result<Vec<String>, DbError> {
+        self.schema_report().await?.into_result()
+    }
+}

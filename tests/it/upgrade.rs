@@ -1,0 +1,315 @@
+//! Rollback and upgrade safety (issue 35): an older binary starts on a newer
+//! schema, `run` refuses a schema older than it needs and a binding it
+//! cannot use, naming what is missing, and `migrate --print-sql` prints what
+//! a DBA can apply by hand in place of `migrate`.
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use crate::support::{
+    Db, MysqlScratch, NS, backends, database_url, eventually, free_port, fresh_dir, kubeconfig_in,
+    on_both, owner_now, request_status, spawn_run, stop_on_sigterm,
+};
+
+/// The binary with `args`, its output.
+fn autoapproval(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(args)
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run autoapproval")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// What a later release's migration does: adds a column our binary never
+/// reads, and records itself in the controller's history.
+const FROM_A_NEWER_RELEASE: &str = "ALTER TABLE auto_approve_state ADD COLUMN added_later INTEGER";
+
+fn record_newer(db: &Db) -> String {
+    let checksum = match db {
+        Db::Postgres(_) => "'\\x00'::bytea",
+        Db::Mysql(_) => "x'00'",
+    };
+    format!(
+        "INSERT INTO _autoapproval_migrations (version, description, success, checksum, execution_time) \
+         VALUES (9001, 'from a newer release', TRUE, {checksum}, 0)"
+    )
+}
+
+on_both!(a_schema_newer_than_the_binary_lets_migrate_and_run_start);
+/// A rollback leaves the newer release's migration applied: this binary's
+/// `migrate` (the chart's hook, the plain manifests' init container) and its
+/// `run` start all the same, and approve.
+async fn a_schema_newer_than_the_binary_lets_migrate_and_run_start(db: Db) {
+    db.exec(FROM_A_NEWER_RELEASE).await;
+    db.exec(&record_newer(&db)).await;
+    let url = database_url(&db);
+    let migrate = autoapproval(&["migrate", "--database-url", &url]);
+    assert!(migrate.status.success(), "migrate: {}", stderr(&migrate));
+
+    let (server, _, sim) = backends().await;
+    let dir = fresh_dir("newer-schema");
+    let kubeconfig = kubeconfig_in(&dir, &server);
+    let port = free_port();
+    let sim_url = sim.base_url();
+    let child = spawn_run(
+        &kubeconfig,
+        port,
+        &db,
+        &["--namespace", NS, "--replica-name", "rolled-back"],
+        &[
+            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
+            ("AUTOAPPROVAL_STORE_URL", &sim_url),
+            ("AUTOAPPROVAL_AD_URL", &sim_url),
+            ("NO_COLOR", "1"),
+        ],
+    );
+    owner_now(351).insert(&db).await;
+    eventually("request 351 to be approved by the older binary", || async {
+        (request_status(&db, 351).await == "APPROVED").then_some(())
+    })
+    .await;
+    let output = stop_on_sigterm(child, Duration::from_secs(30)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(output.status.success(), "{}", stderr(&output));
+}
+
+/// `autoapproval run` against `db` with a kubeconfig nobody answers: the
+/// schema is checked before the API server is contacted, so what it says
+/// is about the schema.
+fn run_against(db: &Db) -> Output {
+    let dir = fresh_dir("schema-check");
+    let kubeconfig = dir.join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: http://127.0.0.1:1\n\
+         contexts:\n- name: c\n  context:\n    cluster: c\n    namespace: default\n    user: u\n\
+         current-context: c\nusers:\n- name: u\n  user: {}\n",
+    )
+    .expect("kubeconfig");
+    let out = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["run", "--replica-name", "checker", "--kubeconfig"])
+        .arg(&kubeconfig)
+        .args(["--listen", &format!("127.0.0.1:{}", free_port())])
+        .env("AUTOAPPROVAL_DATABASE_URL", database_url(db))
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("run autoapproval run");
+    let _ = std::fs::remove_dir_all(&dir);
+    out
+}
+
+on_both!(run_refuses_a_schema_older_than_it_needs_naming_the_migration);
+/// A binary newer than the schema (its `migrate` skipped, or a DBA's script
+/// not applied yet) stops before it touches anything, naming the migration.
+async fn run_refuses_a_schema_older_than_it_needs_naming_the_migration(db: Db) {
+    db.exec("DELETE FROM _autoapproval_migrations WHERE version = 1")
+        .await;
+    let out = run_against(&db);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains(
+            "the database lacks controller migration 0001 (controller objects): run `autoapproval migrate`"
+        ),
+        "{}",
+        stderr(&out)
+    );
+}
+
+on_both!(run_refuses_a_missing_view_or_column_naming_it);
+/// The binding is checked as the controller uses it: a view dropped, or a
+/// column the contract names missing from it, stops `run` with its name.
+async fn run_refuses_a_missing_view_or_column_naming_it(db: Db) {
+    db.exec("DROP VIEW autoapproval_request_memo").await;
+    let out = run_against(&db);
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(
+        said.contains("binding to the business tables")
+            && said.contains("autoapproval_request_memo"),
+        "{said}"
+    );
+
+    db.exec(
+        "CREATE VIEW autoapproval_request_memo AS \
+         SELECT id, request_id, created_at, author FROM approval_request_memo",
+    )
+    .await;
+    let said = stderr(&run_against(&db));
+    assert!(
+        said.contains("SELECT on autoapproval_request_memo") && said.contains("message"),
+        "{said}"
+    );
+}
+
+/// Runs `sql` as a script with the backend's own command-line client, as a
+/// DBA would apply what `--print-sql` printed.
+fn apply_script(db: &Db, url: &str, sql: &str) {
+    use std::io::Write;
+    let mut command = match db {
+        Db::Postgres(_) => {
+            let mut c = Command::new("psql");
+            c.args(["-X", "-q", "-v", "ON_ERROR_STOP=1", url]);
+            c
+        }
+        Db::Mysql(_) => {
+            let u = url::Url::parse(url).expect("MySQL URL");
+            let mut c = Command::new("mariadb");
+            c.args([
+                "-h",
+                u.host_str().expect("host"),
+                "-P",
+                &u.port().unwrap_or(3306).to_string(),
+                "-u",
+                u.username(),
+                u.path().trim_start_matches('/'),
+            ]);
+            c
+        }
+    };
+    let mut child = command
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("the database's command-line client (scripts/test.sh installs it)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(sql.as_bytes())
+        .expect("script written");
+    let out = child.wait_with_output().expect("client ran");
+    assert!(out.status.success(), "the script failed: {}", stderr(&out));
+}
+
+/// `--print-sql` on an empty database, applied with the database's own
+/// client, is the same as `migrate`: the next `migrate` finds nothing
+/// pending (the history rows and checksums match) and `run`'s check passes.
+async fn the_printed_sql_applied_by_hand_is_what_migrate_does(db: Db) {
+    let url = database_url(&db);
+    let printed = autoapproval(&[
+        "migrate",
+        "--reference-schema",
+        "--print-sql",
+        "--database-url",
+        &url,
+    ]);
+    assert!(printed.status.success(), "{}", stderr(&printed));
+    let script = String::from_utf8(printed.stdout).expect("UTF-8");
+    assert!(
+        script.contains("0001 (controller objects)") && script.contains("CREATE TABLE"),
+        "{script}"
+    );
+    apply_script(&db, &url, &script);
+
+    let again = autoapproval(&[
+        "migrate",
+        "--reference-schema",
+        "--print-sql",
+        "--database-url",
+        &url,
+    ]);
+    let again = String::from_utf8_lossy(&again.stdout).into_owned();
+    assert_eq!(
+        again,
+        "-- autoapproval controller migrations (none pending)\n\
+         -- autoapproval reference schema migrations (none pending)\n"
+    );
+    let migrate = autoapproval(&["migrate", "--reference-schema", "--database-url", &url]);
+    assert!(migrate.status.success(), "{}", stderr(&migrate));
+    // What `run` checks before it starts (a passing check goes on to the
+    // API server, which this test has none of).
+    let warnings = db
+        .database()
+        .check_schema()
+        .await
+        .expect("the schema passes");
+    assert!(warnings.is_empty(), "{warnings:?}");
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_printed_sql_applied_by_hand_is_what_migrate_does_on_postgres(pool: sqlx::PgPool) {
+    the_printed_sql_applied_by_hand_is_what_migrate_does(Db::Postgres(pool)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_printed_sql_applied_by_hand_is_what_migrate_does_on_mysql() {
+    let scratch = MysqlScratch::unmigrated().await;
+    the_printed_sql_applied_by_hand_is_what_migrate_does(scratch.db()).await;
+    scratch.finish().await;
+}
+
+on_both!(start_up_warns_of_a_whole_table_candidate_read_and_of_no_wake_trigger);
+/// What only slows the controller is a warning, naming what to create: the
+/// candidate queries with no index to read (every index of the request table
+/// but its primary key dropped), and no wake trigger attached.
+async fn start_up_warns_of_a_whole_table_candidate_read_and_of_no_wake_trigger(db: Db) {
+    let store = db.database();
+    assert_eq!(store.check_schema().await.unwrap(), Vec::<String>::new());
+    let secondary: Vec<String> = match &db {
+        Db::Postgres(pool) => sqlx::query_scalar(
+            "SELECT format('DROP INDEX %I', indexname) FROM pg_indexes
+              WHERE tablename = 'approval_request' AND indexname <> 'approval_request_pkey'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap(),
+        Db::Mysql(pool) => sqlx::query_scalar(
+            "SELECT DISTINCT CONCAT('DROP INDEX ', INDEX_NAME, ' ON approval_request')
+               FROM information_schema.STATISTICS
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'approval_request'
+                AND INDEX_NAME <> 'PRIMARY'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap(),
+    };
+    assert!(
+        !secondary.is_empty(),
+        "the reference schema indexes its requests"
+    );
+    for drop in &secondary {
+        db.exec(drop).await;
+    }
+    let warnings = store.check_schema().await.expect("only warnings");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("OWNER_CONTRACT candidate query reads")),
+        "{warnings:?}"
+    );
+
+    let triggers: Vec<String> = match &db {
+        Db::Postgres(pool) => sqlx::query_scalar(
+            "SELECT format('DROP TRIGGER %I ON %s', tgname, tgrelid::regclass) FROM pg_trigger
+              WHERE tgname LIKE 'autoapproval_request_%'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap(),
+        Db::Mysql(pool) => sqlx::query_scalar(
+            "SELECT CONCAT('DROP TRIGGER ', TRIGGER_NAME) FROM information_schema.TRIGGERS
+              WHERE TRIGGER_SCHEMA = DATABASE()
+                AND ACTION_STATEMENT LIKE '%autoapproval_request_changed%'",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap(),
+    };
+    assert!(!triggers.is_empty(), "the reference schema is watched");
+    for drop in &triggers {
+        db.exec(drop).await;
+    }
+    let warnings = store.check_schema().await.expect("only warnings");
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("no wake trigger calls autoapproval_request_changed")),
+        "{warnings:?}"
+    );
+}
