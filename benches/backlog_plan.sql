@@ -11,7 +11,7 @@ SELECT LEAST(
                   ('AD_CONTRACT', 'PENDING'), ('AD_CONTRACT', 'RETRY')) AS k(request_type, status)
      CROSS JOIN LATERAL (
        SELECT r.sort_time
-         FROM approval_request r
+         FROM autoapproval_request r
         WHERE r.status IN ('ING', 'PENDING', 'RETRY')
           AND r.request_type = k.request_type
           AND r.status = k.status
@@ -23,7 +23,7 @@ SELECT LEAST(
         LIMIT 1) AS first),
   (SELECT s.next_retry_time
      FROM auto_approve_state s
-     JOIN approval_request r ON r.id = s.request_id
+     JOIN autoapproval_request r ON r.id = s.request_id
     WHERE s.status = 'RETRY_WAITING'
       AND s.next_retry_time <= $2
       AND s.retry_count < $3

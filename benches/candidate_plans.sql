@@ -3,7 +3,7 @@
 -- queries. See docs/BENCHMARKS.md for the command.
 \set ON_ERROR_STOP on
 TRUNCATE approval_request, auto_approve_state, approval_request_memo, econtract;
-ALTER TABLE approval_request DISABLE TRIGGER approval_request_notify;
+ALTER TABLE approval_request DISABLE TRIGGER USER;
 
 -- 12 types; statuses mostly terminal, as in a live system; sort_time spread
 -- over 60 days so the 30-day window cuts the range in half.
@@ -36,7 +36,7 @@ SELECT id, request_type,
           FROM approval_request WHERE status IN ('ING','PENDING','RETRY')) open
  WHERE n <= 100000;
 
-ALTER TABLE approval_request ENABLE TRIGGER approval_request_notify;
+ALTER TABLE approval_request ENABLE TRIGGER USER;
 VACUUM ANALYZE approval_request;
 VACUUM ANALYZE auto_approve_state;
 
@@ -46,7 +46,7 @@ SELECT count(*) AS state_rows FROM auto_approve_state;
 -- The store's queries, verbatim from src/store.rs (a test checks they match).
 PREPARE owner_candidates(timestamptz, timestamptz, int, bigint, bigint[], bigint) AS
 SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.status IN ('ING', 'PENDING', 'RETRY')
    AND r.request_type = 'OWNER_CONTRACT'
@@ -60,7 +60,7 @@ SELECT r.id AS request_id, s.id AS state_id
 
 PREPARE ad_candidates(timestamptz, timestamptz, int, bigint, bigint[], bigint) AS
 SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.status IN ('ING', 'PENDING', 'RETRY')
    AND r.request_type = 'AD_CONTRACT'
@@ -79,7 +79,7 @@ SELECT r.id AS request_id, s.id AS state_id
 PREPARE owner_union(timestamptz, timestamptz, int, bigint, bigint[], bigint) AS
 SELECT request_id, state_id FROM (
   (SELECT r.id AS request_id, NULL::bigint AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
     WHERE r.status IN ('ING', 'PENDING', 'RETRY')
       AND r.request_type = 'OWNER_CONTRACT'
       AND r.sort_time >= $1
@@ -90,7 +90,7 @@ SELECT request_id, state_id FROM (
   UNION ALL
   (SELECT r.id, s.id, r.status, r.sort_time
      FROM auto_approve_state s
-     JOIN approval_request r ON r.id = s.request_id
+     JOIN autoapproval_request r ON r.id = s.request_id
     WHERE s.status = 'RETRY_WAITING'
       AND s.request_type = 'OWNER_CONTRACT'
       AND s.next_retry_time <= $2

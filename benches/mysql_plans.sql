@@ -73,7 +73,7 @@ SET @limit = 20, @retry_limit = 300, @k = 16;
 SELECT '== candidates: owner contracts, shards 0-3 of 16 (store/mysql/candidates.rs)' AS statement;
 SET @owner = "SELECT request_id, state_id FROM (
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'ING'
@@ -86,7 +86,7 @@ SET @owner = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'PENDING'
@@ -99,7 +99,7 @@ SET @owner = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'RETRY'
@@ -127,7 +127,7 @@ EXECUTE owner_time USING @window, @now, @retry_limit, @k, 0, 1, 2, 3, @limit,
 SELECT '== candidates: ad contracts, no shard filter' AS statement;
 SET @ad = "SELECT request_id, state_id FROM (
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'AD_CONTRACT'
       AND r.status = 'ING'
@@ -140,7 +140,7 @@ SET @ad = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'AD_CONTRACT'
       AND r.status = 'PENDING'
@@ -153,7 +153,7 @@ SET @ad = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'AD_CONTRACT'
       AND r.status = 'RETRY'
@@ -179,7 +179,7 @@ EXECUTE ad_time USING @window, @now, @retry_limit, @limit, @window, @now, @retry
 
 SELECT '== candidates among notified requests (by primary key)' AS statement;
 SET @among = "SELECT r.id AS request_id, r.request_type, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id IN (?, ?, ?, ?)
    AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -223,7 +223,7 @@ EXPLAIN INSERT IGNORE INTO auto_approve_state
         (request_id, request_type, status, holder, fencing_token, created_at, modified_at)
  SELECT 2000000, 'OWNER_CONTRACT', 'IN_PROGRESS', 'r1', 1, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
   WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = 2000000)
-    AND EXISTS (SELECT 1 FROM approval_request r
+    AND EXISTS (SELECT 1 FROM autoapproval_request r
                  WHERE r.id = 2000000 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'));
 
 SELECT '== LOCK claim of a due retry: UPDATE by primary key' AS statement;
@@ -271,7 +271,7 @@ EXPLAIN UPDATE auto_approve_state
   WHERE request_id = @rid AND status = 'RETRY_WAITING';
 EXPLAIN DELETE FROM auto_approve_state
   WHERE request_id = @rid AND status = 'RETRY_WAITING'
-    AND NOT EXISTS (SELECT 1 FROM approval_request r
+    AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
                      WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'));
 
 SELECT '== LOCK wake / apply_wakes: the listed requests by the unique request_id' AS statement;
@@ -291,7 +291,7 @@ EXPLAIN SELECT id FROM auto_approve_state
 EXPLAIN SELECT id FROM auto_approve_state
   WHERE status = 'IN_PROGRESS' AND request_id % 16 = 3 AND fencing_token > 0 AND fencing_token < 2;
 EXPLAIN SELECT s.id FROM auto_approve_state s
-  WHERE NOT EXISTS (SELECT 1 FROM approval_request r
+  WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
                      WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'));
 SELECT '== LOCK ...then the rows found, locked and written by primary key' AS statement;
 EXPLAIN SELECT id, request_id, holder FROM auto_approve_state
@@ -302,7 +302,7 @@ EXPLAIN UPDATE auto_approve_state
         retry_count = retry_count + 1, last_reason = 'x'
   WHERE id IN (@sid, @sid + 1, @sid + 2);
 EXPLAIN DELETE FROM auto_approve_state
-  WHERE id IN (@sid, @sid + 1) AND NOT EXISTS (SELECT 1 FROM approval_request r
+  WHERE id IN (@sid, @sid + 1) AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
         WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'));
 
 SELECT '== LOCK fence_shard: the fence row by primary key' AS statement;
@@ -313,4 +313,4 @@ EXPLAIN UPDATE shard_fence SET token = 2, holder = 'r2', fenced_at = @now
 SELECT '== LOCK e-contract expansion: the row by primary key; its requests read without a lock (READ COMMITTED)' AS statement;
 EXPLAIN DELETE FROM auto_approve_wake WHERE id IN (@wmin);
 EXPLAIN INSERT INTO auto_approve_wake (request_id)
- SELECT r.id FROM approval_request r WHERE r.econtract_ref = 'EC-1009' AND (NULL IS NULL OR r.id <> NULL);
+ SELECT r.id FROM autoapproval_request r WHERE r.econtract_ref = 'EC-1009' AND (NULL IS NULL OR r.id <> NULL);

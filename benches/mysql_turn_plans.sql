@@ -30,7 +30,7 @@ SET @window = @now - INTERVAL 30 DAY;
 SET @limit = 20, @retry_limit = 300, @k = 16, @since = 1000000;
 SET @whole = "SELECT request_id, state_id FROM (
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'ING'
@@ -43,7 +43,7 @@ SET @whole = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'PENDING'
@@ -56,7 +56,7 @@ SET @whole = "SELECT request_id, state_id FROM (
     LIMIT ?)
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
-     FROM approval_request r
+     FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
     WHERE r.request_type = 'OWNER_CONTRACT'
       AND r.status = 'RETRY'
@@ -71,7 +71,7 @@ SET @whole = "SELECT request_id, state_id FROM (
  ORDER BY status, sort_time
  LIMIT ?";
 SET @fresh = "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
-     FROM approval_request r
+     FROM autoapproval_request r
     WHERE r.id > ?
       AND r.request_type = 'OWNER_CONTRACT'
       AND r.status IN ('ING', 'PENDING', 'RETRY')
@@ -84,7 +84,7 @@ SET @fresh = "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
  UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id
      FROM auto_approve_state s
-     JOIN approval_request r ON r.id = s.request_id
+     JOIN autoapproval_request r ON r.id = s.request_id
     WHERE s.status = 'RETRY_WAITING'
       AND s.next_retry_time <= ?
       AND s.retry_count < ?

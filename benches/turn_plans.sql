@@ -23,7 +23,7 @@ VACUUM ANALYZE auto_approve_state;
 \set QUIET off
 PREPARE whole AS
 SELECT r.id AS request_id, s.id AS state_id
-  FROM approval_request r
+  FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.status IN ('ING', 'PENDING', 'RETRY')
    AND r.request_type = 'OWNER_CONTRACT'
@@ -36,7 +36,7 @@ SELECT r.id AS request_id, s.id AS state_id
  LIMIT $4;
 PREPARE fresh AS
 (SELECT r.id AS request_id, NULL::bigint AS state_id
-   FROM approval_request r
+   FROM autoapproval_request r
   WHERE r.id > $7
     AND r.status IN ('ING', 'PENDING', 'RETRY')
     AND r.request_type = $8
@@ -50,7 +50,7 @@ PREPARE fresh AS
 UNION ALL
 (SELECT r.id AS request_id, s.id AS state_id
    FROM auto_approve_state s
-   JOIN approval_request r ON r.id = s.request_id
+   JOIN autoapproval_request r ON r.id = s.request_id
   WHERE s.status = 'RETRY_WAITING'
     AND s.next_retry_time <= $2
     AND s.retry_count < $3

@@ -155,12 +155,6 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         .config(String::new(), String::new())?
         .check_pool(args.database.db_max_connections)?;
     let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
-    let store = Database::connect(&args.database, Some(&args.session)).await?;
-    // A schema older than this binary, or a binding the role cannot use,
-    // stops here, naming it; what only slows the controller is a warning.
-    for warning in store.check_schema().await? {
-        tracing::warn!(%warning, "schema");
-    }
     let metrics = Metrics::new();
     let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref(), &metrics).await?;
     let namespace = match &args.controller.namespace {
@@ -172,6 +166,12 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
         None => own_name().ok_or(CliError::NoReplicaName)?,
     };
     let settings = args.controller.config(namespace, replica_name)?;
+    let store = Database::connect(&args.database, Some(&args.session)).await?;
+    // A schema older than this binary, or a binding the role cannot use,
+    // stops here, naming it; what only slows the controller is a warning.
+    for warning in store.check_schema().await? {
+        tracing::warn!(%warning, "schema");
+    }
     let health = Health::new(store.clone(), client.clone(), metrics.clone());
     let listener = tokio::net::TcpListener::bind(settings.listen)
         .await

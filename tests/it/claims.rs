@@ -696,3 +696,61 @@ async fn a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim(db: 
     assert_eq!(request_view(&db, 7).await.status, "REJECTED");
     assert!(store.state(7).await.unwrap().is_none(), "the claim is gone");
 }
+
+/// Our result writes wake nobody whatever the binding watches: with the
+/// request trigger attached to every column (`autoapproval_watch_requests`
+/// without a column list), a saved owner number appends no wake row and
+/// notifies nobody, while a business write of any column does both.
+#[sqlx::test(migrations = false)]
+async fn our_result_writes_wake_nobody_even_when_every_column_is_watched(pool: PgPool) {
+    use autoapproval::db::RequestChange;
+
+    let pool = crate::support::migrated(pool).await;
+    sqlx::query("SELECT autoapproval_watch_requests('approval_request', 'id')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = Database::postgres(pool.clone(), pool.clone());
+    for id in [71, 72] {
+        NewRequest::ready_owner(id).insert(&pool).await;
+    }
+    let mut changes = store.request_changes().await.unwrap();
+    let claim = match store
+        .claim(
+            &new_candidate(71),
+            &fence("w1", 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Won(claim) => claim,
+        other => panic!("claim 71: {other:?}"),
+    };
+    assert!(
+        store
+            .save_result(&claim, StepResult::OwnerNumber(7_100))
+            .await
+            .unwrap()
+    );
+    // A business write of a column no filter reads: watched now, so it wakes.
+    sqlx::query("UPDATE approval_request SET business_name = 'renamed' WHERE id = 72")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), changes.next())
+        .await
+        .expect("a notification")
+        .unwrap();
+    assert_eq!(
+        first,
+        RequestChange::Changed(72),
+        "nothing for our write to 71"
+    );
+    let woken: Vec<i64> = sqlx::query_scalar("SELECT request_id FROM auto_approve_wake ORDER BY 1")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(woken, [72], "no wake row for our own write");
+}

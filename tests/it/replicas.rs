@@ -1083,9 +1083,12 @@ async fn a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_noth
     const N: i64 = 300;
     let plane = crate::support::control_plane().await;
     let mut fleet = real_fleet_mid_run(&db, plane, &[], N, N / 3).await;
-    // The victim is a replica with chains in flight now (on a loaded machine a
-    // random one may be between chains).
-    let victim = eventually("a replica with chains in flight", || async {
+    let holders = fleet.wait_balanced().await;
+    // The victim is a replica with chains in flight the moment before the
+    // kill (on a loaded machine a random one may be between chains, and a
+    // choice made before waiting for balance was seen stale by the kill).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let victim = loop {
         let mut busiest = (0, 0);
         for (i, replica) in fleet.replicas.iter().enumerate() {
             let in_flight = fleet
@@ -1099,12 +1102,16 @@ async fn a_replica_killed_hard_mid_run_on_the_real_server_loses_and_doubles_noth
                 busiest = (i, in_flight);
             }
         }
-        (busiest.1 > 0).then_some(busiest.0)
-    })
-    .await
-    .expect("a victim");
+        if busiest.1 >= 1 {
+            break busiest.0;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no replica had chains in flight for a minute"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     let victim_name = fleet.replicas[victim].name.clone();
-    let holders = fleet.wait_balanced().await;
     let victim_shards: Vec<u32> = holders
         .iter()
         .filter(|(_, (h, _))| *h == victim_name)

@@ -80,8 +80,9 @@ async fn a_schema_newer_than_the_binary_lets_migrate_and_run_start(db: Db) {
 
 /// `autoapproval run` against `db` with a kubeconfig nobody answers: the
 /// schema is checked before the API server is contacted, so what it says
-/// is about the schema.
-fn run_against(db: &Db) -> Output {
+/// is about the schema. A `run` that passed the check would wait for the
+/// API server for ever: after a minute it is killed and the test fails.
+async fn run_against(db: &Db) -> Output {
     let dir = fresh_dir("schema-check");
     let kubeconfig = dir.join("kubeconfig");
     std::fs::write(
@@ -91,14 +92,21 @@ fn run_against(db: &Db) -> Output {
          current-context: c\nusers:\n- name: u\n  user: {}\n",
     )
     .expect("kubeconfig");
-    let out = Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
         .args(["run", "--replica-name", "checker", "--kubeconfig"])
         .arg(&kubeconfig)
         .args(["--listen", &format!("127.0.0.1:{}", free_port())])
         .env("AUTOAPPROVAL_DATABASE_URL", database_url(db))
         .env("NO_COLOR", "1")
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
         .expect("run autoapproval run");
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("`run` stopped at its schema check (it went on instead)")
+        .expect("autoapproval run's output");
     let _ = std::fs::remove_dir_all(&dir);
     out
 }
@@ -109,7 +117,7 @@ on_both!(run_refuses_a_schema_older_than_it_needs_naming_the_migration);
 async fn run_refuses_a_schema_older_than_it_needs_naming_the_migration(db: Db) {
     db.exec("DELETE FROM _autoapproval_migrations WHERE version = 1")
         .await;
-    let out = run_against(&db);
+    let out = run_against(&db).await;
     assert!(!out.status.success());
     assert!(
         stderr(&out).contains(
@@ -125,7 +133,7 @@ on_both!(run_refuses_a_missing_view_or_column_naming_it);
 /// column the contract names missing from it, stops `run` with its name.
 async fn run_refuses_a_missing_view_or_column_naming_it(db: Db) {
     db.exec("DROP VIEW autoapproval_request_memo").await;
-    let out = run_against(&db);
+    let out = run_against(&db).await;
     assert!(!out.status.success());
     let said = stderr(&out);
     assert!(
@@ -139,7 +147,7 @@ async fn run_refuses_a_missing_view_or_column_naming_it(db: Db) {
          SELECT id, request_id, created_at, author FROM approval_request_memo",
     )
     .await;
-    let said = stderr(&run_against(&db));
+    let said = stderr(&run_against(&db).await);
     assert!(
         said.contains("SELECT on autoapproval_request_memo") && said.contains("message"),
         "{said}"
