@@ -10,9 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use sqlx::PgPool;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::PgPoolOptions;
-use sqlx::PgPool;
 
 use crate::support::{
     Db, NS, backends, capture_stderr, eventually, free_port, fresh_dir, kubeconfig_in, repo,
@@ -51,7 +51,10 @@ fn blocks(backend: &str) -> Vec<Block> {
         });
         rest = &after[end..];
     }
-    assert!(!found.is_empty(), "docs/INTEGRATING.md has no {backend} block");
+    assert!(
+        !found.is_empty(),
+        "docs/INTEGRATING.md has no {backend} block"
+    );
     found
 }
 
@@ -126,6 +129,7 @@ async fn execute(db: &Db, step: &str, sql: &str) {
     with_pool!(db, pool => sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(pool)
         .await
+        .map(|_| ())
         .unwrap_or_else(|e| panic!("step {step}: {e}\n{sql}")));
 }
 
@@ -191,11 +195,9 @@ impl Bound {
         let mut pools: (Option<Db>, Option<Db>) = (None, None);
         for block in blocks("postgres") {
             let who = who_runs("postgres", &block.step);
-            let sql = names
-                .iter()
-                .fold(block.text.clone(), |sql, (word, with)| {
-                    replace_word(&sql, word, with)
-                });
+            let sql = names.iter().fold(block.text.clone(), |sql, (word, with)| {
+                replace_word(&sql, word, with)
+            });
             match who {
                 Who::Migrate => migrate(&block, &controller_url),
                 Who::Admin => execute(&admin, &block.step, &sql).await,
@@ -249,11 +251,9 @@ impl Bound {
         let mut pools: (Option<Db>, Option<Db>) = (None, None);
         for block in blocks("mysql") {
             let who = who_runs("mysql", &block.step);
-            let sql = names
-                .iter()
-                .fold(block.text.clone(), |sql, (word, with)| {
-                    replace_word(&sql, word, with)
-                });
+            let sql = names.iter().fold(block.text.clone(), |sql, (word, with)| {
+                replace_word(&sql, word, with)
+            });
             match who {
                 Who::Migrate => migrate(&block, &controller_url),
                 Who::Admin => execute(&admin, &block.step, &sql).await,
@@ -350,6 +350,7 @@ async fn insert_request(bound: &Bound, id: i64, request_type: &str, store: Optio
         .bind(store)
         .execute(pool)
         .await
+        .map(|_| ())
         .unwrap_or_else(|e| panic!("the business role inserts request {id}: {e}")));
 }
 
@@ -413,8 +414,8 @@ async fn business_writes(bound: &Bound, stop: Arc<AtomicBool>) -> (Vec<String>, 
 
 /// The real binary as the controller's role, on the test API server and the simulator.
 struct Replica {
+    /// Its standard error piped, not read yet.
     child: tokio::process::Child,
-    log: Arc<std::sync::Mutex<String>>,
     dir: std::path::PathBuf,
 }
 
@@ -426,7 +427,7 @@ fn spawn_replica(
 ) -> Replica {
     let dir = fresh_dir("integrating");
     let kubeconfig = kubeconfig_in(&dir, server);
-    let mut child = spawn_run(
+    let child = spawn_run(
         &kubeconfig,
         free_port(),
         &bound.admin,
@@ -441,8 +442,7 @@ fn spawn_replica(
             ("NO_COLOR", "1"),
         ],
     );
-    let log = capture_stderr(&mut child);
-    Replica { child, log, dir }
+    Replica { child, dir }
 }
 
 /// (a) and (b): requests the business role inserts into `imr` are approved end to end by
@@ -452,7 +452,8 @@ fn spawn_replica(
 async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound: Bound) {
     let (server, _client, sim) = backends().await;
     sim.add_store(AD_STORE, true);
-    let replica = spawn_replica(&bound, &server, &sim.base_url(), "integ-1");
+    let mut replica = spawn_replica(&bound, &server, &sim.base_url(), "integ-1");
+    let log = capture_stderr(&mut replica.child);
     for id in 1..=OWNERS {
         insert_request(&bound, id, "OWNER_CONTRACT", None).await;
     }
@@ -466,9 +467,7 @@ async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_write
     });
     let approved = eventually("every request in imr to be approved", || async {
         let rows = imr_rows(&bound).await;
-        rows.iter()
-            .all(|r| r.status == "APPROVED")
-            .then_some(rows)
+        rows.iter().all(|r| r.status == "APPROVED").then_some(rows)
     })
     .await
     .expect("rows");
@@ -501,8 +500,16 @@ async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_write
     );
 
     let output = stop_on_sigterm(replica.child, Duration::from_secs(30)).await;
-    let log = replica.log.lock().expect("log").clone();
+    let log = log.lock().expect("log").clone();
     assert!(output.status.success(), "{log}");
+    // The guide's index and triggers are what start-up looks for: it warns of neither.
+    for warning in ["whole", "no wake trigger"] {
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("WARN") && l.contains(warning)),
+            "run warned ({warning}) on the guide's binding: {log}"
+        );
+    }
     let _ = std::fs::remove_dir_all(&replica.dir);
     Arc::into_inner(bound)
         .expect("the writer is done")
@@ -558,16 +565,18 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
     for (n, (as_whom, breaks, named, mends)) in cases.into_iter().enumerate() {
         execute(&as_whom, "break the binding", &breaks).await;
         let replica = spawn_replica(&bound, &server, &sim.base_url(), &format!("broken-{n}"));
-        let exited = tokio::time::timeout(Duration::from_secs(60), replica.child.wait_with_output())
-            .await
-            .unwrap_or_else(|_| {
-                panic!("after `{breaks}`, run kept running instead of stopping at start-up")
-            })
-            .expect("output");
+        let exited =
+            tokio::time::timeout(Duration::from_secs(60), replica.child.wait_with_output())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("after `{breaks}`, run kept running instead of stopping at start-up")
+                })
+                .expect("output");
         let _ = std::fs::remove_dir_all(&replica.dir);
         let stderr = String::from_utf8_lossy(&exited.stderr);
         assert!(!exited.status.success(), "after `{breaks}`: {stderr}");
         let last = stderr.lines().last().unwrap_or_default();
+        eprintln!("{}: after `{breaks}`: {last}", bound.backend);
         assert!(
             last.contains("binding") && last.contains(named),
             "after `{breaks}`, run's last word names {named}: {stderr}"
@@ -583,15 +592,13 @@ mod the_seeds_imr_bound_as_the_guide_says_is_approved_beside_business_writes {
     #[sqlx::test(migrations = false)]
     async fn postgres(admin: sqlx::PgPool) {
         let bound = super::Bound::postgres(admin).await;
-        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound)
-            .await
+        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound).await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn mysql() {
         let bound = super::Bound::mysql().await;
-        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound)
-            .await
+        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound).await
     }
 }
 
@@ -620,5 +627,8 @@ fn replace_word_leaves_longer_identifiers_alone() {
         "GRANT SELECT ON autoapproval_request TO ctl_1; CALL ctl_1.p(1);"
     );
     assert_eq!(replace_word("'imr_owner'@'%'", "imr_owner", "b"), "'b'@'%'");
-    assert_eq!(replace_word("xautoapproval", "autoapproval", "c"), "xautoapproval");
+    assert_eq!(
+        replace_word("xautoapproval", "autoapproval", "c"),
+        "xautoapproval"
+    );
 }
