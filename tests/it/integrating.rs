@@ -465,12 +465,18 @@ async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_write
         let (bound, stop) = (bound.clone(), stop.clone());
         async move { business_writes(&bound, stop).await }
     });
+    let child = std::sync::Mutex::new(replica.child);
     let approved = eventually("every request in imr to be approved", || async {
+        // A replica that stopped (at start-up, say) approves nothing: say why at once.
+        if let Ok(Some(status)) = child.lock().expect("child").try_wait() {
+            panic!("run exited ({status}): {}", log.lock().expect("log"));
+        }
         let rows = imr_rows(&bound).await;
         rows.iter().all(|r| r.status == "APPROVED").then_some(rows)
     })
     .await
     .expect("rows");
+    replica.child = child.into_inner().expect("child");
     stop.store(true, Ordering::Relaxed);
     let (errors, longest) = writer.await.expect("the writer");
     eprintln!(
@@ -502,8 +508,14 @@ async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_write
     let output = stop_on_sigterm(replica.child, Duration::from_secs(30)).await;
     let log = log.lock().expect("log").clone();
     assert!(output.status.success(), "{log}");
-    // The guide's index and triggers are what start-up looks for: it warns of neither.
-    for warning in ["whole", "no wake trigger"] {
+    // The guide's index and triggers are what start-up looks for: it warns of neither. On
+    // MySQL the controller's user, with no right on imr, can see neither imr's plan nor its
+    // triggers, so there start-up cannot tell (the guide says to check them by hand).
+    let checked: &[&str] = match bound.backend {
+        "postgres" => &["whole", "no wake trigger"],
+        _ => &[],
+    };
+    for warning in checked {
         assert!(
             !log.lines()
                 .any(|l| l.contains("WARN") && l.contains(warning)),
