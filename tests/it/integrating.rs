@@ -15,8 +15,8 @@ use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::support::{
-    Db, NS, backends, capture_stderr, eventually, free_port, fresh_dir, kubeconfig_in, repo,
-    spawn_run, stop_on_sigterm, with_pool,
+    Db, NS, backends, capture_stderr, eventually, free_port, fresh_dir, kubeconfig_in,
+    migrate_twice, repo, spawn_run, stop_on_sigterm, with_pool,
 };
 
 /// The password the guide gives its roles.
@@ -142,15 +142,8 @@ fn migrate(block: &Block, url: &str) {
             && !command.contains("--reference-schema"),
         "the guide migrates the controller's objects only: {command}"
     );
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
-        .args(["migrate", "--database-url", url])
-        .output()
-        .expect("run autoapproval migrate");
-    assert!(
-        out.status.success(),
-        "migrate as the controller's role: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // Twice, as the controller's role: idempotent there too.
+    migrate_twice(url);
 }
 
 /// `url` with another user, password and database.
@@ -160,6 +153,54 @@ fn with_login(url: &str, user: &str, database: &str) -> String {
     url.set_password(Some(PASSWORD)).expect("a password");
     url.set_path(database);
     url.to_string()
+}
+
+/// The two roles' URLs, and the guide's names with what replaces them.
+struct Logins {
+    business_url: String,
+    controller_url: String,
+    names: [(&'static str, String); 3],
+}
+
+/// Runs the guide's blocks for `backend` in order, each as the role it names: the pools of the
+/// business role and of the controller's, opened by `connect` (given the URL and whether it is
+/// the business role's) once the roles exist.
+async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
+    backend: &str,
+    admin: &Db,
+    logins: &Logins,
+    connect: impl Fn(String, bool) -> Fut,
+) -> (Db, Db) {
+    let mut business: Option<Db> = None;
+    let mut controller: Option<Db> = None;
+    for block in blocks(backend) {
+        let sql = logins
+            .names
+            .iter()
+            .fold(block.text.clone(), |sql, (word, with)| {
+                replace_word(&sql, word, with)
+            });
+        let db = match who_runs(backend, &block.step) {
+            Who::Migrate => {
+                migrate(&block, &logins.controller_url);
+                continue;
+            }
+            Who::Admin => admin,
+            Who::Business => match business {
+                Some(ref db) => db,
+                None => business.insert(connect(logins.business_url.clone(), true).await),
+            },
+            Who::Controller => match controller {
+                Some(ref db) => db,
+                None => controller.insert(connect(logins.controller_url.clone(), false).await),
+            },
+        };
+        execute(db, &block.step, &sql).await;
+    }
+    (
+        business.expect("a step as the business role"),
+        controller.expect("a step as the controller's role"),
+    )
 }
 
 impl Bound {
@@ -173,54 +214,30 @@ impl Bound {
         let business_role = format!("imr_owner_{suffix}");
         let controller_role = format!("autoapproval_{suffix}");
         let server = Db::Postgres(admin.clone()).url();
-        let business_url = with_login(&server, &business_role, &database);
-        let controller_url = with_login(&server, &controller_role, &database);
-        // The guide's names, replaced textually by unique ones (roles are cluster-wide; the test
-        // database's name has capitals, hence the quotes).
-        let names = [
-            ("imr_owner", business_role.clone()),
-            ("autoapproval", controller_role.clone()),
-            ("contracts", format!("\"{database}\"")),
-        ];
-        let connect = |url: String| async move {
-            Db::Postgres(
-                PgPoolOptions::new()
-                    .max_connections(8)
-                    .connect(&url)
-                    .await
-                    .unwrap_or_else(|e| panic!("{url}: {e}")),
-            )
+        let logins = Logins {
+            business_url: with_login(&server, &business_role, &database),
+            controller_url: with_login(&server, &controller_role, &database),
+            // Replaced textually by unique names (roles are cluster-wide; the test database's
+            // name has capitals, hence the quotes).
+            names: [
+                ("imr_owner", business_role.clone()),
+                ("autoapproval", controller_role.clone()),
+                ("contracts", format!("\"{database}\"")),
+            ],
         };
         let admin = Db::Postgres(admin);
-        let mut pools: (Option<Db>, Option<Db>) = (None, None);
-        for block in blocks("postgres") {
-            let who = who_runs("postgres", &block.step);
-            let sql = names.iter().fold(block.text.clone(), |sql, (word, with)| {
-                replace_word(&sql, word, with)
-            });
-            match who {
-                Who::Migrate => migrate(&block, &controller_url),
-                Who::Admin => execute(&admin, &block.step, &sql).await,
-                Who::Business => {
-                    if pools.0.is_none() {
-                        pools.0 = Some(connect(business_url.clone()).await);
-                    }
-                    execute(pools.0.as_ref().unwrap(), &block.step, &sql).await
-                }
-                Who::Controller => {
-                    if pools.1.is_none() {
-                        pools.1 = Some(connect(controller_url.clone()).await);
-                    }
-                    execute(pools.1.as_ref().unwrap(), &block.step, &sql).await
-                }
-            }
-        }
+        let (business, controller) =
+            follow_the_guide("postgres", &admin, &logins, |url, _| async move {
+                let pool = PgPoolOptions::new().max_connections(8).connect(&url).await;
+                Db::Postgres(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
+            })
+            .await;
         Bound {
             backend: "postgres",
             admin,
-            business: pools.0.expect("a step as the business role"),
-            controller: pools.1.expect("a step as the controller's role"),
-            controller_url,
+            business,
+            controller,
+            controller_url: logins.controller_url,
             business_role,
             controller_role,
             business_database: database,
@@ -240,57 +257,39 @@ impl Bound {
         // The controller's user and its database have the same name, as in the guide.
         let controller_role = format!("autoapproval_{suffix}");
         let business_database = format!("contracts_{suffix}");
-        let business_url = with_login(&server, &business_role, &business_database);
-        let controller_url = with_login(&server, &controller_role, &controller_role);
-        let names = [
-            ("imr_owner", business_role.clone()),
-            ("autoapproval", controller_role.clone()),
-            ("contracts", business_database.clone()),
-        ];
+        let logins = Logins {
+            business_url: with_login(&server, &business_role, &business_database),
+            controller_url: with_login(&server, &controller_role, &controller_role),
+            names: [
+                ("imr_owner", business_role.clone()),
+                ("autoapproval", controller_role.clone()),
+                ("contracts", business_database.clone()),
+            ],
+        };
         let admin = Db::Mysql(admin);
-        let mut pools: (Option<Db>, Option<Db>) = (None, None);
-        for block in blocks("mysql") {
-            let who = who_runs("mysql", &block.step);
-            let sql = names.iter().fold(block.text.clone(), |sql, (word, with)| {
-                replace_word(&sql, word, with)
-            });
-            match who {
-                Who::Migrate => migrate(&block, &controller_url),
-                Who::Admin => execute(&admin, &block.step, &sql).await,
-                Who::Business => {
-                    if pools.0.is_none() {
-                        // The server's session defaults (REPEATABLE READ, its time zone), as the
-                        // business system's own sessions have them.
-                        let options: MySqlConnectOptions =
-                            business_url.parse().expect("the business URL");
-                        let pool = MySqlPoolOptions::new()
-                            .max_connections(8)
-                            .connect_with(options.timezone(None))
-                            .await
-                            .expect("the business role connects");
-                        pools.0 = Some(Db::Mysql(pool));
-                    }
-                    execute(pools.0.as_ref().unwrap(), &block.step, &sql).await
-                }
-                Who::Controller => {
-                    if pools.1.is_none() {
-                        let pool = MySqlPoolOptions::new()
-                            .max_connections(2)
-                            .connect(&controller_url)
-                            .await
-                            .expect("the controller's user connects");
-                        pools.1 = Some(Db::Mysql(pool));
-                    }
-                    execute(pools.1.as_ref().unwrap(), &block.step, &sql).await
-                }
-            }
-        }
+        let (business, controller) =
+            follow_the_guide("mysql", &admin, &logins, |url, business| async move {
+                let options: MySqlConnectOptions = url.parse().expect("a MySQL URL");
+                // The business system's sessions keep the server's defaults (REPEATABLE READ,
+                // its time zone).
+                let options = if business {
+                    options.timezone(None)
+                } else {
+                    options
+                };
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(8)
+                    .connect_with(options)
+                    .await;
+                Db::Mysql(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
+            })
+            .await;
         Bound {
             backend: "mysql",
             admin,
-            business: pools.0.expect("a step as the business role"),
-            controller: pools.1.expect("a step as the controller's user"),
-            controller_url,
+            business,
+            controller,
+            controller_url: logins.controller_url,
             business_role,
             controller_role,
             business_database,
