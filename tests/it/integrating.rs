@@ -155,8 +155,12 @@ fn with_login(url: &str, user: &str, database: &str) -> String {
     url.to_string()
 }
 
-/// The two roles' URLs, and the guide's names with what replaces them.
+/// The two roles, their URLs, and the guide's names with what replaces them.
 struct Logins {
+    business_role: String,
+    controller_role: String,
+    /// PostgreSQL: the one database; MySQL: the business one.
+    business_database: String,
     business_url: String,
     controller_url: String,
     names: [(&'static str, String); 3],
@@ -166,11 +170,11 @@ struct Logins {
 /// business role and of the controller's, opened by `connect` (given the URL and whether it is
 /// the business role's) once the roles exist.
 async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
-    backend: &str,
-    admin: &Db,
-    logins: &Logins,
+    backend: &'static str,
+    admin: Db,
+    logins: Logins,
     connect: impl Fn(String, bool) -> Fut,
-) -> (Db, Db) {
+) -> Bound {
     let mut business: Option<Db> = None;
     let mut controller: Option<Db> = None;
     for block in blocks(backend) {
@@ -185,7 +189,7 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
                 migrate(&block, &logins.controller_url);
                 continue;
             }
-            Who::Admin => admin,
+            Who::Admin => &admin,
             Who::Business => match business {
                 Some(ref db) => db,
                 None => business.insert(connect(logins.business_url.clone(), true).await),
@@ -197,10 +201,16 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
         };
         execute(db, &block.step, &sql).await;
     }
-    (
-        business.expect("a step as the business role"),
-        controller.expect("a step as the controller's role"),
-    )
+    Bound {
+        backend,
+        admin,
+        business: business.expect("a step as the business role"),
+        controller: controller.expect("a step as the controller's role"),
+        controller_url: logins.controller_url,
+        business_role: logins.business_role,
+        controller_role: logins.controller_role,
+        business_database: logins.business_database,
+    }
 }
 
 impl Bound {
@@ -216,6 +226,7 @@ impl Bound {
         let server = Db::Postgres(admin.clone()).url();
         let logins = Logins {
             business_url: with_login(&server, &business_role, &database),
+            business_database: database.clone(),
             controller_url: with_login(&server, &controller_role, &database),
             // Replaced textually by unique names (roles are cluster-wide; the test database's
             // name has capitals, hence the quotes).
@@ -224,24 +235,19 @@ impl Bound {
                 ("autoapproval", controller_role.clone()),
                 ("contracts", format!("\"{database}\"")),
             ],
-        };
-        let admin = Db::Postgres(admin);
-        let (business, controller) =
-            follow_the_guide("postgres", &admin, &logins, |url, _| async move {
-                let pool = PgPoolOptions::new().max_connections(8).connect(&url).await;
-                Db::Postgres(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
-            })
-            .await;
-        Bound {
-            backend: "postgres",
-            admin,
-            business,
-            controller,
-            controller_url: logins.controller_url,
             business_role,
             controller_role,
-            business_database: database,
-        }
+        };
+        follow_the_guide(
+            "postgres",
+            Db::Postgres(admin),
+            logins,
+            |url, _| async move {
+                let pool = PgPoolOptions::new().max_connections(8).connect(&url).await;
+                Db::Postgres(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
+            },
+        )
+        .await
     }
 
     /// Binds two new databases on the server of `MYSQL_URL` by the guide's blocks.
@@ -259,16 +265,21 @@ impl Bound {
         let business_database = format!("contracts_{suffix}");
         let logins = Logins {
             business_url: with_login(&server, &business_role, &business_database),
+            business_database: business_database.clone(),
             controller_url: with_login(&server, &controller_role, &controller_role),
             names: [
                 ("imr_owner", business_role.clone()),
                 ("autoapproval", controller_role.clone()),
-                ("contracts", business_database.clone()),
+                ("contracts", business_database),
             ],
+            business_role,
+            controller_role,
         };
-        let admin = Db::Mysql(admin);
-        let (business, controller) =
-            follow_the_guide("mysql", &admin, &logins, |url, business| async move {
+        follow_the_guide(
+            "mysql",
+            Db::Mysql(admin),
+            logins,
+            |url, business| async move {
                 let options: MySqlConnectOptions = url.parse().expect("a MySQL URL");
                 // The business system's sessions keep the server's defaults (REPEATABLE READ,
                 // its time zone).
@@ -282,18 +293,9 @@ impl Bound {
                     .connect_with(options)
                     .await;
                 Db::Mysql(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
-            })
-            .await;
-        Bound {
-            backend: "mysql",
-            admin,
-            business,
-            controller,
-            controller_url: logins.controller_url,
-            business_role,
-            controller_role,
-            business_database,
-        }
+            },
+        )
+        .await
     }
 
     /// The business role's SQL in this backend's placeholders.
