@@ -22,6 +22,7 @@ mod fencing;
 mod helm;
 mod image;
 mod inputs;
+mod integrating;
 mod layout;
 mod leases;
 mod least_privilege;

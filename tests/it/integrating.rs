@@ -1,0 +1,647 @@
+//! The integration guide holds (issue 35): docs/INTEGRATING.md's worked example, a business schema
+//! shaped like the seed's (`imr`, `esign_version`, `imr_memo`) owned by a business role, bound
+//! by running the guide's marked blocks verbatim, each as the role it names, on PostgreSQL and
+//! on MariaDB; the controller's role has only the documented grants and `migrate` creates the
+//! controller's objects only. Then the real binary approves what the business role inserts, while
+//! the business role keeps writing, and refuses to start on a binding with a view or grant
+//! missing, naming it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use sqlx::mysql::{MySqlConnectOptions, MySqlPoolOptions};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::support::{
+    Db, NS, backends, capture_stderr, eventually, free_port, fresh_dir, kubeconfig_in,
+    migrate_twice, repo, spawn_run, stop_on_sigterm, with_pool,
+};
+
+/// The password the guide gives its roles.
+const PASSWORD: &str = "PASSWORD";
+
+/// One block of the guide marked `<!-- binding: <backend>/<step> -->`.
+#[derive(Debug)]
+struct Block {
+    step: String,
+    lang: String,
+    text: String,
+}
+
+/// The guide's blocks for `backend` (`postgres` or `mysql`), in the order they appear.
+fn blocks(backend: &str) -> Vec<Block> {
+    let guide = std::fs::read_to_string(repo().join("docs/INTEGRATING.md")).expect("the guide");
+    let marker = format!("<!-- binding: {backend}/");
+    let mut found = vec![];
+    let mut rest = guide.as_str();
+    while let Some(at) = rest.find(&marker) {
+        let after = &rest[at + marker.len()..];
+        let (step, after) = after.split_once(" -->\n").expect("a marker ends with -->");
+        let after = after
+            .strip_prefix("```")
+            .unwrap_or_else(|| panic!("{backend}/{step}: a fence right after the marker"));
+        let (lang, after) = after.split_once('\n').expect("the fence's language");
+        let end = after.find("\n```").expect("the block's end");
+        found.push(Block {
+            step: step.to_owned(),
+            lang: lang.to_owned(),
+            text: after[..end + 1].to_owned(),
+        });
+        rest = &after[end..];
+    }
+    assert!(
+        !found.is_empty(),
+        "docs/INTEGRATING.md has no {backend} block"
+    );
+    found
+}
+
+/// `text` with the identifier `word` replaced by `with` where it stands alone, not inside a longer
+/// identifier (`autoapproval` is a role, `autoapproval_request` a view).
+fn replace_word(text: &str, word: &str, with: &str) -> String {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(word) {
+        let before = rest[..at].chars().last().or_else(|| out.chars().last());
+        let after = rest[at + word.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if before.is_some_and(is_ident) || after.is_some_and(is_ident) {
+            out.push_str(word);
+        } else {
+            out.push_str(with);
+        }
+        rest = &rest[at + word.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+/// Who runs a step of the guide, as the guide says.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Admin,
+    Business,
+    Controller,
+    /// `autoapproval migrate` as the controller's role.
+    Migrate,
+}
+
+fn who_runs(backend: &str, step: &str) -> Who {
+    match (backend, step) {
+        (_, "roles") => Who::Admin,
+        (_, "business" | "views" | "index") => Who::Business,
+        (_, "migrate") => Who::Migrate,
+        (_, "check") => Who::Controller,
+        // PostgreSQL: the owner of our routines grants EXECUTE; MySQL: an administrator.
+        ("postgres", "grant") => Who::Controller,
+        ("mysql", "grant") => Who::Admin,
+        _ => panic!("{backend}/{step}: a step this test does not know: say who runs it here"),
+    }
+}
+
+/// A database bound as the guide says, with a pool for each of its roles.
+struct Bound {
+    backend: &'static str,
+    /// A superuser (PostgreSQL) or root (MySQL).
+    admin: Db,
+    /// The business role, with the server's session defaults.
+    business: Db,
+    /// The controller's role.
+    controller: Db,
+    /// What `migrate` and `run` are given.
+    controller_url: String,
+    /// The role names the guide's were replaced by, and on MySQL the two databases.
+    business_role: String,
+    controller_role: String,
+    business_database: String,
+}
+
+/// A suffix no other run of this test uses: roles and users are server-wide.
+fn unique() -> String {
+    format!("{}_{}", std::process::id(), rand::random::<u16>())
+}
+
+/// Runs one block on `db`, whole (a MySQL trigger body keeps its `;`).
+async fn execute(db: &Db, step: &str, sql: &str) {
+    with_pool!(db, pool => sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .unwrap_or_else(|e| panic!("step {step}: {e}\n{sql}")));
+}
+
+/// `autoapproval migrate` as the guide's block shows it, on `url`.
+fn migrate(block: &Block, url: &str) {
+    assert_eq!(block.lang, "sh", "{block:?}");
+    let command = block.text.trim();
+    assert!(
+        command.starts_with("autoapproval migrate --database-url ")
+            && !command.contains("--reference-schema"),
+        "the guide migrates the controller's objects only: {command}"
+    );
+    // Twice, as the controller's role: idempotent there too.
+    migrate_twice(url);
+}
+
+/// `url` with another user, password and database.
+fn with_login(url: &str, user: &str, database: &str) -> String {
+    let mut url = url::Url::parse(url).expect("a database URL");
+    url.set_username(user).expect("a user");
+    url.set_password(Some(PASSWORD)).expect("a password");
+    url.set_path(database);
+    url.to_string()
+}
+
+/// The two roles, their URLs, and the guide's names with what replaces them.
+struct Logins {
+    business_role: String,
+    controller_role: String,
+    /// PostgreSQL: the one database; MySQL: the business one.
+    business_database: String,
+    business_url: String,
+    controller_url: String,
+    names: [(&'static str, String); 3],
+}
+
+/// Runs the guide's blocks for `backend` in order, each as the role it names: the pools of the
+/// business role and of the controller's, opened by `connect` (given the URL and whether it is
+/// the business role's) once the roles exist.
+async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
+    backend: &'static str,
+    admin: Db,
+    logins: Logins,
+    connect: impl Fn(String, bool) -> Fut,
+) -> Bound {
+    let mut business: Option<Db> = None;
+    let mut controller: Option<Db> = None;
+    for block in blocks(backend) {
+        let sql = logins
+            .names
+            .iter()
+            .fold(block.text.clone(), |sql, (word, with)| {
+                replace_word(&sql, word, with)
+            });
+        let db = match who_runs(backend, &block.step) {
+            Who::Migrate => {
+                migrate(&block, &logins.controller_url);
+                continue;
+            }
+            Who::Admin => &admin,
+            Who::Business => match business {
+                Some(ref db) => db,
+                None => business.insert(connect(logins.business_url.clone(), true).await),
+            },
+            Who::Controller => match controller {
+                Some(ref db) => db,
+                None => controller.insert(connect(logins.controller_url.clone(), false).await),
+            },
+        };
+        execute(db, &block.step, &sql).await;
+    }
+    Bound {
+        backend,
+        admin,
+        business: business.expect("a step as the business role"),
+        controller: controller.expect("a step as the controller's role"),
+        controller_url: logins.controller_url,
+        business_role: logins.business_role,
+        controller_role: logins.controller_role,
+        business_database: logins.business_database,
+    }
+}
+
+impl Bound {
+    /// Binds the fresh, empty database of `admin` (a superuser's pool) by the guide's blocks.
+    async fn postgres(admin: PgPool) -> Bound {
+        let (database,): (String,) = sqlx::query_as("SELECT current_database()")
+            .fetch_one(&admin)
+            .await
+            .expect("the database");
+        let suffix = unique();
+        let business_role = format!("imr_owner_{suffix}");
+        let controller_role = format!("autoapproval_{suffix}");
+        let server = Db::Postgres(admin.clone()).url();
+        let logins = Logins {
+            business_url: with_login(&server, &business_role, &database),
+            business_database: database.clone(),
+            controller_url: with_login(&server, &controller_role, &database),
+            // Replaced textually by unique names (roles are cluster-wide; the test database's
+            // name has capitals, hence the quotes).
+            names: [
+                ("imr_owner", business_role.clone()),
+                ("autoapproval", controller_role.clone()),
+                ("contracts", format!("\"{database}\"")),
+            ],
+            business_role,
+            controller_role,
+        };
+        follow_the_guide(
+            "postgres",
+            Db::Postgres(admin),
+            logins,
+            |url, _| async move {
+                let pool = PgPoolOptions::new().max_connections(8).connect(&url).await;
+                Db::Postgres(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
+            },
+        )
+        .await
+    }
+
+    /// Binds two new databases on the server of `MYSQL_URL` by the guide's blocks.
+    async fn mysql() -> Bound {
+        let server = std::env::var("MYSQL_URL").expect("MYSQL_URL (scripts/test.sh sets it)");
+        let admin = MySqlPoolOptions::new()
+            .max_connections(2)
+            .connect(&server)
+            .await
+            .unwrap_or_else(|e| panic!("MYSQL_URL {server}: {e}"));
+        let suffix = unique();
+        let business_role = format!("imr_owner_{suffix}");
+        // The controller's user and its database have the same name, as in the guide.
+        let controller_role = format!("autoapproval_{suffix}");
+        let business_database = format!("contracts_{suffix}");
+        let logins = Logins {
+            business_url: with_login(&server, &business_role, &business_database),
+            business_database: business_database.clone(),
+            controller_url: with_login(&server, &controller_role, &controller_role),
+            names: [
+                ("imr_owner", business_role.clone()),
+                ("autoapproval", controller_role.clone()),
+                ("contracts", business_database),
+            ],
+            business_role,
+            controller_role,
+        };
+        follow_the_guide(
+            "mysql",
+            Db::Mysql(admin),
+            logins,
+            |url, business| async move {
+                let options: MySqlConnectOptions = url.parse().expect("a MySQL URL");
+                // The business system's sessions keep the server's defaults (REPEATABLE READ,
+                // its time zone).
+                let options = if business {
+                    options.timezone(None)
+                } else {
+                    options
+                };
+                let pool = MySqlPoolOptions::new()
+                    .max_connections(8)
+                    .connect_with(options)
+                    .await;
+                Db::Mysql(pool.unwrap_or_else(|e| panic!("{url}: {e}")))
+            },
+        )
+        .await
+    }
+
+    /// The business role's SQL in this backend's placeholders.
+    fn business_sql(&self, sql: &str) -> String {
+        self.business.sql(sql)
+    }
+
+    /// Closes the pools and drops what the guide created on the server: the roles, and on MySQL
+    /// the two databases (sqlx drops PostgreSQL's test database).
+    async fn finish(self) {
+        with_pool!(&self.business, pool => pool.close().await);
+        with_pool!(&self.controller, pool => pool.close().await);
+        let (business, controller) = (&self.business_role, &self.controller_role);
+        match self.backend {
+            "postgres" => {
+                for role in [business, controller] {
+                    self.admin.exec(&format!("DROP OWNED BY {role}")).await;
+                }
+                for role in [business, controller] {
+                    self.admin.exec(&format!("DROP ROLE {role}")).await;
+                }
+            }
+            _ => {
+                for database in [&self.business_database, controller] {
+                    self.admin.exec(&format!("DROP DATABASE {database}")).await;
+                }
+                for user in [business, controller] {
+                    self.admin.exec(&format!("DROP USER '{user}'@'%'")).await;
+                }
+            }
+        }
+    }
+}
+
+/// Owner contracts the business role inserts, every condition met.
+const OWNERS: i64 = 20;
+/// The ad contract, for a store the simulator knows.
+const AD: i64 = 100;
+const AD_STORE: i64 = 7001;
+
+/// The business role inserts a request into its own table, as its application does.
+async fn insert_request(bound: &Bound, id: i64, request_type: &str, store: Option<i64>) {
+    let sql = bound.business_sql(
+        "INSERT INTO imr (imr_id, imr_type, shop_name, docs_released, menu_done, logo_done,
+                          prev_step_done, contract_no, ad_shop_no)
+         VALUES ($1, $2, $3, true, true, true, true, $4, $5)",
+    );
+    with_pool!(&bound.business, pool => sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+        .bind(id)
+        .bind(request_type)
+        .bind(format!("Shop {id}"))
+        .bind(format!("EC-{id}"))
+        .bind(store)
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .unwrap_or_else(|e| panic!("the business role inserts request {id}: {e}")));
+}
+
+/// The results in the business table's own columns, as the business system reads them.
+#[derive(Debug, sqlx::FromRow)]
+struct ImrRow {
+    imr_id: i64,
+    status: String,
+    owner_no: Option<i64>,
+    shop_no: Option<i64>,
+    campaign_id: Option<String>,
+    approved_by: Option<String>,
+    approved_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+async fn imr_rows(bound: &Bound) -> Vec<ImrRow> {
+    let sql = "SELECT imr_id, status, owner_no, shop_no, campaign_id, approved_by, approved_at
+                 FROM imr ORDER BY imr_id";
+    with_pool!(&bound.business, pool => sqlx::query_as(sql)
+        .fetch_all(pool)
+        .await
+        .expect("the business role reads imr"))
+}
+
+/// The business side: short transactions over the owner contracts, each changing a fact its
+/// trigger watches and holding the row a moment, until `stop` (and at least two rounds). The
+/// errors, and the longest transaction.
+async fn business_writes(bound: &Bound, stop: Arc<AtomicBool>) -> (Vec<String>, Duration) {
+    let update = bound.business_sql(
+        "UPDATE imr SET ad_shop_no = COALESCE(ad_shop_no, 0) + 1, assignee = 'ann' WHERE imr_id = $1",
+    );
+    let sleep = match bound.backend {
+        "postgres" => "SELECT pg_sleep(0.005)",
+        _ => "SELECT SLEEP(0.005)",
+    };
+    let mut errors = vec![];
+    let mut longest = Duration::ZERO;
+    let mut round = 0;
+    while round < 2 || !stop.load(Ordering::Relaxed) {
+        for id in 1..=OWNERS {
+            let started = Instant::now();
+            let result: Result<(), sqlx::Error> = with_pool!(&bound.business, pool => async {
+                let mut tx = pool.begin().await?;
+                sqlx::query(sqlx::AssertSqlSafe(update.clone()))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+                sqlx::query(sleep).execute(&mut *tx).await?;
+                tx.commit().await
+            }
+            .await);
+            longest = longest.max(started.elapsed());
+            if let Err(error) = result {
+                errors.push(format!("round {round}, request {id}: {error}"));
+            }
+        }
+        round += 1;
+    }
+    (errors, longest)
+}
+
+/// The real binary as the controller's role, on the test API server and the simulator.
+struct Replica {
+    /// Its standard error piped, not read yet.
+    child: tokio::process::Child,
+    dir: std::path::PathBuf,
+}
+
+fn spawn_replica(
+    bound: &Bound,
+    server: &kube_testserver::TestServer,
+    sim_url: &str,
+    name: &str,
+) -> Replica {
+    let dir = fresh_dir("integrating");
+    let kubeconfig = kubeconfig_in(&dir, server);
+    let child = spawn_run(
+        &kubeconfig,
+        free_port(),
+        &bound.admin,
+        &["--namespace", NS, "--replica-name", name],
+        &[
+            // Overrides the admin's URL spawn_run sets: the controller runs as its own role.
+            ("AUTOAPPROVAL_DATABASE_URL", &bound.controller_url),
+            ("AUTOAPPROVAL_ESIGN_URL", sim_url),
+            ("AUTOAPPROVAL_OWNER_URL", sim_url),
+            ("AUTOAPPROVAL_STORE_URL", sim_url),
+            ("AUTOAPPROVAL_AD_URL", sim_url),
+            ("NO_COLOR", "1"),
+        ],
+    );
+    Replica { child, dir }
+}
+
+/// (a) and (b): requests the business role inserts into `imr` are approved end to end by
+/// `autoapproval run` as the controller's role, the results in imr's own columns and the
+/// e-contract ledger synced into esign_version, while the business role's writes to the same
+/// rows all succeed.
+async fn bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound: Bound) {
+    let (server, _client, sim) = backends().await;
+    sim.add_store(AD_STORE, true);
+    let mut replica = spawn_replica(&bound, &server, &sim.base_url(), "integ-1");
+    let log = capture_stderr(&mut replica.child);
+    for id in 1..=OWNERS {
+        insert_request(&bound, id, "OWNER_CONTRACT", None).await;
+    }
+    insert_request(&bound, AD, "AD_CONTRACT", Some(AD_STORE)).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let bound = Arc::new(bound);
+    let writer = tokio::spawn({
+        let (bound, stop) = (bound.clone(), stop.clone());
+        async move { business_writes(&bound, stop).await }
+    });
+    let child = std::sync::Mutex::new(replica.child);
+    let approved = eventually("every request in imr to be approved", || async {
+        // A replica that stopped (at start-up, say) approves nothing: say why at once.
+        if let Ok(Some(status)) = child.lock().expect("child").try_wait() {
+            panic!("run exited ({status}): {}", log.lock().expect("log"));
+        }
+        let rows = imr_rows(&bound).await;
+        rows.iter().all(|r| r.status == "APPROVED").then_some(rows)
+    })
+    .await
+    .expect("rows");
+    replica.child = child.into_inner().expect("child");
+    stop.store(true, Ordering::Relaxed);
+    let (errors, longest) = writer.await.expect("the writer");
+    eprintln!(
+        "{}: longest business transaction {longest:?} (a 5 ms sleep inside)",
+        bound.backend
+    );
+
+    assert_eq!(approved.len() as i64, OWNERS + 1);
+    for row in &approved {
+        assert_eq!(row.approved_by.as_deref(), Some("autoapproval"), "{row:?}");
+        assert!(row.approved_at.is_some(), "{row:?}");
+        if row.imr_id == AD {
+            assert!(row.campaign_id.is_some(), "{row:?}");
+        } else {
+            assert!(row.owner_no.is_some() && row.shop_no.is_some(), "{row:?}");
+        }
+    }
+    let synced = bound
+        .business
+        .fetch_i64("SELECT count(*) FROM esign_version WHERE esign_status = 'SIGNED'")
+        .await;
+    assert_eq!(synced, OWNERS + 1, "the ledger synced through its view");
+    assert_eq!(
+        errors,
+        Vec::<String>::new(),
+        "the business side never fails"
+    );
+
+    let output = stop_on_sigterm(replica.child, Duration::from_secs(30)).await;
+    let log = log.lock().expect("log").clone();
+    assert!(output.status.success(), "{log}");
+    // The guide's index and triggers are what start-up looks for: it warns of neither. On
+    // MySQL the controller's user, with no right on imr, can see neither imr's plan nor its
+    // triggers, so there start-up cannot tell (the guide says to check them by hand).
+    let checked: &[&str] = match bound.backend {
+        "postgres" => &["whole", "no wake trigger"],
+        _ => &[],
+    };
+    for warning in checked {
+        assert!(
+            !log.lines()
+                .any(|l| l.contains("WARN") && l.contains(warning)),
+            "run warned ({warning}) on the guide's binding: {log}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&replica.dir);
+    Arc::into_inner(bound)
+        .expect("the writer is done")
+        .finish()
+        .await;
+}
+
+/// (c): `autoapproval run` refuses to start on a binding that misses a grant or a view, naming it.
+async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
+    let (server, _client, sim) = backends().await;
+    let (business, controller) = (&bound.business_role, &bound.controller_role);
+    // Each case breaks the binding, expects `run` to stop naming what, then mends it.
+    let cases: Vec<(Db, String, &str, Option<String>)> = match bound.backend {
+        "postgres" => vec![
+            (
+                bound.business.clone(),
+                format!("REVOKE UPDATE ON autoapproval_request FROM {controller}"),
+                "autoapproval_request",
+                Some(format!(
+                    "GRANT UPDATE ON autoapproval_request TO {controller}"
+                )),
+            ),
+            (
+                bound.business.clone(),
+                "DROP VIEW autoapproval_request_memo".to_owned(),
+                "autoapproval_request_memo",
+                None,
+            ),
+        ],
+        // MySQL: the controller's rights come with its database, so the grant revoked is the
+        // views' definer's on the business table.
+        _ => vec![
+            (
+                bound.admin.clone(),
+                format!(
+                    "REVOKE UPDATE ON {}.* FROM '{business}'@'%'",
+                    bound.business_database
+                ),
+                "autoapproval_request",
+                Some(format!(
+                    "GRANT UPDATE ON {}.* TO '{business}'@'%'",
+                    bound.business_database
+                )),
+            ),
+            (
+                bound.admin.clone(),
+                format!("DROP VIEW {controller}.autoapproval_request_memo"),
+                "autoapproval_request_memo",
+                None,
+            ),
+        ],
+    };
+    for (n, (as_whom, breaks, named, mends)) in cases.into_iter().enumerate() {
+        execute(&as_whom, "break the binding", &breaks).await;
+        let replica = spawn_replica(&bound, &server, &sim.base_url(), &format!("broken-{n}"));
+        let exited =
+            tokio::time::timeout(Duration::from_secs(60), replica.child.wait_with_output())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!("after `{breaks}`, run kept running instead of stopping at start-up")
+                })
+                .expect("output");
+        let _ = std::fs::remove_dir_all(&replica.dir);
+        let stderr = String::from_utf8_lossy(&exited.stderr);
+        assert!(!exited.status.success(), "after `{breaks}`: {stderr}");
+        let last = stderr.lines().last().unwrap_or_default();
+        eprintln!("{}: after `{breaks}`: {last}", bound.backend);
+        assert!(
+            last.contains("binding") && last.contains(named),
+            "after `{breaks}`, run's last word names {named}: {stderr}"
+        );
+        if let Some(mends) = mends {
+            execute(&as_whom, "mend the binding", &mends).await;
+        }
+    }
+    bound.finish().await;
+}
+
+mod the_seeds_imr_bound_as_the_guide_says_is_approved_beside_business_writes {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::bound_as_the_guide_says_the_seeds_imr_is_approved_beside_business_writes(bound).await
+    }
+}
+
+mod a_revoked_grant_or_a_dropped_view_of_the_binding_stops_run_naming_it {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound).await
+    }
+}
+
+#[test]
+fn replace_word_leaves_longer_identifiers_alone() {
+    assert_eq!(
+        replace_word(
+            "GRANT SELECT ON autoapproval_request TO autoapproval; CALL autoapproval.p(1);",
+            "autoapproval",
+            "ctl_1"
+        ),
+        "GRANT SELECT ON autoapproval_request TO ctl_1; CALL ctl_1.p(1);"
+    );
+    assert_eq!(replace_word("'imr_owner'@'%'", "imr_owner", "b"), "'b'@'%'");
+    assert_eq!(
+        replace_word("xautoapproval", "autoapproval", "c"),
+        "xautoapproval"
+    );
+}
