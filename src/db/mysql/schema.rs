@@ -121,10 +121,20 @@ impl Schema for MysqlStore {
             return Ok(report);
         }
         report.warnings.extend(self.candidate_scans().await?);
+        // Only the triggers of the tables behind our views count (a server
+        // holds other databases, with triggers of their own): a view's
+        // definition names its table as `schema`.`table`.
         let (requests, econtracts): (i64, i64) = sqlx::query_as(
-            "SELECT CAST(COALESCE(SUM(ACTION_STATEMENT LIKE '%autoapproval_request_changed%'), 0) AS SIGNED),
-                    CAST(COALESCE(SUM(ACTION_STATEMENT LIKE '%autoapproval_econtract_changed%'), 0) AS SIGNED)
-               FROM information_schema.TRIGGERS",
+            "SELECT CAST(COALESCE(SUM(v.TABLE_NAME = 'autoapproval_request'
+                        AND t.ACTION_STATEMENT LIKE '%autoapproval_request_changed%'), 0) AS SIGNED),
+                    CAST(COALESCE(SUM(v.TABLE_NAME = 'autoapproval_econtract'
+                        AND t.ACTION_STATEMENT LIKE '%autoapproval_econtract_changed%'), 0) AS SIGNED)
+               FROM information_schema.TRIGGERS t
+               JOIN information_schema.VIEWS v
+                 ON v.TABLE_SCHEMA = DATABASE()
+                AND v.TABLE_NAME IN ('autoapproval_request', 'autoapproval_econtract')
+                AND INSTR(v.VIEW_DEFINITION,
+                          CONCAT('`', t.EVENT_OBJECT_SCHEMA, '`.`', t.EVENT_OBJECT_TABLE, '`')) > 0",
         )
         .fetch_one(&self.primary)
         .await
