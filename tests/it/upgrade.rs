@@ -321,3 +321,77 @@ async fn start_up_warns_of_a_whole_table_candidate_read_and_of_no_wake_trigger(d
         "{warnings:?}"
     );
 }
+
+/// 0.2.0's wake trigger on approval_request, as its migrations 0004–0021
+/// left it (the function named, the body abridged to its effect).
+const PG_WAKE_0_2_0: &str = "
+CREATE TABLE auto_approve_wake (request_id BIGINT NOT NULL, woken_at TIMESTAMPTZ NOT NULL DEFAULT now());
+CREATE FUNCTION autoapproval_notify_request() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        INSERT INTO auto_approve_wake (request_id) VALUES (NEW.id);
+    END IF;
+    PERFORM pg_notify('autoapproval_request_changed', NEW.id::text);
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER approval_request_notify AFTER INSERT OR UPDATE ON approval_request
+    FOR EACH ROW EXECUTE FUNCTION autoapproval_notify_request();
+";
+
+/// A database 0.2.0 migrated (its business tables, made by 0.2.0's own
+/// migrations, its wake trigger) keeps its requests through `migrate
+/// --reference-schema`, and ends with the new triggers only: one wake row
+/// per change, not two.
+#[sqlx::test(migrations = false)]
+async fn a_0_2_0_postgres_database_migrates_keeping_its_requests_and_one_trigger(
+    pool: sqlx::PgPool,
+) {
+    sqlx::raw_sql(include_str!(
+        "../../migrations/postgres/reference/0001_business_tables.sql"
+    ))
+    .execute(&pool)
+    .await
+    .expect("0.2.0's business tables");
+    sqlx::raw_sql(PG_WAKE_0_2_0)
+        .execute(&pool)
+        .await
+        .expect("0.2.0's wake trigger");
+    let db = Db::Postgres(pool.clone());
+    owner_now(361).insert(&db).await;
+
+    let url = database_url(&db);
+    let migrate = autoapproval(&["migrate", "--reference-schema", "--database-url", &url]);
+    assert!(migrate.status.success(), "{}", stderr(&migrate));
+
+    let triggers: Vec<String> = sqlx::query_scalar(
+        "SELECT tgname::text FROM pg_trigger
+          WHERE tgrelid = 'approval_request'::regclass AND NOT tgisinternal ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        triggers,
+        [
+            "autoapproval_request_inserted",
+            "autoapproval_request_updated"
+        ]
+    );
+    db.exec(
+        "UPDATE approval_request SET documents_released = NOT documents_released WHERE id = 361",
+    )
+    .await;
+    let woken: Vec<i64> = sqlx::query_scalar("SELECT request_id FROM auto_approve_wake")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(woken, [361], "one wake row for one change");
+    assert_eq!(request_status(&db, 361).await, "PENDING");
+    let warnings = db
+        .database()
+        .check_schema()
+        .await
+        .expect("the schema passes");
+    assert!(warnings.is_empty(), "{warnings:?}");
+}

@@ -246,6 +246,7 @@ fn whole_reads(plan: &serde_json::Value) -> Vec<String> {
             _ => {}
         }
     }
+    found.sort();
     found
 }
 
@@ -261,7 +262,7 @@ mod tests {
             {"Node Type": "Index Scan", "Relation Name": "memo", "Index Cond": "(id = 1)"},
             {"Node Type": "Seq Scan", "Relation Name": "auto_approve_pause"},
         ]}}]);
-        assert_eq!(whole_reads(&plan), ["imr", "esign"]);
+        assert_eq!(whole_reads(&plan), ["esign", "imr"]);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The harness's SQL on MariaDB (and MySQL 8): the same probes, seeding and
 //! readings as on PostgreSQL, the seed's old queue, and ShedLock's table.
-//! Times are UTC DATETIME(6), as in migrations/mysql.
+//! Times are UTC DATETIME(6), as in migrations/mysql/controller.
 
 use std::time::Duration;
 
