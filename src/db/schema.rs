@@ -167,7 +167,7 @@ pub(super) struct Probe {
 }
 
 /// The wake triggers found, by kind, and the warnings they call for.
-pub(super) fn trigger_warnings(requests: i64, econtracts: i64, how: &str) -> Vec<String> {
+pub(super) fn wake_warnings(requests: i64, econtracts: i64, how: &str) -> Vec<String> {
     let mut warnings = Vec::new();
     if requests == 0 {
         warnings.push(format!(
@@ -192,9 +192,49 @@ interface! {
         fn migrate_set(&self, set: MigrationSet) -> Result<(), DbError>;
         /// The SQL applying the set's pending migrations would run.
         fn pending_sql(&self, set: MigrationSet) -> Result<String, DbError>;
-        /// What is wrong with the schema for `run`, and what to warn about.
-        fn schema_report(&self) -> Result<SchemaReport, DbError>;
+        /// The controller migrations this binary needs that are not applied.
+        fn missing_migrations(&self) -> Result<Vec<String>, DbError>;
+        /// Each use of the binding the controller's role cannot make.
+        fn binding_problems(&self) -> Result<Vec<String>, DbError>;
+        /// Warnings about candidate queries that would read a business table whole.
+        fn candidate_scans(&self) -> Result<Vec<String>, DbError>;
+        /// Warnings about wake triggers that are not attached.
+        fn trigger_warnings(&self) -> Result<Vec<String>, DbError>;
     }
+}
+
+/// The labels of the migrations of `migrator` not in `applied` (all of
+/// them when the history table is missing).
+pub(super) fn missing(migrator: &Migrator, applied: Option<Vec<i64>>) -> Vec<String> {
+    pending(migrator, &applied.unwrap_or_default())
+        .into_iter()
+        .map(label)
+        .collect()
+}
+
+/// Runs each probe on `pool`, and names what each refused one needs with
+/// the database's own words.
+pub(super) async fn run_probes<DB: sqlx::Database>(
+    pool: &sqlx::Pool<DB>,
+    probes: &[Probe],
+) -> Result<Vec<String>, DbError>
+where
+    for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
+    DB::Arguments: sqlx::IntoArguments<DB>,
+{
+    let mut problems = Vec::new();
+    for probe in probes {
+        if let Err(e) = sqlx::query::<DB>(probe.sql).execute(pool).await {
+            let Some(e) = e.as_database_error() else {
+                return Err(DbError::Database {
+                    operation: "probing the binding",
+                    source: e,
+                });
+            };
+            problems.push(format!("{} needed: {}", probe.needs, e.message()));
+        }
+    }
+    Ok(problems)
 }
 
 impl super::Database {
@@ -213,6 +253,23 @@ impl super::Database {
             out.push_str(&self.pending_sql(*set).await?);
         }
         Ok(out)
+    }
+
+    /// What is wrong with the schema for `run`, and what to warn about; a
+    /// later check is skipped when an earlier one failed.
+    pub async fn schema_report(&self) -> Result<SchemaReport, DbError> {
+        let mut report = SchemaReport {
+            missing: self.missing_migrations().await?,
+            ..SchemaReport::default()
+        };
+        if report.missing.is_empty() {
+            report.binding = self.binding_problems().await?;
+        }
+        if report.missing.is_empty() && report.binding.is_empty() {
+            report.warnings.extend(self.candidate_scans().await?);
+            report.warnings.extend(self.trigger_warnings().await?);
+        }
+        Ok(report)
     }
 
     /// Stops start-up when the schema lacks a controller migration this

@@ -6,8 +6,8 @@ use sqlx::migrate::Migrator;
 use super::candidates::candidate_sql;
 use super::{MysqlStore, db};
 use crate::db::schema::{
-    MigrationSet, Probe, Schema, SchemaReport, Script, configured, hex, label, pending, script,
-    trigger_warnings,
+    MigrationSet, Probe, Schema, Script, configured, hex, missing, pending, run_probes, script,
+    wake_warnings,
 };
 use crate::db::{DbError, MigrationSet as Set};
 use crate::domain::RequestType;
@@ -89,38 +89,20 @@ impl Schema for MysqlStore {
         Ok(script(set, &pending(&migrator, &applied), &SCRIPT))
     }
 
-    async fn schema_report(&self) -> Result<SchemaReport, DbError> {
-        let mut report = SchemaReport::default();
-        let migrator = migrator(Set::Controller);
-        match self.applied(Set::Controller).await? {
-            None => report.missing = migrator.iter().map(label).collect(),
-            Some(applied) => {
-                report.missing = pending(&migrator, &applied)
-                    .into_iter()
-                    .map(label)
-                    .collect()
-            }
-        }
-        if !report.missing.is_empty() {
-            return Ok(report);
-        }
-        for probe in PROBES {
-            if let Err(e) = sqlx::query(probe.sql).execute(&self.primary).await {
-                let Some(e) = e.as_database_error() else {
-                    return Err(DbError::Database {
-                        operation: "probing the binding",
-                        source: e,
-                    });
-                };
-                report
-                    .binding
-                    .push(format!("{} needed: {}", probe.needs, e.message()));
-            }
-        }
-        if !report.binding.is_empty() {
-            return Ok(report);
-        }
-        report.warnings.extend(self.candidate_scans().await?);
+    async fn missing_migrations(&self) -> Result<Vec<String>, DbError> {
+        let applied = self.applied(Set::Controller).await?;
+        Ok(missing(&migrator(Set::Controller), applied))
+    }
+
+    async fn binding_problems(&self) -> Result<Vec<String>, DbError> {
+        run_probes(&self.primary, PROBES).await
+    }
+
+    async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
+        self.whole_table_reads().await
+    }
+
+    async fn trigger_warnings(&self) -> Result<Vec<String>, DbError> {
         // Only the triggers of the tables behind our views count (a server
         // holds other databases, with triggers of their own): a view's
         // definition names its table as `schema`.`table`.
@@ -139,13 +121,12 @@ impl Schema for MysqlStore {
         .fetch_one(&self.primary)
         .await
         .map_err(db("listing the wake triggers"))?;
-        report.warnings.extend(trigger_warnings(
+        Ok(wake_warnings(
             requests,
             econtracts,
             "none this account can see: an account sees the triggers of the tables it has \
              TRIGGER on; if yours are watched as docs/INTEGRATING.md says, this is only that",
-        ));
-        Ok(report)
+        ))
     }
 }
 
@@ -181,7 +162,7 @@ impl MysqlStore {
     /// MySQL has no switch to forbid full scans, and chooses one on a small
     /// table whatever its indexes, so the test is the usable keys, not the
     /// plan.
-    async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
+    async fn whole_table_reads(&self) -> Result<Vec<String>, DbError> {
         let now = chrono::Utc::now();
         let mut warnings = Vec::new();
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {

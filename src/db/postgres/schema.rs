@@ -6,8 +6,8 @@ use sqlx::migrate::Migrator;
 use super::candidates::candidate_sql;
 use super::{PgStore, db};
 use crate::db::schema::{
-    MigrationSet, Probe, Schema, SchemaReport, Script, configured, hex, label, pending, script,
-    trigger_warnings,
+    MigrationSet, Probe, Schema, Script, configured, hex, missing, pending, run_probes, script,
+    wake_warnings,
 };
 use crate::db::{DbError, MigrationSet as Set};
 use crate::domain::RequestType;
@@ -97,38 +97,20 @@ impl Schema for PgStore {
         Ok(script(set, &pending(&migrator, &applied), &SCRIPT))
     }
 
-    async fn schema_report(&self) -> Result<SchemaReport, DbError> {
-        let mut report = SchemaReport::default();
-        let migrator = migrator(Set::Controller);
-        match self.applied(Set::Controller).await? {
-            None => report.missing = migrator.iter().map(label).collect(),
-            Some(applied) => {
-                report.missing = pending(&migrator, &applied)
-                    .into_iter()
-                    .map(label)
-                    .collect()
-            }
-        }
-        if !report.missing.is_empty() {
-            return Ok(report);
-        }
-        for probe in PROBES {
-            if let Err(e) = sqlx::query(probe.sql).execute(&self.primary).await {
-                let Some(e) = e.as_database_error() else {
-                    return Err(DbError::Database {
-                        operation: "probing the binding",
-                        source: e,
-                    });
-                };
-                report
-                    .binding
-                    .push(format!("{} needed: {}", probe.needs, e.message()));
-            }
-        }
-        if !report.binding.is_empty() {
-            return Ok(report);
-        }
-        report.warnings.extend(self.candidate_scans().await?);
+    async fn missing_migrations(&self) -> Result<Vec<String>, DbError> {
+        let applied = self.applied(Set::Controller).await?;
+        Ok(missing(&migrator(Set::Controller), applied))
+    }
+
+    async fn binding_problems(&self) -> Result<Vec<String>, DbError> {
+        run_probes(&self.primary, PROBES).await
+    }
+
+    async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
+        self.whole_table_reads().await
+    }
+
+    async fn trigger_warnings(&self) -> Result<Vec<String>, DbError> {
         let (requests, econtracts): (i64, i64) = sqlx::query_as(
             "SELECT count(*) FILTER (WHERE p.proname = 'autoapproval_request_changed'),
                     count(*) FILTER (WHERE p.proname = 'autoapproval_econtract_changed')
@@ -138,12 +120,11 @@ impl Schema for PgStore {
         .fetch_one(&self.primary)
         .await
         .map_err(db("listing the wake triggers"))?;
-        report.warnings.extend(trigger_warnings(
+        Ok(wake_warnings(
             requests,
             econtracts,
             "attach one with autoapproval_watch_requests / autoapproval_watch_econtracts",
-        ));
-        Ok(report)
+        ))
     }
 }
 
@@ -172,7 +153,7 @@ impl PgStore {
     /// warnings naming the columns to index. The planner is asked with
     /// sequential scans disabled, so a small table's cheap scan does not
     /// hide a missing index: a scan that remains has no index to use.
-    async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
+    async fn whole_table_reads(&self) -> Result<Vec<String>, DbError> {
         let now = chrono::Utc::now();
         let mut warnings = Vec::new();
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
