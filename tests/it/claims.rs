@@ -5,22 +5,16 @@ use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, RequestType};
 use chrono::Duration;
 use sqlx::PgPool;
 
-use crate::support::{Db, NewRequest, fence, insert_state, on_both, request_view, t0, with_pool};
-
-fn new_candidate(id: i64) -> Candidate {
-    Candidate {
-        request_id: id,
-        request_type: RequestType::OwnerContract,
-        state_id: None,
-    }
-}
+use crate::support::{
+    Db, NewRequest, candidate, claim_new, fence, insert_state, on_both, request_view, t0, with_pool,
+};
 
 on_both!(two_concurrent_claimers_of_a_new_request_one_wins);
 async fn two_concurrent_claimers_of_a_new_request_one_wins(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
     let store = db.database();
     let (fa, fb) = (fence("a", 1), fence("b", 1));
-    let c = new_candidate(1);
+    let c = candidate(1, None);
     let (a, b) = tokio::join!(
         store.claim(&c, &fa, t0(), DEFAULT_RETRY_LIMIT),
         store.claim(&c, &fb, t0(), DEFAULT_RETRY_LIMIT)
@@ -50,7 +44,7 @@ async fn many_concurrent_claimers_of_a_due_retry_one_wins(db: Db) {
     let store = db.database();
     let c = Candidate {
         state_id: Some(state_id),
-        ..new_candidate(1)
+        ..candidate(1, None)
     };
     let fences: Vec<_> = (0..8).map(|i| fence(&format!("w{i}"), 1)).collect();
     let results = futures::future::join_all(
@@ -100,7 +94,7 @@ async fn a_retry_not_yet_due_or_at_the_limit_cannot_be_claimed(db: Db) {
     for (id, state_id) in [(1, early), (2, spent)] {
         let c = Candidate {
             state_id: Some(state_id),
-            ..new_candidate(id)
+            ..candidate(id, None)
         };
         assert_eq!(
             store
@@ -117,7 +111,12 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
     NewRequest::ready_owner(1).insert(&db).await;
     let store = db.database();
     let ClaimOutcome::Won(old) = store
-        .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .claim(
+            &candidate(1, None),
+            &fence("a", 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
         .await
         .unwrap()
     else {
@@ -131,7 +130,7 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
     let state = store.state(1).await.unwrap().unwrap();
     let retry = Candidate {
         state_id: Some(state.id),
-        ..new_candidate(1)
+        ..candidate(1, None)
     };
     let later = t0() + Duration::minutes(2);
     let ClaimOutcome::Won(new) = store
@@ -165,7 +164,12 @@ async fn release_makes_the_request_due_again_without_counting_a_retry(db: Db) {
     NewRequest::ready_owner(1).insert(&db).await;
     let store = db.database();
     let ClaimOutcome::Won(claim) = store
-        .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .claim(
+            &candidate(1, None),
+            &fence("a", 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
         .await
         .unwrap()
     else {
@@ -292,19 +296,7 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(db: Db) {
         NewRequest::ready_owner(id).insert(&db).await;
     }
     let mut changes = store.request_changes().await.unwrap();
-    let claim = match store
-        .claim(
-            &new_candidate(61),
-            &fence("w1", 1),
-            t0(),
-            DEFAULT_RETRY_LIMIT,
-        )
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Won(claim) => claim,
-        other => panic!("claim 61: {other:?}"),
-    };
+    let claim = claim_new(&store, 61, "w1").await;
     assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
     // A person approves 62: delivered in commit order, after anything of 61's.
     db.exec(
@@ -348,7 +340,7 @@ async fn a_fact_change_wakes_its_request_in_the_same_transaction_without_a_liste
         NewRequest::ready_owner(id).insert(&db).await;
         match store
             .claim(
-                &new_candidate(id),
+                &candidate(id, None),
                 &fence("w1", 1),
                 now,
                 DEFAULT_RETRY_LIMIT,
@@ -478,7 +470,7 @@ async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(db: Db) {
     let orphan = env
         .store
         .claim(
-            &crate::support::candidate(1, None),
+            &candidate(1, None),
             &mine,
             env.clock.now(),
             DEFAULT_RETRY_LIMIT,
@@ -496,11 +488,7 @@ async fn the_sweep_gives_back_a_claim_no_chain_works_on_and_only_that(db: Db) {
     let approver = env.approver.clone();
     let running = tokio::spawn({
         let mine = mine.clone();
-        async move {
-            approver
-                .attempt(&crate::support::candidate(2, None), &mine)
-                .await
-        }
+        async move { approver.attempt(&candidate(2, None), &mine).await }
     });
     crate::support::eventually("request 2 to be claimed", || async {
         env.store.state(2).await.unwrap().map(|_| ())
@@ -603,9 +591,9 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(db: Db) {
     assert_eq!(store.candidates(&query).await.unwrap(), []);
     let retry = Candidate {
         state_id: Some(due),
-        ..new_candidate(2)
+        ..candidate(2, None)
     };
-    for c in [new_candidate(1), retry] {
+    for c in [candidate(1, None), retry] {
         assert_eq!(
             store
                 .claim(&c, &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
@@ -623,7 +611,12 @@ async fn a_paused_request_is_neither_a_candidate_nor_claimed(db: Db) {
     assert!(store.resume(1, Some("uid-1")).await.unwrap());
     assert!(matches!(
         store
-            .claim(&new_candidate(1), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+            .claim(
+                &candidate(1, None),
+                &fence("a", 1),
+                t0(),
+                DEFAULT_RETRY_LIMIT
+            )
             .await
             .unwrap(),
         ClaimOutcome::Won(_)
@@ -678,7 +671,12 @@ async fn a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim(db: 
     NewRequest::ready_owner(7).insert(&db).await;
     let store = db.database();
     let ClaimOutcome::Won(claim) = store
-        .claim(&new_candidate(7), &fence("a", 1), t0(), DEFAULT_RETRY_LIMIT)
+        .claim(
+            &candidate(7, None),
+            &fence("a", 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
         .await
         .unwrap()
     else {
@@ -715,19 +713,7 @@ async fn our_result_writes_wake_nobody_even_when_every_column_is_watched(pool: P
         NewRequest::ready_owner(id).insert(&pool).await;
     }
     let mut changes = store.request_changes().await.unwrap();
-    let claim = match store
-        .claim(
-            &new_candidate(71),
-            &fence("w1", 1),
-            t0(),
-            DEFAULT_RETRY_LIMIT,
-        )
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Won(claim) => claim,
-        other => panic!("claim 71: {other:?}"),
-    };
+    let claim = claim_new(&store, 71, "w1").await;
     assert!(
         store
             .save_result(&claim, StepResult::OwnerNumber(7_100))

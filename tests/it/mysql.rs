@@ -13,13 +13,13 @@ use autoapproval::db::{
     ClaimOutcome, Completion, Database, DatabaseArgs, DbError, Pool, RequestChange, RequestChanges,
     RetryWrite, SessionArgs, ShardFilter, StepResult,
 };
-use autoapproval::domain::{Candidate, Claim, DEFAULT_RETRY_LIMIT, Fence, RequestType};
+use autoapproval::domain::{Candidate, DEFAULT_RETRY_LIMIT, Fence};
 use chrono::{DateTime, Duration, Utc};
 use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::support::{MysqlScratch, migrate_twice, t0};
+use crate::support::{MysqlScratch, candidate, claim_new, migrate_twice, t0};
 
 /// The wake poller's interval in these tests.
 const POLL: StdDuration = StdDuration::from_millis(20);
@@ -137,31 +137,6 @@ async fn insert_waiting(pool: &MySqlPool, request_id: i64, due: DateTime<Utc>) -
     done.last_insert_id() as i64
 }
 
-fn new_candidate(id: i64) -> Candidate {
-    Candidate {
-        request_id: id,
-        request_type: RequestType::OwnerContract,
-        state_id: None,
-    }
-}
-
-/// Claims new request `id` for replica `holder`, which must win it.
-async fn claim_new(store: &Database, id: i64, holder: &str) -> Claim {
-    match store
-        .claim(
-            &new_candidate(id),
-            &Fence::new(holder, 1),
-            t0(),
-            DEFAULT_RETRY_LIMIT,
-        )
-        .await
-        .unwrap()
-    {
-        ClaimOutcome::Won(claim) => claim,
-        lost => panic!("{holder} claims request {id}: {lost:?}"),
-    }
-}
-
 #[tokio::test]
 async fn mysql_migrations_apply_twice() {
     scratch(false, |db| async move {
@@ -271,7 +246,7 @@ async fn mysql_two_concurrent_claimers_of_a_new_request_one_wins() {
     with_db(|db| async move {
         insert_owner(&db.business, 1).await;
         let (fa, fb) = (Fence::new("a", 1), Fence::new("b", 1));
-        let c = new_candidate(1);
+        let c = candidate(1, None);
         let (a, b) = tokio::join!(
             db.store.claim(&c, &fa, t0(), DEFAULT_RETRY_LIMIT),
             db.store.claim(&c, &fb, t0(), DEFAULT_RETRY_LIMIT)
@@ -300,7 +275,7 @@ async fn mysql_many_concurrent_claimers_of_a_due_retry_one_wins() {
         let state_id = insert_waiting(&db.business, 1, t0() - Duration::seconds(1)).await;
         let c = Candidate {
             state_id: Some(state_id),
-            ..new_candidate(1)
+            ..candidate(1, None)
         };
         let fences: Vec<_> = (0..8).map(|i| Fence::new(format!("w{i}"), 1)).collect();
         let results = futures::future::join_all(
@@ -322,7 +297,7 @@ async fn mysql_many_concurrent_claimers_of_a_due_retry_one_wins() {
         // Not due yet: nobody claims it.
         let later = Candidate {
             state_id: Some(state_id),
-            ..new_candidate(1)
+            ..candidate(1, None)
         };
         db.store
             .release(&won[0], t0() + Duration::hours(1))
@@ -350,7 +325,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         );
         let old = Fence::sharded("a", 1, 4);
         let ClaimOutcome::Won(claim) = store
-            .claim(&new_candidate(5), &old, t0(), DEFAULT_RETRY_LIMIT)
+            .claim(&candidate(5, None), &old, t0(), DEFAULT_RETRY_LIMIT)
             .await
             .unwrap()
         else {
@@ -393,7 +368,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
         let state = store.state(5).await.unwrap().unwrap();
         let due = Candidate {
             state_id: Some(state.id),
-            ..new_candidate(5)
+            ..candidate(5, None)
         };
         assert_eq!(
             store

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use crate::support::{
     Db, MysqlScratch, NS, backends, database_url, eventually, free_port, fresh_dir, kubeconfig_in,
-    on_both, owner_now, request_status, spawn_run, stop_on_sigterm,
+    on_both, owner_now, request_status, spawn_run_on_sim, stop_on_sigterm,
 };
 
 /// The binary with `args`, its output.
@@ -53,20 +53,11 @@ async fn a_schema_newer_than_the_binary_lets_migrate_and_run_start(db: Db) {
     let (server, _, sim) = backends().await;
     let dir = fresh_dir("newer-schema");
     let kubeconfig = kubeconfig_in(&dir, &server);
-    let port = free_port();
-    let sim_url = sim.base_url();
-    let child = spawn_run(
+    let child = spawn_run_on_sim(
         &kubeconfig,
-        port,
         &db,
         &["--namespace", NS, "--replica-name", "rolled-back"],
-        &[
-            ("AUTOAPPROVAL_ESIGN_URL", &sim_url),
-            ("AUTOAPPROVAL_OWNER_URL", &sim_url),
-            ("AUTOAPPROVAL_STORE_URL", &sim_url),
-            ("AUTOAPPROVAL_AD_URL", &sim_url),
-            ("NO_COLOR", "1"),
-        ],
+        &sim.base_url(),
     );
     owner_now(351).insert(&db).await;
     eventually("request 351 to be approved by the older binary", || async {

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use autoapproval::approval::{Approver, ApproverConfig, AttemptOutcome};
 use autoapproval::clock::{ManualClock, SharedClock};
 use autoapproval::controller::config::ControllerConfig;
-use autoapproval::db::{Database, DatabaseArgs, SessionArgs};
-use autoapproval::domain::{Candidate, Fence, RequestType};
+use autoapproval::db::{ClaimOutcome, Database, DatabaseArgs, SessionArgs};
+use autoapproval::domain::{Candidate, Claim, DEFAULT_RETRY_LIMIT, Fence, RequestType};
 use autoapproval::external::System;
 use autoapproval::external::http::{ExternalArgs, HttpExternalSystems};
 use autoapproval::telemetry::Metrics;
@@ -147,6 +147,23 @@ pub fn candidate(id: i64, state_id: Option<i64>) -> Candidate {
 /// The fence of a test worker.
 pub fn fence(holder: &str, token: i64) -> Fence {
     Fence::new(holder, token)
+}
+
+/// Claims new owner contract `id` for `holder` with token 1, which must win it.
+pub async fn claim_new(store: &Database, id: i64, holder: &str) -> Claim {
+    match store
+        .claim(
+            &candidate(id, None),
+            &fence(holder, 1),
+            t0(),
+            DEFAULT_RETRY_LIMIT,
+        )
+        .await
+        .unwrap()
+    {
+        ClaimOutcome::Won(claim) => claim,
+        lost => panic!("{holder} claims request {id}: {lost:?}"),
+    }
 }
 
 /// Runs the due retry of request `id` (the clock set to its retry time)
