@@ -166,6 +166,36 @@ pub(super) struct Probe {
     pub sql: &'static str,
 }
 
+/// The uses of the binding both dialects write alike: each reads or
+/// updates as the controller does and changes nothing (privileges and
+/// columns are checked before a row is read). The inserts, which the
+/// dialects write differently, are each backend's.
+pub(super) const READ_AND_UPDATE_PROBES: &[Probe] = &[
+    Probe {
+        needs: "SELECT on autoapproval_request with every column of the contract",
+        sql: "SELECT id, request_type, status, sort_time, created_at, updated_at, business_name,
+                     documents_released, operational_hold, menu_registered, logo_registered,
+                     previous_step_approved, econtract_ref, target_store_number, owner_number,
+                     store_number, campaign_id, decided_at, decided_by
+                FROM autoapproval_request LIMIT 0",
+    },
+    Probe {
+        needs: "UPDATE on autoapproval_request (status, updated_at, owner_number, store_number, \
+                campaign_id, decided_at, decided_by)",
+        sql: "UPDATE autoapproval_request SET status = status, updated_at = updated_at, \
+              owner_number = owner_number, store_number = store_number, campaign_id = campaign_id, \
+              decided_at = decided_at, decided_by = decided_by WHERE FALSE",
+    },
+    Probe {
+        needs: "SELECT on autoapproval_econtract (contract_ref, status, synced_at)",
+        sql: "SELECT contract_ref, status, synced_at FROM autoapproval_econtract LIMIT 0",
+    },
+    Probe {
+        needs: "SELECT on autoapproval_request_memo (id, request_id, created_at, author, message)",
+        sql: "SELECT id, request_id, created_at, author, message FROM autoapproval_request_memo LIMIT 0",
+    },
+];
+
 /// The wake triggers found, by kind, and the warnings they call for.
 pub(super) fn wake_warnings(requests: i64, econtracts: i64, how: &str) -> Vec<String> {
     let mut warnings = Vec::new();
@@ -212,18 +242,18 @@ pub(super) fn missing(migrator: &Migrator, applied: Option<Vec<i64>>) -> Vec<Str
         .collect()
 }
 
-/// Runs each probe on `pool`, and names what each refused one needs with
-/// the database's own words.
+/// Runs the shared probes, then the backend's `inserts`, on `pool`, and
+/// names what each refused one needs with the database's own words.
 pub(super) async fn run_probes<DB: sqlx::Database>(
     pool: &sqlx::Pool<DB>,
-    probes: &[Probe],
+    inserts: &[Probe],
 ) -> Result<Vec<String>, DbError>
 where
     for<'c> &'c mut DB::Connection: sqlx::Executor<'c, Database = DB>,
     DB::Arguments: sqlx::IntoArguments<DB>,
 {
     let mut problems = Vec::new();
-    for probe in probes {
+    for probe in READ_AND_UPDATE_PROBES.iter().chain(inserts) {
         if let Err(e) = sqlx::query::<DB>(probe.sql).execute(pool).await {
             let Some(e) = e.as_database_error() else {
                 return Err(DbError::Database {

@@ -5,18 +5,18 @@ use sqlx::migrate::Migrator;
 
 use super::candidates::candidate_sql;
 use super::{PgStore, db};
+use crate::db::DbError;
 use crate::db::schema::{
     MigrationSet, Probe, Schema, Script, configured, hex, missing, pending, run_probes, script,
     wake_warnings,
 };
-use crate::db::{DbError, MigrationSet as Set};
 use crate::domain::RequestType;
 
 fn migrator(set: MigrationSet) -> Migrator {
     configured(
         match set {
-            Set::Controller => sqlx::migrate!("./migrations/postgres/controller"),
-            Set::Reference => sqlx::migrate!("./migrations/postgres/reference"),
+            MigrationSet::Controller => sqlx::migrate!("./migrations/postgres/controller"),
+            MigrationSet::Reference => sqlx::migrate!("./migrations/postgres/reference"),
         },
         set,
     )
@@ -43,29 +43,9 @@ const SCRIPT: Script = Script {
     },
 };
 
-// Each statement uses the binding as the controller does and changes
-// nothing: privileges, columns and the upsert's unique key are all checked
-// before a row is read.
-const PROBES: &[Probe] = &[
-    Probe {
-        needs: "SELECT on autoapproval_request with every column of the contract",
-        sql: "SELECT id, request_type, status, sort_time, created_at, updated_at, business_name,
-                     documents_released, operational_hold, menu_registered, logo_registered,
-                     previous_step_approved, econtract_ref, target_store_number, owner_number,
-                     store_number, campaign_id, decided_at, decided_by
-                FROM autoapproval_request LIMIT 0",
-    },
-    Probe {
-        needs: "UPDATE on autoapproval_request (status, updated_at, owner_number, store_number, \
-                campaign_id, decided_at, decided_by)",
-        sql: "UPDATE autoapproval_request SET status = status, updated_at = updated_at, \
-              owner_number = owner_number, store_number = store_number, campaign_id = campaign_id, \
-              decided_at = decided_at, decided_by = decided_by WHERE false",
-    },
-    Probe {
-        needs: "SELECT on autoapproval_econtract (contract_ref, status, synced_at)",
-        sql: "SELECT contract_ref, status, synced_at FROM autoapproval_econtract LIMIT 0",
-    },
+// The inserts, as the controller makes them, changing nothing: the
+// upsert's unique key is checked when it is planned.
+const INSERT_PROBES: &[Probe] = &[
     Probe {
         needs: "INSERT and UPDATE on autoapproval_econtract, over a table with a unique key on \
                 the column behind contract_ref",
@@ -73,10 +53,6 @@ const PROBES: &[Probe] = &[
               SELECT NULL::text, NULL::text, NULL::timestamptz WHERE false
               ON CONFLICT (contract_ref) DO UPDATE
                  SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at",
-    },
-    Probe {
-        needs: "SELECT on autoapproval_request_memo (id, request_id, created_at, author, message)",
-        sql: "SELECT id, request_id, created_at, author, message FROM autoapproval_request_memo LIMIT 0",
     },
     Probe {
         needs: "INSERT on autoapproval_request_memo (request_id, created_at, author, message)",
@@ -98,12 +74,12 @@ impl Schema for PgStore {
     }
 
     async fn missing_migrations(&self) -> Result<Vec<String>, DbError> {
-        let applied = self.applied(Set::Controller).await?;
-        Ok(missing(&migrator(Set::Controller), applied))
+        let applied = self.applied(MigrationSet::Controller).await?;
+        Ok(missing(&migrator(MigrationSet::Controller), applied))
     }
 
     async fn binding_problems(&self) -> Result<Vec<String>, DbError> {
-        run_probes(&self.primary, PROBES).await
+        run_probes(&self.primary, INSERT_PROBES).await
     }
 
     async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
