@@ -35,6 +35,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 cargo clippy --workspace --all-targets --locked --features autoapproval/otlp -- -D warnings
 # The dependency tree's licenses, banned or wildcard versions and sources (deny.toml): offline,
 # from Cargo.lock as it is (`cargo tree -i <crate>` shows where a named crate comes from).
+# cargo-deny reads `cargo metadata`, which wants every platform's crates in the local registry,
+# not only the ones this machine's builds downloaded: fetch them all first (a fresh CARGO_HOME
+# has none of e.g. android_system_properties, and --offline then fails).
+cargo fetch --locked
 cargo deny --locked --offline check --hide-inclusion-graph licenses bans sources
 # With the span export, so that tests/it/traces.rs also checks the OTLP path;
 # every package runs even after one fails, so a run names every failure.
