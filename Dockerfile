@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # The controller's image. Build it from the repository root:
 #   docker build -t autoapproval:0.2.0 .
+# With its revision: add --build-arg AUTOAPPROVAL_GIT_REVISION="$(git rev-parse HEAD)".
 # The binary links rustls (no OpenSSL), so the runtime stage needs only glibc and CA roots:
 # distroless cc, no shell, no package manager, running as a numeric non-root user.
 # Without an engine, scripts/build-image.sh builds the same image (docs/IMAGE.md).
@@ -20,6 +21,10 @@ COPY migrations ./migrations
 COPY crates ./crates
 # The cache mounts keep the registry and the build between builds; the binary is copied out of
 # the cached target directory in the same step. With `otlp`, the chart's tracing.enabled works.
+# The git revision `autoapproval_build_info` reports: .git is not in the build context, so pass it,
+#   docker build --build-arg AUTOAPPROVAL_GIT_REVISION="$(git rev-parse HEAD)" .
+# (build.rs reads the variable; without it the revision is "unknown").
+ARG AUTOAPPROVAL_GIT_REVISION=""
 RUN --mount=type=cache,target=/usr/local/cargo/registry \
     --mount=type=cache,target=/src/target \
     cargo build --release --locked -p autoapproval --bin autoapproval --features otlp \

@@ -5,7 +5,7 @@ use clap::{Parser, Subcommand};
 
 use crate::db::{Database, DatabaseArgs, DbError};
 
-/// Auto-approves contract requests kept in PostgreSQL.
+/// Auto-approves contract requests kept in PostgreSQL, MySQL or MariaDB.
 #[derive(Parser, Debug)]
 #[command(name = "autoapproval", version, about)]
 pub struct Cli {

@@ -7,7 +7,9 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::support::{all_values, chart, helm, minimal_values, path_str, repo, schema, strs};
+use crate::support::{
+    all_values, chart, helm, minimal_values, ok, path_str, repo, schema, strs, tool,
+};
 
 #[test]
 fn the_chart_passes_helm_v4_lint_with_the_required_values_and_with_every_value_set() {
@@ -22,6 +24,73 @@ fn the_chart_passes_helm_v4_lint_with_the_required_values_and_with_every_value_s
     helm(&["lint", "--strict", chart, "-f", path_str(&minimal)]);
     let values = all_values();
     helm(&["lint", "--strict", chart, "-f", path_str(&values)]);
+}
+
+#[test]
+fn helm_3_lints_the_chart_and_renders_what_helm_4_renders() {
+    let helm3 = tool("helm3");
+    let version = ok(&helm3, &["version", "--short"]);
+    assert!(version.starts_with("v3."), "Helm 3 expected, got {version}");
+    let chart = chart();
+    let chart = path_str(&chart);
+    for values in [minimal_values(), all_values()] {
+        let values = path_str(&values);
+        ok(&helm3, &["lint", "--strict", chart, "-f", values]);
+        let template = [
+            "template",
+            "autoapproval",
+            chart,
+            "-n",
+            "autoapproval",
+            "-f",
+            values,
+        ];
+        assert_eq!(
+            ok(&helm3, &template),
+            helm(&template),
+            "Helm 3 and Helm 4 render {values} alike"
+        );
+    }
+}
+
+#[test]
+fn the_chart_renders_as_a_dependency_of_a_parent_chart_that_sets_global_values() {
+    // A parent chart (an umbrella release) carries ours in charts/; Helm hands every dependency
+    // the parent's `global` values, which a schema refusing unknown keys must let through.
+    let parent = std::env::temp_dir().join(format!("aa-umbrella-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&parent);
+    std::fs::create_dir_all(parent.join("charts")).unwrap();
+    let copied = std::process::Command::new("cp")
+        .arg("-r")
+        .arg(chart())
+        .arg(parent.join("charts"))
+        .status()
+        .unwrap();
+    assert!(copied.success(), "cp -r of the chart failed");
+    std::fs::write(
+        parent.join("Chart.yaml"),
+        "apiVersion: v2\nname: umbrella\nversion: 0.1.0\n",
+    )
+    .unwrap();
+    std::fs::write(
+        parent.join("values.yaml"),
+        "global:\n  imageRegistry: registry.example.com\n\
+         autoapproval:\n  config:\n    esignUrl: http://esign:8080\n    ownerUrl: http://owner:8080\n\
+         \x20   storeUrl: http://store:8080\n    adUrl: http://ad:8080\n",
+    )
+    .unwrap();
+    let rendered = helm(&[
+        "template",
+        "umbrella",
+        path_str(&parent),
+        "--namespace",
+        "autoapproval",
+    ]);
+    let _ = std::fs::remove_dir_all(&parent);
+    assert!(
+        rendered.contains("kind: Deployment") && rendered.contains("http://owner:8080"),
+        "the dependency rendered no controller:\n{rendered}"
+    );
 }
 
 fn read_yaml(path: &Path) -> Value {

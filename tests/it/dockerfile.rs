@@ -26,6 +26,20 @@ fn the_dockerfile_builds_in_one_stage_and_runs_the_binary_non_root_in_a_minimal_
         _ => false,
     });
     assert!(builds, "the builder runs cargo build --release --locked");
+    // The context has no .git: the revision comes in as a build argument, which build.rs reads
+    // from the environment the RUN after it sees.
+    let position =
+        |wanted: &dyn Fn(&Instruction) -> bool| builder.instructions.iter().position(wanted);
+    let revision_arg = position(
+        &|i| matches!(i, Instruction::Arg(arg) if arg.name.content == "AUTOAPPROVAL_GIT_REVISION"),
+    );
+    let build = position(
+        &|i| matches!(i, Instruction::Run(run) if run.expr.as_shell().is_some_and(|s| s.to_string().contains("cargo build"))),
+    );
+    assert!(
+        revision_arg.is_some() && revision_arg < build,
+        "the builder declares ARG AUTOAPPROVAL_GIT_REVISION before cargo build"
+    );
 
     let base = from(runtime);
     assert!(

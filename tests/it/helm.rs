@@ -14,7 +14,7 @@ use crate::chart_values::DIGEST;
 use crate::support::{
     CHART_KINDS, Cli, Db, Kubelet, On, RESTRICTED, RESTRICTED_WARN, approved_through_kubectl,
     as_operator_of_own_server, eventually, kubectl_name, on_both_servers, parse_yaml_stream, repo,
-    with_cli_on_test_server,
+    tool, with_cli_on_test_server,
 };
 
 const NAMESPACE: &str = "autoapproval";
@@ -167,6 +167,21 @@ async fn the_readme_install_test_upgrade_rollback_and_uninstall_steps_work_with_
     as_operator_of_own_server(on, db, NAMESPACE, lifecycle).await;
 }
 
+/// Helm 3 is what many clusters still run: the same README steps with the newest Helm 3 any
+/// registry here serves (scripts/install-tools.sh), on the real kube-apiserver.
+#[sqlx::test(migrations = false)]
+async fn the_readme_steps_work_with_helm_3_too(pool: sqlx::PgPool) {
+    let db = Db::Postgres(crate::support::migrated(pool).await);
+    as_operator_of_own_server(On::RealServer, db, NAMESPACE, |cli, kubelet, db, rt| {
+        let helm3 = cli.with_helm(&tool("helm3"));
+        let version = helm3.shell("helm version --short", &helm3.dir);
+        let version = String::from_utf8_lossy(&version.stdout).into_owned();
+        assert!(version.starts_with("v3."), "Helm 3 expected, got {version}");
+        lifecycle(&helm3, kubelet, db, rt);
+    })
+    .await;
+}
+
 /// The Jobs and Pods the played kubelet finished, in order.
 fn finished(kubelet: &Kubelet) -> Vec<String> {
     kubelet
@@ -267,7 +282,19 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
         &format!("helm -n {NAMESPACE} get manifest {RELEASE}"),
         &work,
     );
-    let manifest = parse_yaml_stream(&String::from_utf8_lossy(&manifest.stdout));
+    let mut manifest = parse_yaml_stream(&String::from_utf8_lossy(&manifest.stdout));
+    // Installed, the Deployment carries the checksum of the Secret it read (helm's lookup);
+    // `helm template` reaches no cluster and leaves it out, as the plain manifests do.
+    let secret_checksum = |objs: &mut [Value]| -> Option<Value> {
+        let deployment = objs.iter_mut().find(|o| o["kind"] == "Deployment")?;
+        let annotations =
+            deployment["spec"]["template"]["metadata"]["annotations"].as_object_mut()?;
+        annotations.remove("checksum/secret")
+    };
+    assert!(
+        secret_checksum(&mut manifest).is_some(),
+        "the installed Deployment has checksum/secret"
+    );
     let by_name = |objs: &[Value]| -> std::collections::BTreeMap<String, Value> {
         objs.iter().map(|o| (kubectl_name(o), o.clone())).collect()
     };
@@ -328,7 +355,26 @@ fn lifecycle(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle)
     let header = add_printer_column(&work);
     let before = cli.kubectl(&["-n", NAMESPACE, "get", "autoapprovals"]);
     assert!(!before.lines().next().unwrap().contains(header), "{before}");
+    // The database password rotated in the Secret: the upgrade rolls the pods to read it.
+    let checksum = || deployment(r#"{.spec.template.metadata.annotations.checksum/secret}"#);
+    let installed_checksum = checksum();
+    cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "patch",
+        "secret",
+        RELEASE,
+        "--type",
+        "merge",
+        "-p",
+        r#"{"data":{"database-url":"cG9zdGdyZXM6Ly9hdXRvYXBwcm92YWw6Uk9UQVRFREBwcmltYXJ5OjU0MzIvY29udHJhY3Rz"}}"#,
+    ]);
     let steps = run_block(cli, "upgrade", &work);
+    assert_ne!(
+        checksum(),
+        installed_checksum,
+        "a rotated Secret changes the pod template's checksum/secret"
+    );
     let crd = step(
         &steps,
         "kubectl apply --server-side --force-conflicts -f crds/",

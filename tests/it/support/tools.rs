@@ -78,6 +78,8 @@ pub struct Cli {
     /// Scratch directory: kubeconfig, caches, Helm homes; removed on drop.
     pub dir: PathBuf,
     kubeconfig: PathBuf,
+    /// The helm every command and shell line runs: `tool("helm")`, or another build.
+    helm: PathBuf,
 }
 
 /// Runs `f` (blocking: helm and kubectl) with a `Cli` on a fresh test API server, then stops it.
@@ -96,7 +98,11 @@ impl Cli {
     pub fn new(server: &kube_testserver::TestServer) -> Cli {
         let dir = super::fresh_dir("cli");
         let kubeconfig = super::kubeconfig_in(&dir, server);
-        Cli { dir, kubeconfig }
+        Cli {
+            dir,
+            kubeconfig,
+            helm: tool("helm"),
+        }
     }
 
     /// As the user of `kubeconfig` (e.g. the real control plane's admin), which is read, not
@@ -105,15 +111,27 @@ impl Cli {
         Cli {
             dir: super::fresh_dir("cli"),
             kubeconfig: kubeconfig.to_owned(),
+            helm: tool("helm"),
         }
+    }
+
+    /// The same user with `helm` (e.g. `tool("helm3")`) as the `helm` of every command and of
+    /// the shell lines, which find it first on PATH under that name.
+    pub fn with_helm(&self, helm: &Path) -> Cli {
+        let mut cli = Cli::with_kubeconfig(&self.kubeconfig);
+        let bin = cli.dir.join("helm-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(helm, bin.join("helm")).unwrap();
+        cli.helm = bin.join("helm");
+        cli
     }
 
     /// `program` (a path, or a name resolved by PATH) with this server's kubeconfig, kubectl's
     /// cache and Helm's homes, and the tools' directories first on PATH.
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut path: Vec<PathBuf> = ["kubectl", "helm"]
+        let mut path: Vec<PathBuf> = [self.helm.clone(), tool("kubectl")]
             .iter()
-            .filter_map(|t| tool(t).parent().map(Path::to_path_buf))
+            .filter_map(|t| t.parent().map(Path::to_path_buf))
             .collect();
         path.extend(std::env::split_paths(
             &std::env::var_os("PATH").unwrap_or_default(),
@@ -142,7 +160,7 @@ impl Cli {
 
     /// helm with `args`, run: its output whether it succeeded or not.
     pub fn helm_output(&self, args: &[&str]) -> Output {
-        let mut cmd = self.command(tool("helm"));
+        let mut cmd = self.command(&self.helm);
         cmd.args(args).output().expect("run helm")
     }
 
