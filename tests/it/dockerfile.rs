@@ -29,7 +29,7 @@ fn the_dockerfile_builds_in_one_stage_and_runs_the_binary_non_root_in_a_minimal_
     // The context has no .git: the revision comes in as a build argument, which build.rs reads
     // from the environment the RUN after it sees.
     let position =
-        |wanted: &dyn Fn(&Instruction) -> bool| builder.instructions.iter().position(wanted);
+        |wanted: &dyn Fn(&Instruction) -> bool| builder.instructions.iter().position(|i| wanted(i));
     let revision_arg = position(
         &|i| matches!(i, Instruction::Arg(arg) if arg.name.content == "AUTOAPPROVAL_GIT_REVISION"),
     );
