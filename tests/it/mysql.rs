@@ -487,6 +487,23 @@ async fn mysql_applying_the_controller_migration_again_keeps_every_grant_on_our_
 }
 
 #[tokio::test]
+async fn mysql_the_start_up_check_of_the_e_contract_upsert_leaves_no_row() {
+    with_db(|db| async move {
+        db.store
+            .check_schema()
+            .await
+            .expect("the reference binding passes");
+        let (ledger,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM econtract")
+            .fetch_one(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(ledger, 0, "no ledger row");
+        assert_eq!(db.wake_rows().await, [], "no wake row");
+    })
+    .await;
+}
+
+#[tokio::test]
 async fn mysql_two_concurrent_claimers_of_a_new_request_one_wins() {
     with_db(|db| async move {
         insert_owner(&db.business, 1).await;
