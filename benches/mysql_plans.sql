@@ -178,7 +178,7 @@ EXECUTE ad_time USING @window, @now, @retry_limit, @limit, @window, @now, @retry
                       @window, @now, @retry_limit, @limit, @limit;
 
 SELECT '== candidates among notified requests (by primary key)' AS statement;
-SET @among = "SELECT r.id AS request_id, r.request_type, s.id AS state_id
+SET @among = "SELECT r.id AS request_id, r.request_type, s.id AS state_id, r.status, r.sort_time
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id IN (?, ?, ?, ?)

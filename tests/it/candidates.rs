@@ -220,6 +220,55 @@ async fn the_look_at_notified_requests_agrees_with_the_candidate_queries(db: Db)
     );
 }
 
+on_both!(the_look_at_more_than_ten_thousand_requests_keeps_the_candidate_order);
+/// Over more ids than one MySQL statement binds (10,000), the candidates
+/// still come back as one list in status, then oldest `sort_time` order,
+/// as PostgreSQL's one statement returns them: the turn takes its limit
+/// from the front. Here the newest ids are the oldest requests, and one of
+/// the last chunk's is ING, so the first chunk's order is not the list's.
+async fn the_look_at_more_than_ten_thousand_requests_keeps_the_candidate_order(db: Db) {
+    const N: i64 = 10_005;
+    const ING: i64 = 10_002;
+    // 1..=N from five cross-joined digits, in one statement; request n is
+    // n seconds older than t0.
+    let older = match db {
+        Db::Postgres(_) => "$1 - make_interval(secs => n)",
+        Db::Mysql(_) => "TIMESTAMPADD(SECOND, -n, $1)",
+    };
+    let digits = "(SELECT 0 AS d UNION ALL SELECT 1 UNION ALL SELECT 2 UNION ALL SELECT 3 \
+                  UNION ALL SELECT 4 UNION ALL SELECT 5 UNION ALL SELECT 6 UNION ALL SELECT 7 \
+                  UNION ALL SELECT 8 UNION ALL SELECT 9)";
+    let inserted = db
+        .exec_at(
+            &format!(
+                "INSERT INTO approval_request (id, request_type, status, sort_time)
+                 SELECT n, 'OWNER_CONTRACT', CASE WHEN n = {ING} THEN 'ING' ELSE 'PENDING' END,
+                        {older}
+                   FROM (SELECT a.d + 10 * b.d + 100 * c.d + 1000 * e.d + 10000 * f.d AS n
+                           FROM {digits} a, {digits} b, {digits} c, {digits} e, {digits} f) ns
+                  WHERE n BETWEEN 1 AND {N}"
+            ),
+            t0(),
+        )
+        .await;
+    assert_eq!(inserted, N as u64);
+    let ids: Vec<i64> = (1..=N).collect();
+    let found: Vec<i64> = db
+        .database()
+        .candidates_among(&ids, &query(RequestType::OwnerContract, None))
+        .await
+        .unwrap()
+        .iter()
+        .map(|c| c.request_id)
+        .collect();
+    let expected: Vec<i64> = std::iter::once(ING)
+        .chain((1..=N).rev().filter(|id| *id != ING))
+        .collect();
+    assert_eq!(found.len(), expected.len());
+    assert_eq!(found[..5], expected[..5], "the head of the list");
+    assert!(found == expected, "the whole list in candidate order");
+}
+
 /// The MariaDB plan benchmark must measure the statements the MySQL store
 /// sends: they are prepared from these strings, verbatim.
 #[test]

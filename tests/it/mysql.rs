@@ -241,6 +241,268 @@ async fn mysql_migrating_a_0_2_0_database_keeps_its_requests_and_drops_its_trigg
     .await;
 }
 
+/// 0.2.0's four manual procedures, verbatim from its 0004 (the attempts
+/// they call are the new migration's to make).
+const MANUAL_0_2_0: &str = "
+CREATE PROCEDURE autoapproval_manual_claim(IN p_request_id BIGINT, IN p_who VARCHAR(200))
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE attempt INT DEFAULT 1;
+    retry: LOOP
+        BEGIN
+            DECLARE EXIT HANDLER FOR 1213 BEGIN
+                IF attempt >= 5 THEN RESIGNAL; END IF;
+                SET attempt = attempt + 1;
+            END;
+            CALL autoapproval_manual_claim_attempt(p_request_id, p_who);
+            LEAVE retry;
+        END;
+    END LOOP;
+END;
+
+CREATE PROCEDURE autoapproval_manual_heartbeat(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE attempt INT DEFAULT 1;
+    retry: LOOP
+        BEGIN
+            DECLARE EXIT HANDLER FOR 1213 BEGIN
+                IF attempt >= 5 THEN RESIGNAL; END IF;
+                SET attempt = attempt + 1;
+            END;
+            CALL autoapproval_manual_heartbeat_attempt(p_request_id, p_who, p_token);
+            LEAVE retry;
+        END;
+    END LOOP;
+END;
+
+CREATE PROCEDURE autoapproval_manual_release(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE attempt INT DEFAULT 1;
+    retry: LOOP
+        BEGIN
+            DECLARE EXIT HANDLER FOR 1213 BEGIN
+                IF attempt >= 5 THEN RESIGNAL; END IF;
+                SET attempt = attempt + 1;
+            END;
+            CALL autoapproval_manual_release_attempt(p_request_id, p_who, p_token);
+            LEAVE retry;
+        END;
+    END LOOP;
+END;
+
+CREATE PROCEDURE autoapproval_manual_decide(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT, IN p_decision VARCHAR(32), IN p_note TEXT)
+SQL SECURITY DEFINER
+BEGIN
+    DECLARE attempt INT DEFAULT 1;
+    retry: LOOP
+        BEGIN
+            DECLARE EXIT HANDLER FOR 1213 BEGIN
+                IF attempt >= 5 THEN RESIGNAL; END IF;
+                SET attempt = attempt + 1;
+            END;
+            CALL autoapproval_manual_decide_attempt(p_request_id, p_who, p_token, p_decision, p_note);
+            LEAVE retry;
+        END;
+    END LOOP;
+END;
+";
+
+/// The procedures the people's service calls, and those the business
+/// tables' triggers call: each under a grant of its own.
+const MANUAL_PROCEDURES: [&str; 4] = [
+    "autoapproval_manual_claim",
+    "autoapproval_manual_heartbeat",
+    "autoapproval_manual_release",
+    "autoapproval_manual_decide",
+];
+const WAKE_PROCEDURES: [&str; 2] = [
+    "autoapproval_request_changed",
+    "autoapproval_econtract_changed",
+];
+
+impl Scratch {
+    /// A user of the server (`<database>_<role>`, dropped by
+    /// [`Scratch::drop_user`]) granted EXECUTE on `procedures` of this
+    /// database, and a pool of its sessions (the server's defaults).
+    async fn user_calling(&self, role: &str, procedures: &[&str]) -> (String, MySqlPool) {
+        let user = format!("{}_{role}", self.name);
+        self.pool
+            .execute(sqlx::AssertSqlSafe(format!("CREATE USER '{user}'@'%'")))
+            .await
+            .unwrap();
+        for procedure in procedures {
+            self.pool
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "GRANT EXECUTE ON PROCEDURE {procedure} TO '{user}'@'%'"
+                )))
+                .await
+                .unwrap();
+        }
+        let options: MySqlConnectOptions = self.url().parse().unwrap();
+        let pool = MySqlPoolOptions::new()
+            .max_connections(1)
+            .connect_lazy_with(options.username(&user).timezone(None));
+        (user, pool)
+    }
+
+    async fn drop_user(&self, user: &str, pool: MySqlPool) {
+        pool.close().await;
+        self.pool
+            .execute(sqlx::AssertSqlSafe(format!("DROP USER '{user}'@'%'")))
+            .await
+            .unwrap();
+    }
+
+    /// Every grant on a routine of this database: routine, user, rights.
+    async fn routine_grants(&self) -> Vec<(String, String, String)> {
+        sqlx::query_as(
+            "SELECT CAST(Routine_name AS CHAR), CAST(User AS CHAR), CAST(Proc_priv AS CHAR)
+               FROM mysql.procs_priv WHERE Db = DATABASE() ORDER BY 1, 2",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
+}
+
+/// A person's claim, heartbeat and decision through the procedures, on
+/// `pool`: each must be allowed.
+async fn claim_beat_and_decide(pool: &MySqlPool, request_id: i64) {
+    let (token, refusal): (Option<i64>, Option<String>) =
+        sqlx::query_as("CALL autoapproval_manual_claim(?, 'kim')")
+            .bind(request_id)
+            .fetch_one(pool)
+            .await
+            .expect("the people's service calls autoapproval_manual_claim");
+    let token = token.unwrap_or_else(|| panic!("claim refused: {refusal:?}"));
+    let (alive,): (bool,) = sqlx::query_as("CALL autoapproval_manual_heartbeat(?, 'kim', ?)")
+        .bind(request_id)
+        .bind(token)
+        .fetch_one(pool)
+        .await
+        .expect("the people's service calls autoapproval_manual_heartbeat");
+    assert!(alive);
+    let (decided, refusal): (bool, Option<String>) =
+        sqlx::query_as("CALL autoapproval_manual_decide(?, 'kim', ?, 'REJECTED', 'by hand')")
+            .bind(request_id)
+            .bind(token)
+            .fetch_one(pool)
+            .await
+            .expect("the people's service calls autoapproval_manual_decide");
+    assert!(decided, "{refusal:?}");
+}
+
+#[tokio::test]
+async fn mysql_upgrading_a_0_2_0_database_keeps_the_grants_on_the_manual_procedures() {
+    scratch(false, |db| async move {
+        sqlx::raw_sql(include_str!(
+            "../../migrations/mysql/reference/0001_business_tables.sql"
+        ))
+        .execute(&db.business)
+        .await
+        .unwrap();
+        sqlx::raw_sql(WAKE_0_2_0)
+            .execute(&db.business)
+            .await
+            .unwrap();
+        sqlx::raw_sql(MANUAL_0_2_0)
+            .execute(&db.business)
+            .await
+            .unwrap();
+        let (user, people) = db.user_calling("people", &MANUAL_PROCEDURES).await;
+        let granted = db.routine_grants().await;
+        assert_eq!(granted.len(), 4);
+
+        db.store
+            .migrate(true)
+            .await
+            .expect("0.2.0's database migrates");
+
+        insert_owner(&db.business, 1).await;
+        claim_beat_and_decide(&people, 1).await;
+        assert_eq!(db.routine_grants().await, granted, "the grants stay");
+        db.drop_user(&user, people).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_applying_the_controller_migration_again_keeps_every_grant_on_our_procedures() {
+    with_db(|db| async move {
+        let (person, people) = db.user_calling("people", &MANUAL_PROCEDURES).await;
+        let (owner, business) = db.user_calling("business", &WAKE_PROCEDURES).await;
+        // The business tables' owner attaches the wake triggers as itself:
+        // its writes call our procedures with its own rights.
+        for table in ["approval_request", "econtract"] {
+            db.pool
+                .execute(sqlx::AssertSqlSafe(format!(
+                    "GRANT SELECT, INSERT, UPDATE, TRIGGER ON {table} TO '{owner}'@'%'"
+                )))
+                .await
+                .unwrap();
+        }
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "DROP TRIGGER approval_request_autoapproval_inserted;
+             CREATE DEFINER = '{owner}'@'%' TRIGGER approval_request_autoapproval_inserted
+                 AFTER INSERT ON approval_request FOR EACH ROW
+                 CALL autoapproval_request_changed(NEW.id, TRUE);
+             DROP TRIGGER econtract_autoapproval_inserted;
+             CREATE DEFINER = '{owner}'@'%' TRIGGER econtract_autoapproval_inserted
+                 AFTER INSERT ON econtract FOR EACH ROW
+                 CALL autoapproval_econtract_changed(NEW.contract_ref);"
+        )))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+        let granted = db.routine_grants().await;
+        assert_eq!(granted.len(), 6);
+
+        // What a later migration re-running these definitions does.
+        db.pool
+            .execute("DELETE FROM _autoapproval_migrations WHERE version = 1")
+            .await
+            .unwrap();
+        db.store
+            .migrate(false)
+            .await
+            .expect("the controller set applies again");
+
+        insert_owner(&business, 1).await;
+        sqlx::query("INSERT INTO econtract (contract_ref, status) VALUES ('EC-1', 'SIGNED')")
+            .execute(&business)
+            .await
+            .expect("a business write fires the e-contract wake trigger");
+        assert_eq!(
+            db.wake_rows().await,
+            [(Some(1), None), (None, Some("EC-1".to_owned()))]
+        );
+        claim_beat_and_decide(&people, 1).await;
+        assert_eq!(db.routine_grants().await, granted, "the grants stay");
+        db.drop_user(&person, people).await;
+        db.drop_user(&owner, business).await;
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mysql_the_start_up_check_of_the_e_contract_upsert_leaves_no_row() {
+    with_db(|db| async move {
+        db.store
+            .check_schema()
+            .await
+            .expect("the reference binding passes");
+        let (ledger,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM econtract")
+            .fetch_one(&db.business)
+            .await
+            .unwrap();
+        assert_eq!(ledger, 0, "no ledger row");
+        assert_eq!(db.wake_rows().await, [], "no wake row");
+    })
+    .await;
+}
+
 #[tokio::test]
 async fn mysql_two_concurrent_claimers_of_a_new_request_one_wins() {
     with_db(|db| async move {

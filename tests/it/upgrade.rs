@@ -145,6 +145,54 @@ async fn run_refuses_a_missing_view_or_column_naming_it(db: Db) {
     );
 }
 
+on_both!(run_refuses_an_e_contract_ledger_without_a_unique_key_naming_it);
+/// The e-contract sync is an upsert on contract_ref: over a ledger table
+/// with no unique key on the column behind it, MySQL's ON DUPLICATE KEY
+/// UPDATE would add a ledger row at every sync (PostgreSQL's ON CONFLICT
+/// refuses the statement). `run` stops, naming the view, the column and,
+/// on MySQL, the table and the key to add.
+async fn run_refuses_an_e_contract_ledger_without_a_unique_key_naming_it(db: Db) {
+    db.exec(match db {
+        Db::Postgres(_) => {
+            "CREATE TABLE econtract_unkeyed (id BIGSERIAL PRIMARY KEY, ref TEXT NOT NULL,
+                 status TEXT NOT NULL, synced_at TIMESTAMPTZ NOT NULL)"
+        }
+        Db::Mysql(_) => {
+            "CREATE TABLE econtract_unkeyed (id BIGINT NOT NULL AUTO_INCREMENT PRIMARY KEY,
+                 ref VARCHAR(255) NOT NULL, status VARCHAR(32) NOT NULL,
+                 synced_at DATETIME(6) NOT NULL)"
+        }
+    })
+    .await;
+    db.exec("DROP VIEW autoapproval_econtract").await;
+    db.exec(
+        "CREATE VIEW autoapproval_econtract AS \
+         SELECT ref AS contract_ref, status, synced_at FROM econtract_unkeyed",
+    )
+    .await;
+    let out = run_against(&db).await;
+    assert!(!out.status.success());
+    let said = stderr(&out);
+    assert!(
+        said.contains("binding to the business tables")
+            && said.contains("autoapproval_econtract")
+            && said.contains("contract_ref")
+            && said.to_lowercase().contains("unique"),
+        "{said}"
+    );
+    if let Db::Mysql(_) = db {
+        assert!(
+            said.contains("`econtract_unkeyed` ADD UNIQUE KEY (`ref`)"),
+            "{said}"
+        );
+        assert_eq!(
+            db.fetch_i64("SELECT COUNT(*) FROM econtract_unkeyed").await,
+            0,
+            "the probe's rows are rolled back"
+        );
+    }
+}
+
 /// Runs `sql` as a script with the backend's own command-line client, as a
 /// DBA would apply what `--print-sql` printed.
 fn apply_script(db: &Db, url: &str, sql: &str) {

@@ -10,9 +10,37 @@
 -- Idempotent on a database 0.2.0's migrations created, which is how one
 -- upgrades: every table is CREATE TABLE IF NOT EXISTS with every column and
 -- index declared inline (MySQL 8 has no CREATE INDEX IF NOT EXISTS), every
--- routine DROP PROCEDURE IF EXISTS + CREATE PROCEDURE, and 0.2.0's four
--- triggers on approval_request and econtract are dropped (the reference
--- set's binding attaches their successors).
+-- routine as the rule below says, and 0.2.0's four triggers on
+-- approval_request and econtract are dropped (the reference set's binding
+-- attaches their successors).
+--
+-- Routines and the grants on them (the rule for every migration after
+-- this one). Other accounts call six of our procedures, each under a
+-- GRANT EXECUTE ON PROCEDURE an administrator gave: the business tables'
+-- triggers call autoapproval_request_changed and
+-- autoapproval_econtract_changed (their definer needs it, or every
+-- business write fails, 1370), the people's service the four
+-- autoapproval_manual_* procedures. DROP PROCEDURE drops every grant on
+-- the procedure (both servers, automatic_sp_privileges on, the default);
+-- MySQL 8 has no CREATE OR REPLACE PROCEDURE, and the controller's role
+-- can neither read mysql.procs_priv nor grant (docs/INTEGRATING.md), so
+-- what was granted cannot be re-granted either. So:
+-- * These six entry points are created with CREATE PROCEDURE IF NOT
+--   EXISTS (MySQL 8.0.29+, MariaDB 10.1.3+) and never dropped or replaced:
+--   each body only calls its inner procedure with its own arguments. The
+--   four manual ones are 0.2.0's, verbatim: on a 0.2.0 database they stay,
+--   with their grants.
+-- * The inner procedures (autoapproval_wake_request,
+--   autoapproval_wake_econtract, autoapproval_manual_*_attempt) are called
+--   by the entry points alone, as their definer (the controller's role,
+--   which owns them): nobody is granted them, so a migration changes one
+--   by DROP PROCEDURE IF EXISTS + CREATE PROCEDURE. Between the two
+--   statements a call of it fails (1305): MySQL cannot replace a routine
+--   in one statement.
+-- * An entry point that must change in a way its inner procedure cannot
+--   absorb (another parameter) is a new entry point under a new name,
+--   granted anew by the administrator; the old one stays until a later
+--   release (expand, then contract).
 --
 -- Types, as in the reference business schema:
 -- * TIMESTAMPTZ becomes DATETIME(6) holding UTC: DATETIME has no 2038 limit
@@ -187,8 +215,9 @@ DROP TRIGGER IF EXISTS econtract_wake_update;
 -- could express.
 -- SQL SECURITY DEFINER: the procedure writes auto_approve_wake with its
 -- definer's rights, so the business role needs no grant on our tables.
-DROP PROCEDURE IF EXISTS autoapproval_request_changed;
-CREATE PROCEDURE autoapproval_request_changed(IN p_request_id BIGINT, IN p_inserted BOOLEAN)
+-- An entry point (see the top): its work is autoapproval_wake_request's.
+DROP PROCEDURE IF EXISTS autoapproval_wake_request;
+CREATE PROCEDURE autoapproval_wake_request(IN p_request_id BIGINT, IN p_inserted BOOLEAN)
 SQL SECURITY DEFINER
 BEGIN
     IF NOT (@autoapproval_writing_request <=> p_request_id) THEN
@@ -196,19 +225,28 @@ BEGIN
     END IF;
 END;
 
+CREATE PROCEDURE IF NOT EXISTS autoapproval_request_changed(IN p_request_id BIGINT, IN p_inserted BOOLEAN)
+SQL SECURITY DEFINER
+CALL autoapproval_wake_request(p_request_id, p_inserted);
+
 -- An e-contract signed (or voided) in the e-sign system is a filter fact
 -- too. Called by the integrator's triggers on their e-contract table (an
 -- insert, and an update of the status) with the contract's reference. The
 -- chain's own ledger sync names its request in the session variable
 -- @autoapproval_syncing_request (PostgreSQL: the transaction-local setting
 -- autoapproval.syncing_request); that request is not woken by its own write.
-DROP PROCEDURE IF EXISTS autoapproval_econtract_changed;
-CREATE PROCEDURE autoapproval_econtract_changed(IN p_contract_ref VARCHAR(255))
+-- An entry point (see the top): its work is autoapproval_wake_econtract's.
+DROP PROCEDURE IF EXISTS autoapproval_wake_econtract;
+CREATE PROCEDURE autoapproval_wake_econtract(IN p_contract_ref VARCHAR(255))
 SQL SECURITY DEFINER
 BEGIN
     INSERT INTO auto_approve_wake (contract_ref, skip_request)
     VALUES (p_contract_ref, @autoapproval_syncing_request);
 END;
+
+CREATE PROCEDURE IF NOT EXISTS autoapproval_econtract_changed(IN p_contract_ref VARCHAR(255))
+SQL SECURITY DEFINER
+CALL autoapproval_wake_econtract(p_contract_ref);
 
 -- The manual-approval path as a database API (PostgreSQL's manual
 -- functions), as stored procedures: claim, heartbeat, release, decide. Same
@@ -446,10 +484,10 @@ END;
 -- controller's statements by request_id (applying wakes) lock that index
 -- before the primary key and can still meet a person's transaction.
 -- Each procedure's own SQL runs only here, as the definer, so the other
--- service needs EXECUTE on these four alone.
+-- service needs EXECUTE on these four alone. Entry points (see the top):
+-- 0.2.0's, kept with their grants; a change goes into the attempts.
 
-DROP PROCEDURE IF EXISTS autoapproval_manual_claim;
-CREATE PROCEDURE autoapproval_manual_claim(IN p_request_id BIGINT, IN p_who VARCHAR(200))
+CREATE PROCEDURE IF NOT EXISTS autoapproval_manual_claim(IN p_request_id BIGINT, IN p_who VARCHAR(200))
 SQL SECURITY DEFINER
 BEGIN
     DECLARE attempt INT DEFAULT 1;
@@ -465,8 +503,7 @@ BEGIN
     END LOOP;
 END;
 
-DROP PROCEDURE IF EXISTS autoapproval_manual_heartbeat;
-CREATE PROCEDURE autoapproval_manual_heartbeat(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
+CREATE PROCEDURE IF NOT EXISTS autoapproval_manual_heartbeat(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
 SQL SECURITY DEFINER
 BEGIN
     DECLARE attempt INT DEFAULT 1;
@@ -482,8 +519,7 @@ BEGIN
     END LOOP;
 END;
 
-DROP PROCEDURE IF EXISTS autoapproval_manual_release;
-CREATE PROCEDURE autoapproval_manual_release(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
+CREATE PROCEDURE IF NOT EXISTS autoapproval_manual_release(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT)
 SQL SECURITY DEFINER
 BEGIN
     DECLARE attempt INT DEFAULT 1;
@@ -499,8 +535,7 @@ BEGIN
     END LOOP;
 END;
 
-DROP PROCEDURE IF EXISTS autoapproval_manual_decide;
-CREATE PROCEDURE autoapproval_manual_decide(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT, IN p_decision VARCHAR(32), IN p_note TEXT)
+CREATE PROCEDURE IF NOT EXISTS autoapproval_manual_decide(IN p_request_id BIGINT, IN p_who VARCHAR(200), IN p_token BIGINT, IN p_decision VARCHAR(32), IN p_note TEXT)
 SQL SECURITY DEFINER
 BEGIN
     DECLARE attempt INT DEFAULT 1;

@@ -8,6 +8,8 @@
 //! query keeps to the open ranges. The shard filter is `id % K IN (…)` with
 //! one placeholder per shard (no arrays).
 
+use chrono::{DateTime, Utc};
+
 use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::db::candidates::{of_any_type, of_type};
 use crate::db::{CandidateQuery, Candidates, DbError, ShardFilter};
@@ -115,10 +117,12 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
 /// The same conditions for given requests of both types, by primary key,
 /// in the candidate queries' order (status, then oldest sort_time): the
 /// look at notified requests, and the order of a turn's candidates found
-/// by several paths; for `n` of them.
+/// by several paths; for `n` of them. The sort key is returned too: a
+/// list longer than [`CHUNK`] takes several statements, whose rows
+/// [`Candidates::candidates_among`] sorts again as one.
 pub fn candidates_among_sql(n: usize) -> String {
     format!(
-        "SELECT r.id AS request_id, r.request_type, s.id AS state_id
+        "SELECT r.id AS request_id, r.request_type, s.id AS state_id, r.status, r.sort_time
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id IN ({})
@@ -132,6 +136,20 @@ pub fn candidates_among_sql(n: usize) -> String {
  ORDER BY r.status, r.sort_time, r.id",
         placeholders(n)
     )
+}
+
+/// A row of [`candidates_among_sql`]: request id, request type, state id,
+/// status, sort_time.
+type AmongRow = (i64, String, Option<i64>, String, DateTime<Utc>);
+
+/// The rows of every chunk as one list in the statement's own order
+/// (`ORDER BY r.status, r.sort_time, r.id`): each statement sorts only its
+/// chunk, and the turn takes its limit from the front of the whole list.
+fn in_among_order(mut rows: Vec<AmongRow>) -> Vec<(i64, String, Option<i64>)> {
+    rows.sort_by(|a, b| (&a.3, a.4, a.0).cmp(&(&b.3, b.4, b.0)));
+    rows.into_iter()
+        .map(|(request_id, request_type, state_id, _, _)| (request_id, request_type, state_id))
+        .collect()
 }
 
 /// Binds a shard filter's K and shards, as `candidate_sql` and
@@ -165,7 +183,7 @@ impl Candidates for MysqlStore {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut rows: Vec<(i64, String, Option<i64>)> = Vec::new();
+        let mut rows: Vec<AmongRow> = Vec::new();
         for chunk in request_ids.chunks(CHUNK) {
             let sql = candidates_among_sql(chunk.len());
             let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
@@ -178,7 +196,7 @@ impl Candidates for MysqlStore {
                     .map_err(db("candidates among requests"))?,
             );
         }
-        of_any_type(rows)
+        of_any_type(in_among_order(rows))
     }
 
     async fn fresh_candidates(

@@ -7,6 +7,18 @@ use super::{MysqlStore, db};
 use crate::db::ledger::ledger_statements;
 use crate::db::{DbError, Ledger};
 
+/// The e-contract sync: ON DUPLICATE KEY UPDATE for ON CONFLICT (through
+/// the view, onto a unique key of its table: without one it inserts a
+/// second row, which start-up refuses, `schema.rs`); VALUES(col) is the
+/// row proposed (MySQL 8.0.20+ deprecates it for a row alias MariaDB lacks;
+/// both still accept it). Assignments run left to right, so synced_at is
+/// judged before status changes. Binds: contract_ref, status, synced_at.
+pub(super) const SYNC_ECONTRACT: &str =
+    "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
+     ON DUPLICATE KEY UPDATE
+        synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
+        status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))";
+
 // === impl MysqlStore ===
 
 impl Ledger for MysqlStore {
@@ -28,29 +40,20 @@ impl Ledger for MysqlStore {
     ) -> Result<(), DbError> {
         // The e-contract trigger's procedure reads the session variable, so
         // it is set on this connection for the one statement and cleared
-        // after it. ON DUPLICATE KEY UPDATE for ON CONFLICT (through the view, onto
-        // its table's primary key); VALUES(col) is the row proposed (MySQL
-        // 8.0.20+ deprecates it for a row alias MariaDB lacks; both still
-        // accept it). Assignments run left to right, so synced_at is judged
-        // before status changes.
+        // after it.
         named_write(
             &self.primary,
             Named::SyncingRequest,
             request_id,
             "sync e-contract: name the request",
             async |conn| {
-                sqlx::query(
-                    "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
-                     ON DUPLICATE KEY UPDATE
-                        synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
-                        status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))",
-                )
-                .bind(contract_ref)
-                .bind(status)
-                .bind(now)
-                .execute(conn)
-                .await
-                .map_err(db("sync e-contract"))?;
+                sqlx::query(SYNC_ECONTRACT)
+                    .bind(contract_ref)
+                    .bind(status)
+                    .bind(now)
+                    .execute(conn)
+                    .await
+                    .map_err(db("sync e-contract"))?;
                 Ok(())
             },
         )

@@ -4,6 +4,7 @@ use sqlx::Row;
 use sqlx::migrate::Migrator;
 
 use super::candidates::candidate_sql;
+use super::ledger::SYNC_ECONTRACT;
 use super::{MysqlStore, db};
 use crate::db::DbError;
 use crate::db::schema::{
@@ -38,20 +39,18 @@ const SCRIPT: Script = Script {
     wrap: |sql, _| format!("DELIMITER $$\n{sql}\n$$\nDELIMITER ;\n"),
 };
 
-// The inserts, as the controller makes them, changing nothing.
-const INSERT_PROBES: &[Probe] = &[
-    Probe {
-        needs: "INSERT and UPDATE on autoapproval_econtract",
-        sql: "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
-              SELECT NULL, NULL, NULL FROM DUAL WHERE FALSE
-              ON DUPLICATE KEY UPDATE status = VALUES(status), synced_at = VALUES(synced_at)",
-    },
-    Probe {
-        needs: "INSERT on autoapproval_request_memo (request_id, created_at, author, message)",
-        sql: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
-              SELECT NULL, NULL, NULL, NULL FROM DUAL WHERE FALSE",
-    },
-];
+// The memo insert, as the controller makes it, changing nothing. The
+// e-contract upsert is probed by `upsert_problem`.
+const INSERT_PROBES: &[Probe] = &[Probe {
+    needs: "INSERT on autoapproval_request_memo (request_id, created_at, author, message)",
+    sql: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
+          SELECT NULL, NULL, NULL, NULL FROM DUAL WHERE FALSE",
+}];
+
+/// What the e-contract upsert needs, as a refusal names it.
+const UPSERT_NEEDS: &str = "INSERT and UPDATE on autoapproval_econtract (contract_ref, status, \
+                            synced_at), over a table with a UNIQUE key on the column behind \
+                            contract_ref";
 
 impl Schema for MysqlStore {
     async fn migrate_set(&self, set: MigrationSet) -> Result<(), DbError> {
@@ -71,7 +70,9 @@ impl Schema for MysqlStore {
     }
 
     async fn binding_problems(&self) -> Result<Vec<String>, DbError> {
-        run_probes(&self.primary, INSERT_PROBES).await
+        let mut problems = run_probes(&self.primary, INSERT_PROBES).await?;
+        problems.extend(self.upsert_problem().await?);
+        Ok(problems)
     }
 
     async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
@@ -107,6 +108,62 @@ impl Schema for MysqlStore {
 }
 
 impl MysqlStore {
+    /// Whether the e-contract upsert updates the row of a contract it has
+    /// written before, as `sync_econtract` relies on: ON DUPLICATE KEY
+    /// UPDATE over a table with no unique key on the column behind
+    /// contract_ref inserts a second row instead, silently, at every sync
+    /// (PostgreSQL's ON CONFLICT refuses that itself). The statement the
+    /// chain runs, twice on one made-up contract, in a transaction that is
+    /// rolled back: only what it does tells, as the controller's role may
+    /// not see the table's keys. The ledger's triggers fire inside it; the
+    /// wake row they append goes with the rollback.
+    async fn upsert_problem(&self) -> Result<Option<String>, DbError> {
+        const OPERATION: &str = "probing the e-contract upsert";
+        let contract = format!("aa-probe-{:08x}", rand::random::<u32>());
+        // A status the chain writes (a ledger may CHECK its values).
+        let pending = "PENDING";
+        let mut tx = self.primary.begin().await.map_err(db(OPERATION))?;
+        for _ in 0..2 {
+            let upsert = sqlx::query(SYNC_ECONTRACT)
+                .bind(&contract)
+                .bind(pending)
+                .bind(chrono::Utc::now())
+                .execute(&mut *tx)
+                .await;
+            match upsert {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(e)) => {
+                    tx.rollback().await.map_err(db(OPERATION))?;
+                    return Ok(Some(format!("{UPSERT_NEEDS} needed: {}", e.message())));
+                }
+                Err(e) => return Err(db(OPERATION)(e)),
+            }
+        }
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT COUNT(*) FROM autoapproval_econtract WHERE contract_ref = ?",
+        )
+        .bind(&contract)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db(OPERATION))?;
+        tx.rollback().await.map_err(db(OPERATION))?;
+        if rows == 1 {
+            return Ok(None);
+        }
+        let definition: Option<String> = sqlx::query_scalar(
+            "SELECT VIEW_DEFINITION FROM information_schema.VIEWS
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'autoapproval_econtract'",
+        )
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db(OPERATION))?;
+        Ok(Some(no_unique_key(
+            definition
+                .as_deref()
+                .and_then(|d| column_behind(d, "contract_ref")),
+        )))
+    }
+
     /// The versions of `set` applied; `None` when its history table is missing.
     async fn applied(&self, set: MigrationSet) -> Result<Option<Vec<i64>>, DbError> {
         let exists: i64 = sqlx::query_scalar(
@@ -193,5 +250,92 @@ impl MysqlStore {
             }
         }
         Ok(warnings)
+    }
+}
+
+/// The refusal of an e-contract ledger whose upsert inserted a second row;
+/// `behind`: the view's column as `table` and `column`, when it was read.
+fn no_unique_key(behind: Option<(String, String)>) -> String {
+    let fix = match behind {
+        Some((table, column)) => format!(
+            "{table}.{column} is the column behind it: ALTER TABLE {table} ADD UNIQUE KEY ({column})"
+        ),
+        None => "add a UNIQUE key on the column behind it to the view's table".to_owned(),
+    };
+    format!(
+        "{UPSERT_NEEDS} needed: the upsert inserted a second row for one contract_ref instead of \
+         updating the first (every e-contract sync would add a ledger row); {fix}"
+    )
+}
+
+/// The table and column that a view's `alias` selects, from its
+/// definition as information_schema.VIEWS shows it (both servers write
+/// `` `db`.`table`.`column` AS `alias` ``); `None` for anything else (an
+/// expression, a definition this account may not read).
+fn column_behind(definition: &str, alias: &str) -> Option<(String, String)> {
+    let marker = format!(" AS `{alias}`");
+    let at = definition
+        .to_ascii_lowercase()
+        .find(&marker.to_ascii_lowercase())?;
+    // The quoted names before the marker, right to left: `db`.`table`.`column`.
+    let mut names = Vec::new();
+    let mut rest = &definition[..at];
+    while let Some(before) = rest.strip_suffix('`') {
+        let open = before.rfind('`')?;
+        names.push(&before[open + 1..]);
+        rest = &before[..open];
+        match rest.strip_suffix('.') {
+            Some(r) => rest = r,
+            None => break,
+        }
+    }
+    let (column, table) = match names.as_slice() {
+        [column, table, db, ..] => (column, format!("`{db}`.`{table}`")),
+        [column, table] => (column, format!("`{table}`")),
+        _ => return None,
+    };
+    Some((table, format!("`{column}`")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_column_behind_a_view_alias_is_read_from_its_definition() {
+        let mariadb = "select `contracts`.`esign_version`.`contract_no` AS `contract_ref`,\
+                       `contracts`.`esign_version`.`esign_status` AS `status` \
+                       from `contracts`.`esign_version`";
+        assert_eq!(
+            column_behind(mariadb, "contract_ref"),
+            Some((
+                "`contracts`.`esign_version`".to_owned(),
+                "`contract_no`".to_owned()
+            ))
+        );
+        assert_eq!(
+            column_behind(mariadb, "status").map(|(_, c)| c),
+            Some("`esign_status`".to_owned())
+        );
+        assert_eq!(
+            column_behind(
+                "select upper(`t`.`ref`) AS `contract_ref` from `t`",
+                "contract_ref"
+            ),
+            None
+        );
+        assert_eq!(column_behind("", "contract_ref"), None);
+    }
+
+    #[test]
+    fn the_refusal_names_the_view_the_column_and_the_fix() {
+        let said = no_unique_key(Some(("`c`.`ledger`".to_owned(), "`ref`".to_owned())));
+        assert!(said.contains("autoapproval_econtract"), "{said}");
+        assert!(said.contains("contract_ref"), "{said}");
+        assert!(
+            said.contains("ALTER TABLE `c`.`ledger` ADD UNIQUE KEY (`ref`)"),
+            "{said}"
+        );
+        assert!(no_unique_key(None).contains("UNIQUE key"));
     }
 }
