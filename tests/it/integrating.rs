@@ -1,10 +1,11 @@
 //! The integration guide holds (issue 35): docs/INTEGRATING.md's worked example, a business schema
 //! shaped like the seed's (`imr`, `esign_version`, `imr_memo`) owned by a business role, bound
 //! by running the guide's marked blocks verbatim, each as the role it names, on PostgreSQL and
-//! on MariaDB; the controller's role has only the documented grants and `migrate` creates the
-//! controller's objects only. Then the real binary approves what the business role inserts, while
-//! the business role keeps writing, and refuses to start on a binding with a view or grant
-//! missing, naming it.
+//! on MariaDB; `migrate` runs as the controller's owner role and creates the controller's objects
+//! only, and the controller's role has only the documented grants. Then the real binary approves
+//! what the business role inserts, while the business role keeps writing, and refuses to start on
+//! a binding with a view or grant missing, naming it. Issue 41: the controller's role is refused
+//! all the guide does not grant it.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,18 +86,20 @@ enum Who {
     Admin,
     Business,
     Controller,
-    /// `autoapproval migrate` as the controller's role.
+    /// The controller's owner role, which owns our objects.
+    Owner,
+    /// `autoapproval migrate` as the controller's owner role.
     Migrate,
 }
 
 fn who_runs(backend: &str, step: &str) -> Who {
     match (backend, step) {
-        (_, "roles") => Who::Admin,
+        (_, "roles") | ("mysql", "access") => Who::Admin,
         (_, "business" | "views" | "index") => Who::Business,
         (_, "migrate") => Who::Migrate,
         (_, "check") => Who::Controller,
         // PostgreSQL: the owner of our routines grants EXECUTE; MySQL: an administrator.
-        ("postgres", "grant") => Who::Controller,
+        ("postgres", "grant") => Who::Owner,
         ("mysql", "grant") => Who::Admin,
         _ => panic!("{backend}/{step}: a step this test does not know: say who runs it here"),
     }
@@ -111,11 +114,14 @@ struct Bound {
     business: Db,
     /// The controller's role.
     controller: Db,
-    /// What `migrate` and `run` are given.
+    /// The controller's owner role (`migrate`'s).
+    owner: Db,
+    /// What `run` is given.
     controller_url: String,
     /// The role names the guide's were replaced by, and on MySQL the two databases.
     business_role: String,
     controller_role: String,
+    owner_role: String,
     business_database: String,
 }
 
@@ -155,15 +161,17 @@ fn with_login(url: &str, user: &str, database: &str) -> String {
     url.to_string()
 }
 
-/// The two roles, their URLs, and the guide's names with what replaces them.
+/// The three roles, their URLs, and the guide's names with what replaces them.
 struct Logins {
     business_role: String,
     controller_role: String,
+    owner_role: String,
     /// PostgreSQL: the one database; MySQL: the business one.
     business_database: String,
     business_url: String,
     controller_url: String,
-    names: [(&'static str, String); 3],
+    owner_url: String,
+    names: [(&'static str, String); 4],
 }
 
 /// Runs the guide's blocks for `backend` in order, each as the role it names: the pools of the
@@ -177,6 +185,7 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
 ) -> Bound {
     let mut business: Option<Db> = None;
     let mut controller: Option<Db> = None;
+    let mut owner: Option<Db> = None;
     for block in blocks(backend) {
         let sql = logins
             .names
@@ -186,7 +195,7 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
             });
         let db = match who_runs(backend, &block.step) {
             Who::Migrate => {
-                migrate(&block, &logins.controller_url);
+                migrate(&block, &logins.owner_url);
                 continue;
             }
             Who::Admin => &admin,
@@ -198,6 +207,10 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
                 Some(ref db) => db,
                 None => controller.insert(connect(logins.controller_url.clone(), false).await),
             },
+            Who::Owner => match owner {
+                Some(ref db) => db,
+                None => owner.insert(connect(logins.owner_url.clone(), false).await),
+            },
         };
         execute(db, &block.step, &sql).await;
     }
@@ -206,9 +219,14 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
         admin,
         business: business.expect("a step as the business role"),
         controller: controller.expect("a step as the controller's role"),
+        owner: match owner {
+            Some(db) => db,
+            None => connect(logins.owner_url, false).await,
+        },
         controller_url: logins.controller_url,
         business_role: logins.business_role,
         controller_role: logins.controller_role,
+        owner_role: logins.owner_role,
         business_database: logins.business_database,
     }
 }
@@ -223,20 +241,24 @@ impl Bound {
         let suffix = unique();
         let business_role = format!("imr_owner_{suffix}");
         let controller_role = format!("autoapproval_{suffix}");
+        let owner_role = format!("autoapproval_owner_{suffix}");
         let server = Db::Postgres(admin.clone()).url();
         let logins = Logins {
             business_url: with_login(&server, &business_role, &database),
             business_database: database.clone(),
             controller_url: with_login(&server, &controller_role, &database),
+            owner_url: with_login(&server, &owner_role, &database),
             // Replaced textually by unique names (roles are cluster-wide; the test database's
             // name has capitals, hence the quotes).
             names: [
                 ("imr_owner", business_role.clone()),
+                ("autoapproval_owner", owner_role.clone()),
                 ("autoapproval", controller_role.clone()),
                 ("contracts", format!("\"{database}\"")),
             ],
             business_role,
             controller_role,
+            owner_role,
         };
         follow_the_guide(
             "postgres",
@@ -262,18 +284,22 @@ impl Bound {
         let business_role = format!("imr_owner_{suffix}");
         // The controller's user and its database have the same name, as in the guide.
         let controller_role = format!("autoapproval_{suffix}");
+        let owner_role = format!("autoapproval_owner_{suffix}");
         let business_database = format!("contracts_{suffix}");
         let logins = Logins {
             business_url: with_login(&server, &business_role, &business_database),
             business_database: business_database.clone(),
             controller_url: with_login(&server, &controller_role, &controller_role),
+            owner_url: with_login(&server, &owner_role, &controller_role),
             names: [
                 ("imr_owner", business_role.clone()),
+                ("autoapproval_owner", owner_role.clone()),
                 ("autoapproval", controller_role.clone()),
                 ("contracts", business_database),
             ],
             business_role,
             controller_role,
+            owner_role,
         };
         follow_the_guide(
             "mysql",
@@ -308,13 +334,15 @@ impl Bound {
     async fn finish(self) {
         with_pool!(&self.business, pool => pool.close().await);
         with_pool!(&self.controller, pool => pool.close().await);
-        let (business, controller) = (&self.business_role, &self.controller_role);
+        with_pool!(&self.owner, pool => pool.close().await);
+        let (business, controller, owner) =
+            (&self.business_role, &self.controller_role, &self.owner_role);
         match self.backend {
             "postgres" => {
-                for role in [business, controller] {
+                for role in [business, controller, owner] {
                     self.admin.exec(&format!("DROP OWNED BY {role}")).await;
                 }
-                for role in [business, controller] {
+                for role in [business, controller, owner] {
                     self.admin.exec(&format!("DROP ROLE {role}")).await;
                 }
             }
@@ -322,7 +350,7 @@ impl Bound {
                 for database in [&self.business_database, controller] {
                     self.admin.exec(&format!("DROP DATABASE {database}")).await;
                 }
-                for user in [business, controller] {
+                for user in [business, controller, owner] {
                     self.admin.exec(&format!("DROP USER '{user}'@'%'")).await;
                 }
             }
@@ -542,7 +570,8 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
                 format!("REVOKE UPDATE ON autoapproval_request FROM {controller}"),
                 "autoapproval_request",
                 Some(format!(
-                    "GRANT UPDATE ON autoapproval_request TO {controller}"
+                    "GRANT UPDATE (status, updated_at, owner_number, store_number, campaign_id, \
+                     decided_at, decided_by) ON autoapproval_request TO {controller}"
                 )),
             ),
             (
@@ -552,8 +581,7 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
                 None,
             ),
         ],
-        // MySQL: the controller's rights come with its database, so the grant revoked is the
-        // views' definer's on the business table.
+        // MySQL: the grant revoked is the views' definer's on the business table.
         _ => vec![
             (
                 bound.admin.clone(),
@@ -599,6 +627,89 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
         }
     }
     bound.finish().await;
+}
+
+/// What a statement of `db`'s answered: `Err` with the database's message when refused.
+async fn attempt(db: &Db, sql: &str) -> Result<(), String> {
+    with_pool!(db, pool => sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string()))
+}
+
+/// Issue 41, defect 7: the controller's role, with the guide's grants, can neither insert nor
+/// delete a business request, nor write a column it does not write, nor replace a function or
+/// routine of ours that business writers' triggers call (it owns none), nor create anything.
+async fn the_controllers_role_is_refused_what_the_guide_does_not_grant(bound: Bound) {
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    let mut refused = vec![
+        "DELETE FROM autoapproval_request WHERE id = 1".to_owned(),
+        "INSERT INTO autoapproval_request (id, request_type, status) \
+         VALUES (2, 'OWNER_CONTRACT', 'APPROVED')"
+            .to_owned(),
+        "UPDATE autoapproval_request SET business_name = 'renamed' WHERE id = 1".to_owned(),
+        "UPDATE autoapproval_request SET econtract_ref = 'EC-forged' WHERE id = 1".to_owned(),
+        "DELETE FROM autoapproval_request_memo WHERE request_id = 1".to_owned(),
+        "DELETE FROM autoapproval_econtract WHERE contract_ref = 'EC-1'".to_owned(),
+    ];
+    match bound.backend {
+        "postgres" => refused.push(
+            // SECURITY INVOKER would run the body as every business writer.
+            "CREATE OR REPLACE FUNCTION autoapproval_request_changed() RETURNS trigger \
+             LANGUAGE plpgsql SECURITY INVOKER AS $$ BEGIN RETURN NULL; END $$"
+                .to_owned(),
+        ),
+        _ => refused.extend([
+            "DROP PROCEDURE autoapproval_request_changed".to_owned(),
+            "CREATE PROCEDURE controller_routine() BEGIN END".to_owned(),
+        ]),
+    }
+    refused.push("CREATE TABLE controller_ddl (x INT)".to_owned());
+    for sql in &refused {
+        match attempt(&bound.controller, sql).await {
+            Ok(()) => panic!("{}: the controller's role may `{sql}`", bound.backend),
+            Err(e) => assert!(
+                e.contains("denied") || e.contains("must be owner"),
+                "{}: `{sql}` refused for another reason: {e}",
+                bound.backend
+            ),
+        }
+    }
+    // It owns (defines) none of our routines, so it cannot change one another way either.
+    let owned = match bound.backend {
+        "postgres" => format!(
+            "SELECT count(*) FROM pg_catalog.pg_proc
+              WHERE proname LIKE 'autoapproval%' AND pg_catalog.pg_get_userbyid(proowner) = '{}'",
+            bound.controller_role
+        ),
+        _ => format!(
+            "SELECT COUNT(*) FROM information_schema.ROUTINES
+              WHERE ROUTINE_SCHEMA = '{0}' AND DEFINER LIKE '{0}@%'",
+            bound.controller_role
+        ),
+    };
+    assert_eq!(bound.admin.fetch_i64(&owned).await, 0, "{owned}");
+    let untouched = bound
+        .business
+        .fetch_i64("SELECT count(*) FROM imr WHERE imr_id = 1 AND shop_name = 'Shop 1'")
+        .await;
+    assert_eq!(untouched, 1, "{}: request 1 as inserted", bound.backend);
+    bound.finish().await;
+}
+
+mod the_controllers_role_is_refused_what_the_guide_does_not_grant {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::the_controllers_role_is_refused_what_the_guide_does_not_grant(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::the_controllers_role_is_refused_what_the_guide_does_not_grant(bound).await
+    }
 }
 
 mod the_seeds_imr_bound_as_the_guide_says_is_approved_beside_business_writes {
