@@ -5,7 +5,8 @@
 //! only, and the controller's role has only the documented grants. Then the real binary approves
 //! what the business role inserts, while the business role keeps writing, and refuses to start on
 //! a binding with a view or grant missing, naming it. Issue 41: the controller's role is refused
-//! all the guide does not grant it.
+//! all the guide does not grant it, and a role that may create in our schema runs nothing as the
+//! owner of our functions.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -698,6 +699,166 @@ async fn the_controllers_role_is_refused_what_the_guide_does_not_grant(bound: Bo
     bound.finish().await;
 }
 
+/// The operators, the domains and the function each calls, that a role with CREATE on the
+/// controller's schema puts there: each records who ran it in `ran_as`, then does what
+/// pg_catalog's does. Every operator or type an unqualified body of ours could take from the
+/// schema.
+const HOSTILE_OBJECTS: &str = r#"
+CREATE TABLE ran_as (who TEXT NOT NULL, what TEXT NOT NULL);
+GRANT INSERT ON ran_as TO PUBLIC;
+CREATE FUNCTION public.hostile(what pg_catalog.text) RETURNS void LANGUAGE sql
+    AS $$ INSERT INTO public.ran_as (who, what) VALUES (CURRENT_USER, what) $$;
+CREATE FUNCTION public.h_eq_text(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text = text');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_eq_text);
+CREATE FUNCTION public.h_eq_varchar(pg_catalog.varchar, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('varchar = text');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.varchar, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_eq_varchar);
+CREATE FUNCTION public.h_eq_int8(pg_catalog.int8, pg_catalog.int8) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('bigint = bigint');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.int8, RIGHTARG = pg_catalog.int8,
+    FUNCTION = public.h_eq_int8);
+CREATE FUNCTION public.h_ne_text(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text <> text');
+    RETURN $1 OPERATOR(pg_catalog.<>) $2; END $$;
+CREATE OPERATOR public.<> (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_ne_text);
+CREATE FUNCTION public.h_concat(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.text
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text || text');
+    RETURN $1 OPERATOR(pg_catalog.||) $2; END $$;
+CREATE OPERATOR public.|| (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_concat);
+CREATE FUNCTION public.h_like(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text LIKE text');
+    RETURN $1 OPERATOR(pg_catalog.~~) $2; END $$;
+CREATE OPERATOR public.~~ (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_like);
+CREATE FUNCTION public.h_neg(pg_catalog.int8) RETURNS pg_catalog.int8
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('- bigint');
+    RETURN OPERATOR(pg_catalog.-) $1; END $$;
+CREATE OPERATOR public.- (RIGHTARG = pg_catalog.int8, FUNCTION = public.h_neg);
+CREATE FUNCTION public.h_text(pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('domain text'); RETURN true; END $$;
+CREATE DOMAIN public.text AS pg_catalog.text CHECK (public.h_text(VALUE));
+CREATE FUNCTION public.h_regclass(pg_catalog.regclass) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('domain regclass'); RETURN true; END $$;
+CREATE DOMAIN public.regclass AS pg_catalog.regclass CHECK (public.h_regclass(VALUE));
+"#;
+
+/// Who, other than the business role that created them, ran its hostile operators and types.
+async fn assert_ran_only_as_the_business_role(bound: &Bound, after: &str) {
+    let (business, owner) = (&bound.business_role, &bound.owner_role);
+    let foreign: Vec<(String, String)> = with_pool!(&bound.admin, pool => sqlx::query_as(
+        sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT who::pg_catalog.text, what::pg_catalog.text FROM ran_as
+              WHERE who OPERATOR(pg_catalog.<>) '{business}' ORDER BY 1, 2")))
+        .fetch_all(pool)
+        .await
+        .expect("ran_as"));
+    assert_eq!(
+        foreign,
+        vec![],
+        "after {after}, the business role's operators and types ran as another role (our \
+         functions' owner is {owner})"
+    );
+}
+
+/// Issue 41, defect 3: the business role, which the guide lets create in the controller's schema,
+/// puts operators and types there that our functions would take by search path; then it writes
+/// an e-contract and a request, and a service of people calls the four manual functions with
+/// the documented grant. Nothing of the role's ran as the owner of our functions, and they did
+/// their work.
+async fn a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner(bound: Bound) {
+    execute(&bound.business, "hostile objects", HOSTILE_OBJECTS).await;
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    insert_request(&bound, 2, "OWNER_CONTRACT", None).await;
+    for sql in [
+        "INSERT INTO esign_version (contract_no, esign_status) VALUES ('EC-1', 'PENDING')",
+        "UPDATE esign_version SET esign_status = 'SIGNED' WHERE contract_no = 'EC-1'",
+        "UPDATE imr SET docs_released = false WHERE imr_id = 2",
+    ] {
+        bound.business.exec(sql).await;
+    }
+    assert_ran_only_as_the_business_role(&bound, "the business writes").await;
+
+    let people = format!("people_{}", unique());
+    bound
+        .admin
+        .exec(&format!("CREATE ROLE {people} LOGIN PASSWORD '{PASSWORD}'"))
+        .await;
+    bound
+        .owner
+        .exec(&format!(
+            "GRANT EXECUTE ON FUNCTION {} TO {people}",
+            autoapproval::db::postgres::MANUAL_FUNCTIONS
+        ))
+        .await;
+    let (database,): (String,) = with_pool!(&bound.admin, pool => sqlx::query_as(
+        "SELECT current_database()").fetch_one(pool).await.expect("the database"));
+    let url = with_login(&bound.admin.url(), &people, &database);
+    let service = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let claim = || async {
+        let (token, refusal): (Option<i64>, Option<String>) =
+            sqlx::query_as("SELECT * FROM autoapproval_manual_claim(1, 'ann')")
+                .fetch_one(&service)
+                .await
+                .expect("claim");
+        token.unwrap_or_else(|| panic!("claim refused: {refusal:?}"))
+    };
+    let token = claim().await;
+    let beat: bool = sqlx::query_scalar("SELECT autoapproval_manual_heartbeat(1, 'ann', $1)")
+        .bind(token)
+        .fetch_one(&service)
+        .await
+        .expect("heartbeat");
+    let released: bool = sqlx::query_scalar("SELECT autoapproval_manual_release(1, 'ann', $1)")
+        .bind(token)
+        .fetch_one(&service)
+        .await
+        .expect("release");
+    let token = claim().await;
+    let (decided, refusal): (bool, Option<String>) = sqlx::query_as(
+        "SELECT * FROM autoapproval_manual_decide(1, 'ann', $1, 'APPROVED', 'by hand')",
+    )
+    .bind(token)
+    .fetch_one(&service)
+    .await
+    .expect("decide");
+    service.close().await;
+
+    assert_ran_only_as_the_business_role(&bound, "the manual functions").await;
+    assert!(
+        beat && released && decided,
+        "{beat} {released} {decided} {refusal:?}"
+    );
+    let approved = bound
+        .business
+        .fetch_i64(
+            "SELECT count(*) FROM imr WHERE imr_id = 1 AND status = 'APPROVED' \
+             AND approved_by = 'manual:ann'",
+        )
+        .await;
+    assert_eq!(approved, 1, "the person's decision is in imr");
+    // Both triggers did their work: request 1 woken by its contract, request 2 by its update.
+    let woken = bound
+        .admin
+        .fetch_ids("SELECT DISTINCT request_id FROM auto_approve_wake ORDER BY 1")
+        .await;
+    assert_eq!(woken, vec![1, 2]);
+    bound.admin.exec(&format!("DROP OWNED BY {people}")).await;
+    bound.admin.exec(&format!("DROP ROLE {people}")).await;
+    bound.finish().await;
+}
+
 mod the_controllers_role_is_refused_what_the_guide_does_not_grant {
     #[sqlx::test(migrations = false)]
     async fn postgres(admin: sqlx::PgPool) {
@@ -710,6 +871,14 @@ mod the_controllers_role_is_refused_what_the_guide_does_not_grant {
         let bound = super::Bound::mysql().await;
         super::the_controllers_role_is_refused_what_the_guide_does_not_grant(bound).await
     }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner_postgres(
+    admin: sqlx::PgPool,
+) {
+    let bound = Bound::postgres(admin).await;
+    a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner(bound).await
 }
 
 mod the_seeds_imr_bound_as_the_guide_says_is_approved_beside_business_writes {
