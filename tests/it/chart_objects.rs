@@ -322,7 +322,16 @@ fn migrations_run_in_a_hook_job_that_needs_none_of_the_charts_own_objects() {
             .iter()
             .find(|e| e["name"] == "AUTOAPPROVAL_DATABASE_URL")
             .expect("the database URL");
-        assert_eq!(db["valueFrom"], controller_db["valueFrom"]);
+        // The controller's Secret; the owner role's key when all-values names one (issue 41).
+        let key = &db["valueFrom"]["secretKeyRef"]["key"];
+        assert_eq!(
+            db["valueFrom"]["secretKeyRef"]["name"],
+            controller_db["valueFrom"]["secretKeyRef"]["name"]
+        );
+        match r.name {
+            "all-values" => assert_eq!(key, "owner-url"),
+            _ => assert_eq!(key, &controller_db["valueFrom"]["secretKeyRef"]["key"]),
+        }
         let known = help_env("migrate");
         for e in c["env"].as_array().unwrap() {
             let name = e["name"].as_str().unwrap();

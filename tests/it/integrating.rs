@@ -1,10 +1,12 @@
 //! The integration guide holds (issue 35): docs/INTEGRATING.md's worked example, a business schema
 //! shaped like the seed's (`imr`, `esign_version`, `imr_memo`) owned by a business role, bound
 //! by running the guide's marked blocks verbatim, each as the role it names, on PostgreSQL and
-//! on MariaDB; the controller's role has only the documented grants and `migrate` creates the
-//! controller's objects only. Then the real binary approves what the business role inserts, while
-//! the business role keeps writing, and refuses to start on a binding with a view or grant
-//! missing, naming it.
+//! on MariaDB; `migrate` runs as the controller's owner role and creates the controller's objects
+//! only, and the controller's role has only the documented grants. Then the real binary approves
+//! what the business role inserts, while the business role keeps writing, and refuses to start on
+//! a binding with a view or grant missing, naming it. Issue 41: the controller's role is refused
+//! all the guide does not grant it, and a role that may create in our schema runs nothing as the
+//! owner of our functions.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -85,18 +87,20 @@ enum Who {
     Admin,
     Business,
     Controller,
-    /// `autoapproval migrate` as the controller's role.
+    /// The controller's owner role, which owns our objects.
+    Owner,
+    /// `autoapproval migrate` as the controller's owner role.
     Migrate,
 }
 
 fn who_runs(backend: &str, step: &str) -> Who {
     match (backend, step) {
-        (_, "roles") => Who::Admin,
+        (_, "roles") | ("mysql", "access") => Who::Admin,
         (_, "business" | "views" | "index") => Who::Business,
         (_, "migrate") => Who::Migrate,
         (_, "check") => Who::Controller,
         // PostgreSQL: the owner of our routines grants EXECUTE; MySQL: an administrator.
-        ("postgres", "grant") => Who::Controller,
+        ("postgres", "grant") => Who::Owner,
         ("mysql", "grant") => Who::Admin,
         _ => panic!("{backend}/{step}: a step this test does not know: say who runs it here"),
     }
@@ -111,11 +115,14 @@ struct Bound {
     business: Db,
     /// The controller's role.
     controller: Db,
-    /// What `migrate` and `run` are given.
+    /// The controller's owner role (`migrate`'s).
+    owner: Db,
+    /// What `run` is given.
     controller_url: String,
     /// The role names the guide's were replaced by, and on MySQL the two databases.
     business_role: String,
     controller_role: String,
+    owner_role: String,
     business_database: String,
 }
 
@@ -155,15 +162,17 @@ fn with_login(url: &str, user: &str, database: &str) -> String {
     url.to_string()
 }
 
-/// The two roles, their URLs, and the guide's names with what replaces them.
+/// The three roles, their URLs, and the guide's names with what replaces them.
 struct Logins {
     business_role: String,
     controller_role: String,
+    owner_role: String,
     /// PostgreSQL: the one database; MySQL: the business one.
     business_database: String,
     business_url: String,
     controller_url: String,
-    names: [(&'static str, String); 3],
+    owner_url: String,
+    names: [(&'static str, String); 4],
 }
 
 /// Runs the guide's blocks for `backend` in order, each as the role it names: the pools of the
@@ -177,6 +186,7 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
 ) -> Bound {
     let mut business: Option<Db> = None;
     let mut controller: Option<Db> = None;
+    let mut owner: Option<Db> = None;
     for block in blocks(backend) {
         let sql = logins
             .names
@@ -186,7 +196,7 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
             });
         let db = match who_runs(backend, &block.step) {
             Who::Migrate => {
-                migrate(&block, &logins.controller_url);
+                migrate(&block, &logins.owner_url);
                 continue;
             }
             Who::Admin => &admin,
@@ -198,6 +208,10 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
                 Some(ref db) => db,
                 None => controller.insert(connect(logins.controller_url.clone(), false).await),
             },
+            Who::Owner => match owner {
+                Some(ref db) => db,
+                None => owner.insert(connect(logins.owner_url.clone(), false).await),
+            },
         };
         execute(db, &block.step, &sql).await;
     }
@@ -206,9 +220,14 @@ async fn follow_the_guide<Fut: std::future::Future<Output = Db>>(
         admin,
         business: business.expect("a step as the business role"),
         controller: controller.expect("a step as the controller's role"),
+        owner: match owner {
+            Some(db) => db,
+            None => connect(logins.owner_url, false).await,
+        },
         controller_url: logins.controller_url,
         business_role: logins.business_role,
         controller_role: logins.controller_role,
+        owner_role: logins.owner_role,
         business_database: logins.business_database,
     }
 }
@@ -223,20 +242,24 @@ impl Bound {
         let suffix = unique();
         let business_role = format!("imr_owner_{suffix}");
         let controller_role = format!("autoapproval_{suffix}");
+        let owner_role = format!("autoapproval_owner_{suffix}");
         let server = Db::Postgres(admin.clone()).url();
         let logins = Logins {
             business_url: with_login(&server, &business_role, &database),
             business_database: database.clone(),
             controller_url: with_login(&server, &controller_role, &database),
+            owner_url: with_login(&server, &owner_role, &database),
             // Replaced textually by unique names (roles are cluster-wide; the test database's
             // name has capitals, hence the quotes).
             names: [
                 ("imr_owner", business_role.clone()),
+                ("autoapproval_owner", owner_role.clone()),
                 ("autoapproval", controller_role.clone()),
                 ("contracts", format!("\"{database}\"")),
             ],
             business_role,
             controller_role,
+            owner_role,
         };
         follow_the_guide(
             "postgres",
@@ -262,18 +285,22 @@ impl Bound {
         let business_role = format!("imr_owner_{suffix}");
         // The controller's user and its database have the same name, as in the guide.
         let controller_role = format!("autoapproval_{suffix}");
+        let owner_role = format!("autoapproval_owner_{suffix}");
         let business_database = format!("contracts_{suffix}");
         let logins = Logins {
             business_url: with_login(&server, &business_role, &business_database),
             business_database: business_database.clone(),
             controller_url: with_login(&server, &controller_role, &controller_role),
+            owner_url: with_login(&server, &owner_role, &controller_role),
             names: [
                 ("imr_owner", business_role.clone()),
+                ("autoapproval_owner", owner_role.clone()),
                 ("autoapproval", controller_role.clone()),
                 ("contracts", business_database),
             ],
             business_role,
             controller_role,
+            owner_role,
         };
         follow_the_guide(
             "mysql",
@@ -308,13 +335,15 @@ impl Bound {
     async fn finish(self) {
         with_pool!(&self.business, pool => pool.close().await);
         with_pool!(&self.controller, pool => pool.close().await);
-        let (business, controller) = (&self.business_role, &self.controller_role);
+        with_pool!(&self.owner, pool => pool.close().await);
+        let (business, controller, owner) =
+            (&self.business_role, &self.controller_role, &self.owner_role);
         match self.backend {
             "postgres" => {
-                for role in [business, controller] {
+                for role in [business, controller, owner] {
                     self.admin.exec(&format!("DROP OWNED BY {role}")).await;
                 }
-                for role in [business, controller] {
+                for role in [business, controller, owner] {
                     self.admin.exec(&format!("DROP ROLE {role}")).await;
                 }
             }
@@ -322,7 +351,7 @@ impl Bound {
                 for database in [&self.business_database, controller] {
                     self.admin.exec(&format!("DROP DATABASE {database}")).await;
                 }
-                for user in [business, controller] {
+                for user in [business, controller, owner] {
                     self.admin.exec(&format!("DROP USER '{user}'@'%'")).await;
                 }
             }
@@ -542,7 +571,8 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
                 format!("REVOKE UPDATE ON autoapproval_request FROM {controller}"),
                 "autoapproval_request",
                 Some(format!(
-                    "GRANT UPDATE ON autoapproval_request TO {controller}"
+                    "GRANT UPDATE (status, updated_at, owner_number, store_number, campaign_id, \
+                     decided_at, decided_by) ON autoapproval_request TO {controller}"
                 )),
             ),
             (
@@ -552,8 +582,7 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
                 None,
             ),
         ],
-        // MySQL: the controller's rights come with its database, so the grant revoked is the
-        // views' definer's on the business table.
+        // MySQL: the grant revoked is the views' definer's on the business table.
         _ => vec![
             (
                 bound.admin.clone(),
@@ -599,6 +628,257 @@ async fn a_revoked_grant_or_a_dropped_view_stops_run_naming_it(bound: Bound) {
         }
     }
     bound.finish().await;
+}
+
+/// What a statement of `db`'s answered: `Err` with the database's message when refused.
+async fn attempt(db: &Db, sql: &str) -> Result<(), String> {
+    with_pool!(db, pool => sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
+        .execute(pool)
+        .await
+        .map(|_| ())
+        .map_err(|e| e.to_string()))
+}
+
+/// Issue 41, defect 7: the controller's role, with the guide's grants, can neither insert nor
+/// delete a business request, nor write a column it does not write, nor replace a function or
+/// routine of ours that business writers' triggers call (it owns none), nor create anything.
+async fn the_controllers_role_is_refused_what_the_guide_does_not_grant(bound: Bound) {
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    let mut refused = vec![
+        "DELETE FROM autoapproval_request WHERE id = 1".to_owned(),
+        "INSERT INTO autoapproval_request (id, request_type, status) \
+         VALUES (2, 'OWNER_CONTRACT', 'APPROVED')"
+            .to_owned(),
+        "UPDATE autoapproval_request SET business_name = 'renamed' WHERE id = 1".to_owned(),
+        "UPDATE autoapproval_request SET econtract_ref = 'EC-forged' WHERE id = 1".to_owned(),
+        "DELETE FROM autoapproval_request_memo WHERE request_id = 1".to_owned(),
+        "DELETE FROM autoapproval_econtract WHERE contract_ref = 'EC-1'".to_owned(),
+    ];
+    match bound.backend {
+        "postgres" => refused.push(
+            // SECURITY INVOKER would run the body as every business writer.
+            "CREATE OR REPLACE FUNCTION autoapproval_request_changed() RETURNS trigger \
+             LANGUAGE plpgsql SECURITY INVOKER AS $$ BEGIN RETURN NULL; END $$"
+                .to_owned(),
+        ),
+        _ => refused.extend([
+            "DROP PROCEDURE autoapproval_request_changed".to_owned(),
+            "CREATE PROCEDURE controller_routine() BEGIN END".to_owned(),
+        ]),
+    }
+    refused.push("CREATE TABLE controller_ddl (x INT)".to_owned());
+    for sql in &refused {
+        match attempt(&bound.controller, sql).await {
+            Ok(()) => panic!("{}: the controller's role may `{sql}`", bound.backend),
+            Err(e) => assert!(
+                e.contains("denied") || e.contains("must be owner"),
+                "{}: `{sql}` refused for another reason: {e}",
+                bound.backend
+            ),
+        }
+    }
+    // It owns (defines) none of our routines, so it cannot change one another way either.
+    let owned = match bound.backend {
+        "postgres" => format!(
+            "SELECT count(*) FROM pg_catalog.pg_proc
+              WHERE proname LIKE 'autoapproval%' AND pg_catalog.pg_get_userbyid(proowner) = '{}'",
+            bound.controller_role
+        ),
+        _ => format!(
+            "SELECT COUNT(*) FROM information_schema.ROUTINES
+              WHERE ROUTINE_SCHEMA = '{0}' AND DEFINER LIKE '{0}@%'",
+            bound.controller_role
+        ),
+    };
+    assert_eq!(bound.admin.fetch_i64(&owned).await, 0, "{owned}");
+    let untouched = bound
+        .business
+        .fetch_i64("SELECT count(*) FROM imr WHERE imr_id = 1 AND shop_name = 'Shop 1'")
+        .await;
+    assert_eq!(untouched, 1, "{}: request 1 as inserted", bound.backend);
+    bound.finish().await;
+}
+
+/// The operators, the domains and the function each calls, that a role with CREATE on the
+/// controller's schema puts there: each records who ran it in `ran_as`, then does what
+/// pg_catalog's does. Every operator or type an unqualified body of ours could take from the
+/// schema.
+const HOSTILE_OBJECTS: &str = r#"
+CREATE TABLE ran_as (who TEXT NOT NULL, what TEXT NOT NULL);
+GRANT INSERT ON ran_as TO PUBLIC;
+CREATE FUNCTION public.hostile(what pg_catalog.text) RETURNS void LANGUAGE sql
+    AS $$ INSERT INTO public.ran_as (who, what) VALUES (CURRENT_USER, what) $$;
+CREATE FUNCTION public.h_eq_text(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text = text');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_eq_text);
+CREATE FUNCTION public.h_eq_varchar(pg_catalog.varchar, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('varchar = text');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.varchar, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_eq_varchar);
+CREATE FUNCTION public.h_eq_int8(pg_catalog.int8, pg_catalog.int8) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('bigint = bigint');
+    RETURN $1 OPERATOR(pg_catalog.=) $2; END $$;
+CREATE OPERATOR public.= (LEFTARG = pg_catalog.int8, RIGHTARG = pg_catalog.int8,
+    FUNCTION = public.h_eq_int8);
+CREATE FUNCTION public.h_ne_text(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text <> text');
+    RETURN $1 OPERATOR(pg_catalog.<>) $2; END $$;
+CREATE OPERATOR public.<> (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_ne_text);
+CREATE FUNCTION public.h_concat(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.text
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text || text');
+    RETURN $1 OPERATOR(pg_catalog.||) $2; END $$;
+CREATE OPERATOR public.|| (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_concat);
+CREATE FUNCTION public.h_like(pg_catalog.text, pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('text LIKE text');
+    RETURN $1 OPERATOR(pg_catalog.~~) $2; END $$;
+CREATE OPERATOR public.~~ (LEFTARG = pg_catalog.text, RIGHTARG = pg_catalog.text,
+    FUNCTION = public.h_like);
+CREATE FUNCTION public.h_neg(pg_catalog.int8) RETURNS pg_catalog.int8
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('- bigint');
+    RETURN OPERATOR(pg_catalog.-) $1; END $$;
+CREATE OPERATOR public.- (RIGHTARG = pg_catalog.int8, FUNCTION = public.h_neg);
+CREATE FUNCTION public.h_text(pg_catalog.text) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('domain text'); RETURN true; END $$;
+CREATE DOMAIN public.text AS pg_catalog.text CHECK (public.h_text(VALUE));
+CREATE FUNCTION public.h_regclass(pg_catalog.regclass) RETURNS pg_catalog.bool
+    LANGUAGE plpgsql AS $$ BEGIN PERFORM public.hostile('domain regclass'); RETURN true; END $$;
+CREATE DOMAIN public.regclass AS pg_catalog.regclass CHECK (public.h_regclass(VALUE));
+"#;
+
+/// Who, other than the business role that created them, ran its hostile operators and types.
+async fn assert_ran_only_as_the_business_role(bound: &Bound, after: &str) {
+    let (business, owner) = (&bound.business_role, &bound.owner_role);
+    let foreign: Vec<(String, String)> = with_pool!(&bound.admin, pool => sqlx::query_as(
+        sqlx::AssertSqlSafe(format!(
+            "SELECT DISTINCT who::pg_catalog.text, what::pg_catalog.text FROM ran_as
+              WHERE who OPERATOR(pg_catalog.<>) '{business}' ORDER BY 1, 2")))
+        .fetch_all(pool)
+        .await
+        .expect("ran_as"));
+    assert_eq!(
+        foreign,
+        vec![],
+        "after {after}, the business role's operators and types ran as another role (our \
+         functions' owner is {owner})"
+    );
+}
+
+/// Issue 41, defect 3: the business role, which the guide lets create in the controller's schema,
+/// puts operators and types there that our functions would take by search path; then it writes
+/// an e-contract and a request, and a service of people calls the four manual functions with
+/// the documented grant. Nothing of the role's ran as the owner of our functions, and they did
+/// their work.
+async fn a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner(bound: Bound) {
+    execute(&bound.business, "hostile objects", HOSTILE_OBJECTS).await;
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    insert_request(&bound, 2, "OWNER_CONTRACT", None).await;
+    for sql in [
+        "INSERT INTO esign_version (contract_no, esign_status) VALUES ('EC-1', 'PENDING')",
+        "UPDATE esign_version SET esign_status = 'SIGNED' WHERE contract_no = 'EC-1'",
+        "UPDATE imr SET docs_released = false WHERE imr_id = 2",
+    ] {
+        bound.business.exec(sql).await;
+    }
+    assert_ran_only_as_the_business_role(&bound, "the business writes").await;
+
+    let people = format!("people_{}", unique());
+    bound
+        .admin
+        .exec(&format!("CREATE ROLE {people} LOGIN PASSWORD '{PASSWORD}'"))
+        .await;
+    bound
+        .owner
+        .exec(&format!(
+            "GRANT EXECUTE ON FUNCTION {} TO {people}",
+            autoapproval::db::postgres::MANUAL_FUNCTIONS
+        ))
+        .await;
+    let (database,): (String,) = with_pool!(&bound.admin, pool => sqlx::query_as(
+        "SELECT current_database()").fetch_one(pool).await.expect("the database"));
+    let url = with_login(&bound.admin.url(), &people, &database);
+    let service = PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    let claim = || async {
+        let (token, refusal): (Option<i64>, Option<String>) =
+            sqlx::query_as("SELECT * FROM autoapproval_manual_claim(1, 'ann')")
+                .fetch_one(&service)
+                .await
+                .expect("claim");
+        token.unwrap_or_else(|| panic!("claim refused: {refusal:?}"))
+    };
+    let token = claim().await;
+    let beat: bool = sqlx::query_scalar("SELECT autoapproval_manual_heartbeat(1, 'ann', $1)")
+        .bind(token)
+        .fetch_one(&service)
+        .await
+        .expect("heartbeat");
+    let released: bool = sqlx::query_scalar("SELECT autoapproval_manual_release(1, 'ann', $1)")
+        .bind(token)
+        .fetch_one(&service)
+        .await
+        .expect("release");
+    let token = claim().await;
+    let (decided, refusal): (bool, Option<String>) = sqlx::query_as(
+        "SELECT * FROM autoapproval_manual_decide(1, 'ann', $1, 'APPROVED', 'by hand')",
+    )
+    .bind(token)
+    .fetch_one(&service)
+    .await
+    .expect("decide");
+    service.close().await;
+
+    assert_ran_only_as_the_business_role(&bound, "the manual functions").await;
+    assert!(
+        beat && released && decided,
+        "{beat} {released} {decided} {refusal:?}"
+    );
+    let approved = bound
+        .business
+        .fetch_i64(
+            "SELECT count(*) FROM imr WHERE imr_id = 1 AND status = 'APPROVED' \
+             AND approved_by = 'manual:ann'",
+        )
+        .await;
+    assert_eq!(approved, 1, "the person's decision is in imr");
+    // Both triggers did their work: request 1 woken by its contract, request 2 by its update.
+    let woken = bound
+        .admin
+        .fetch_ids("SELECT DISTINCT request_id FROM auto_approve_wake ORDER BY 1")
+        .await;
+    assert_eq!(woken, vec![1, 2]);
+    bound.admin.exec(&format!("DROP OWNED BY {people}")).await;
+    bound.admin.exec(&format!("DROP ROLE {people}")).await;
+    bound.finish().await;
+}
+
+mod the_controllers_role_is_refused_what_the_guide_does_not_grant {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::the_controllers_role_is_refused_what_the_guide_does_not_grant(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::the_controllers_role_is_refused_what_the_guide_does_not_grant(bound).await
+    }
+}
+
+#[sqlx::test(migrations = false)]
+async fn a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner_postgres(
+    admin: sqlx::PgPool,
+) {
+    let bound = Bound::postgres(admin).await;
+    a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner(bound).await
 }
 
 mod the_seeds_imr_bound_as_the_guide_says_is_approved_beside_business_writes {

@@ -108,7 +108,11 @@ It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two can
 {{- end }}
 {{- end }}
 
-{{/* The migration container, for the hook Job and (plain manifests) the Deployment's init container. */}}
+{{/*
+The migration container, for the hook Job and (plain manifests) the Deployment's init container.
+It connects with secret.keys.migrationDatabaseUrl when given: the owner role's URL, so that role
+owns what migrate creates and the controller's role nothing (docs/INTEGRATING.md#grants).
+*/}}
 {{- define "autoapproval.migrateContainer" -}}
 - name: migrate
   image: {{ include "autoapproval.image" . | quote }}
@@ -119,7 +123,7 @@ It sizes terminationGracePeriodSeconds from config.shutdownGrace, so the two can
       valueFrom:
         secretKeyRef:
           name: {{ include "autoapproval.secretName" . }}
-          key: {{ required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl }}
+          key: {{ default (required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl) .Values.secret.keys.migrationDatabaseUrl }}
     - name: AUTOAPPROVAL_LOG_JSON
       value: {{ toString .Values.config.logJson | quote }}
     {{- with include "autoapproval.logEnv" . }}
