@@ -19,7 +19,7 @@ use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::support::{MysqlScratch, candidate, claim_new, migrate_twice, t0};
+use crate::support::{MysqlScratch, candidate, claim_new, complete_now, migrate_twice, t0};
 
 /// The wake poller's interval in these tests.
 const POLL: StdDuration = StdDuration::from_millis(20);
@@ -344,7 +344,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Stale);
+        assert_eq!(complete_now(store, &claim).await, Completion::Stale);
         assert!(!store.release(&claim, t0()).await.unwrap());
         assert!(!store.drop_claim(&claim).await.unwrap());
         let retry = RetryWrite {
@@ -390,7 +390,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&fresh).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(store, &fresh).await, Completion::Approved);
         let memos = store.memos(5).await.unwrap();
         assert!(
             memos.iter().any(|m| m.contains("interrupted on a")),
@@ -438,12 +438,16 @@ async fn mysql_the_triggers_append_a_wake_row_per_relevant_change_only() {
                 .await
                 .unwrap();
         assert_eq!(skip, Some(1));
-        // Our own approval wakes nobody.
+        // Our own approval wakes nobody. The contract's row is a pending
+        // wake of request 1 until a poller expands it (the completion
+        // counts it): one poll, as a replica makes every interval.
+        let mut changes = db.store.request_changes().await.unwrap();
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(1));
         let before = db.wake_rows().await.len();
         let claim = claim_new(&db.store, 1, "a").await;
         let after_claim = db.wake_rows().await.len();
         assert!(after_claim < before, "the claim consumed the request's rows");
-        assert_eq!(db.store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(&db.store, &claim).await, Completion::Approved);
         assert_eq!(db.wake_rows().await.len(), after_claim);
     })
     .await;
@@ -488,7 +492,7 @@ async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(&store, &claim).await, Completion::Approved);
         assert!(
             db.wake_rows().await.is_empty(),
             "our approval and results wake nobody"
