@@ -16,9 +16,9 @@ use crate::clock::SharedClock;
 use crate::db::{
     CandidateQuery, ClaimOutcome, Completion, Database, DbError, RetryWrite, ShardFilter,
 };
-use crate::domain::{Candidate, Claim, Fence, RequestStatus, RequestType};
+use crate::domain::{Candidate, Claim, Facts, Fence, RequestStatus, RequestType};
 use crate::external::ExternalSystems;
-use crate::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason, Step};
+use crate::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason, Seen, Step};
 use crate::retry::{RetryClass, RetryPolicy};
 use crate::telemetry::Metrics;
 
@@ -356,6 +356,7 @@ impl Approver {
             clock: self.clock.as_ref(),
             metrics: &self.metrics,
             held,
+            seen: &Seen::default(),
         };
         let on_step = |step: Step| *current.lock().unwrap_or_else(|e| e.into_inner()) = step;
         let chain = self.chain.run(&cx, &on_step);
@@ -397,11 +398,11 @@ impl Approver {
             }
         };
         let step = *current.lock().unwrap_or_else(|e| e.into_inner());
-        let mut next = after_chain(outcome);
+        let mut next = after_chain(outcome, self.clock.now());
         let result = loop {
             next = match next {
-                Settle::Approve => {
-                    let completion = self.store.complete(claim).await?;
+                Settle::Approve(facts) => {
+                    let completion = self.store.complete(claim, &facts).await?;
                     if completion == Completion::Woken {
                         info!(
                             request_id = claim.request_id,
@@ -540,8 +541,8 @@ impl TurnConfig {
 /// What an attempt does once its chain stopped, or a write after it answered.
 #[derive(Clone, Debug, PartialEq)]
 enum Settle {
-    /// Every step passed: approve under the fence.
-    Approve,
+    /// Every step passed: approve under the fence while the facts hold.
+    Approve(Facts),
     /// The approval is written.
     Approved,
     /// Record a retry, due at `due`, or at the policy's time for its class.
@@ -568,9 +569,16 @@ enum Settle {
 }
 
 /// What follows the chain's own answer.
-fn after_chain(outcome: ChainOutcome) -> Settle {
+fn after_chain(outcome: ChainOutcome, now: DateTime<Utc>) -> Settle {
     match outcome {
-        ChainOutcome::Success => Settle::Approve,
+        ChainOutcome::Success(facts) => Settle::Approve(facts),
+        // An earlier step's gate passed on a fact that a later step read
+        // changed: as a completion refused for it, due again at once.
+        ChainOutcome::Changed { step } => Settle::Retry {
+            step,
+            reason: RetryReason::condition(WOKEN_BEFORE_COMPLETION),
+            due: Some(now),
+        },
         ChainOutcome::Retry { step, reason } => Settle::Retry {
             step,
             reason,
@@ -587,8 +595,9 @@ fn after_completion(completion: Completion, step: Step, now: DateTime<Utc>) -> S
         Completion::Approved => Settle::Approved,
         Completion::Stale => Settle::TakenOver,
         // A fact changed after the claim, maybe after the gate that reads
-        // it: nothing approved, due again at once, and the next attempt
-        // reads the new fact.
+        // it (a wake pending, or the request or the ledger no longer what
+        // the gates passed on): nothing approved, due again at once, and
+        // the next attempt reads the new fact.
         Completion::Woken => Settle::Retry {
             step,
             reason: RetryReason::condition(WOKEN_BEFORE_COMPLETION),
@@ -666,6 +675,18 @@ mod tests {
             source: sqlx::Error::PoolTimedOut,
         };
         let store_down_reason = format!("store error: {store_down}");
+        let facts = Facts {
+            status: RequestStatus::Pending,
+            request_type: RequestType::OwnerContract,
+            documents_released: true,
+            operational_hold: false,
+            menu_registered: true,
+            logo_registered: true,
+            previous_step_approved: true,
+            econtract_ref: Some("EC-7".into()),
+            target_store_number: None,
+            econtract_status: Some("SIGNED".into()),
+        };
         let malformed = DbError::Malformed {
             request_id: 7,
             error: UnknownValue {
@@ -675,26 +696,38 @@ mod tests {
         };
         let cases = [
             (
-                "every step passed: approve",
-                after_chain(ChainOutcome::Success),
-                Settle::Approve,
+                "every step passed: approve while the facts hold",
+                after_chain(ChainOutcome::Success(facts.clone()), at(3)),
+                Settle::Approve(facts),
+            ),
+            (
+                "a later step read another fact than an earlier gate: due again at once",
+                after_chain(ChainOutcome::Changed { step: Step::Store }, at(3)),
+                retry(
+                    Step::Store,
+                    RetryReason::condition(WOKEN_BEFORE_COMPLETION),
+                    Some(at(3)),
+                ),
             ),
             (
                 "a gate refused: its retry at the policy's time",
-                after_chain(ChainOutcome::Retry {
-                    step: Step::Store,
-                    reason: not_signed.clone(),
-                }),
+                after_chain(
+                    ChainOutcome::Retry {
+                        step: Step::Store,
+                        reason: not_signed.clone(),
+                    },
+                    at(3),
+                ),
                 retry(Step::Store, not_signed, None),
             ),
             (
                 "a person decided mid-chain: drop the claim",
-                after_chain(ChainOutcome::Closed(RequestStatus::Rejected)),
+                after_chain(ChainOutcome::Closed(RequestStatus::Rejected), at(3)),
                 Settle::Drop(AttemptOutcome::Superseded(RequestStatus::Rejected)),
             ),
             (
                 "the row vanished mid-chain: drop the claim",
-                after_chain(ChainOutcome::Vanished),
+                after_chain(ChainOutcome::Vanished, at(3)),
                 Settle::Drop(AttemptOutcome::Vanished),
             ),
             (

@@ -222,6 +222,55 @@ pub struct Request {
     pub decided_by: Option<String>,
 }
 
+/// The facts an attempt's gates passed on: the request's gate columns as
+/// every step read them, and the e-contract's status in the ledger as the
+/// chain last saw or wrote it. The completion approves only while the
+/// request row it locks, and the ledger, still say so; a wake trigger only
+/// makes a change seen sooner. Our own result columns (owner and store
+/// numbers, campaign id) are not facts: our steps write them after the read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Facts {
+    /// The business status read (a change to another open status counts too).
+    pub status: RequestStatus,
+    /// The request type read.
+    pub request_type: RequestType,
+    /// Documents passed review.
+    pub documents_released: bool,
+    /// Operations put the request on hold.
+    pub operational_hold: bool,
+    /// The store's menu is registered.
+    pub menu_registered: bool,
+    /// The store's logo is registered.
+    pub logo_registered: bool,
+    /// The step before this one is approved.
+    pub previous_step_approved: bool,
+    /// The e-contract the request names.
+    pub econtract_ref: Option<String>,
+    /// The store an ad contract advertises.
+    pub target_store_number: Option<i64>,
+    /// The ledger's status of `econtract_ref` as a gate last saw or wrote
+    /// it; `None` when no gate read the ledger (then it is not compared).
+    pub econtract_status: Option<String>,
+}
+
+impl Facts {
+    /// The gate columns of `request`, the ledger not read yet.
+    pub fn of(request: &Request) -> Facts {
+        Facts {
+            status: request.status,
+            request_type: request.request_type,
+            documents_released: request.documents_released,
+            operational_hold: request.operational_hold,
+            menu_registered: request.menu_registered,
+            logo_registered: request.logo_registered,
+            previous_step_approved: request.previous_step_approved,
+            econtract_ref: request.econtract_ref.clone(),
+            target_store_number: request.target_store_number,
+            econtract_status: None,
+        }
+    }
+}
+
 /// The `decided_by` the controller writes when it approves.
 pub const DECIDED_BY_US: &str = "autoapproval";
 

@@ -8,7 +8,7 @@
 use chrono::{DateTime, Utc};
 
 use super::DbError;
-use crate::domain::{Candidate, Claim, Fence, RequestStatus};
+use crate::domain::{Candidate, Claim, Facts, Fence, RequestStatus};
 
 /// The outcome of a claim attempt.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -57,9 +57,10 @@ pub enum Completion {
     /// The claim was ours but a person decided meanwhile: state row deleted,
     /// the request left as the person set it.
     RequestClosed,
-    /// The claim is ours but a wake is pending: a fact changed after the
-    /// claim (the claim consumes the wakes before it), and the chain may
-    /// have read it before the change. Nothing was written.
+    /// The claim is ours but a fact changed after the claim: a wake is
+    /// pending (the claim consumes the wakes before it), or the locked
+    /// request row or the ledger no longer says what the gates passed on
+    /// (with or without a wake trigger). Nothing was written.
     Woken,
 }
 
@@ -142,10 +143,12 @@ interface! {
             now: DateTime<Utc>,
         ) -> Result<Option<(i32, DateTime<Utc>)>, DbError>;
         /// Approves the request and deletes the state row (and the bodies
-        /// recorded for it), in one transaction, only while the fence matches
-        /// and no wake is pending ([`Completion::Woken`]).
+        /// recorded for it), in one transaction, only while the fence
+        /// matches, no wake is pending, and the request row (locked, its
+        /// newest version) and the ledger still hold the `facts` the gates
+        /// passed on ([`Completion::Woken`] otherwise).
         #[tracing::instrument(name = "store.complete", skip_all)]
-        fn complete(&self, claim: &Claim) -> Result<Completion, DbError>;
+        fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError>;
         /// Deletes our own state row without touching the request (a person
         /// decided, or the request vanished). False when the fence no longer matches.
         #[tracing::instrument(name = "store.drop_claim", skip_all)]

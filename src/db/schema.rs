@@ -196,19 +196,25 @@ pub(super) const READ_AND_UPDATE_PROBES: &[Probe] = &[
     },
 ];
 
-/// The wake triggers found, by kind, and the warnings they call for.
+/// The wake triggers found, by kind, and the warnings they call for. A
+/// trigger only makes a change seen sooner: the completion re-checks the
+/// facts the gates passed on (`Database::complete`), with or without one,
+/// so its absence costs latency, never a wrong approval, and only warns.
 pub(super) fn wake_warnings(requests: i64, econtracts: i64, how: &str) -> Vec<String> {
     let mut warnings = Vec::new();
     if requests == 0 {
         warnings.push(format!(
             "no wake trigger calls autoapproval_request_changed ({how}): \
-             a change of a request is seen only by the next poll (--poll-interval)"
+             a new or changed request is seen only at the next poll (--poll-period), and a \
+             waiting one waits out its retry interval; approvals are unaffected (each \
+             re-checks its request's facts when it is written)"
         ));
     }
     if econtracts == 0 {
         warnings.push(format!(
             "no wake trigger calls autoapproval_econtract_changed ({how}): \
-             a signed e-contract is seen only when its request is next polled"
+             a request waiting for its e-contract waits out its retry interval after the \
+             signature; approvals are unaffected (each re-checks the ledger when it is written)"
         ));
     }
     warnings

@@ -113,7 +113,9 @@ impl Filter for EContractSigned {
         let Some(contract) = r.econtract_ref.as_deref() else {
             return Ok(Verdict::Wait(RetryReason::condition("no e-contract")));
         };
-        if cx.store.econtract_status(contract).await?.as_deref() == Some("SIGNED") {
+        let signed = ContractStatus::Signed.as_str();
+        if cx.store.econtract_status(contract).await?.as_deref() == Some(signed) {
+            cx.seen.econtract_status(signed);
             return Ok(Verdict::Pass);
         }
         let status = match cx
@@ -127,7 +129,11 @@ impl Filter for EContractSigned {
             .sync_econtract(r.id, contract, status.as_str(), cx.clock.now())
             .await?;
         Ok(match status {
-            ContractStatus::Signed => Verdict::Pass,
+            // What the sync just wrote to the ledger.
+            ContractStatus::Signed => {
+                cx.seen.econtract_status(signed);
+                Verdict::Pass
+            }
             other => Verdict::Wait(RetryReason::condition(format!(
                 "e-contract {}",
                 other.as_str().to_lowercase()

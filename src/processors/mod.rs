@@ -15,7 +15,7 @@ use tracing::Instrument;
 
 use crate::clock::Clock;
 use crate::db::{Database, DbError};
-use crate::domain::{Claim, Request, RequestStatus, RequestType};
+use crate::domain::{Claim, Facts, Request, RequestStatus, RequestType};
 use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems, IdempotencyKey};
 use crate::retry::RetryClass;
 use crate::telemetry::Metrics;
@@ -149,6 +149,35 @@ pub struct ChainContext<'a> {
     /// Whether the claim's shard is still held and renewed: checked before
     /// every external call, so a chain whose shard was lost calls nothing.
     pub held: &'a (dyn Fn() -> bool + Send + Sync),
+    /// Where the gates note what they passed on outside the request row;
+    /// [`Chain::run`] starts it afresh and hands it to the completion.
+    pub seen: &'a Seen,
+}
+
+/// What an attempt's gates passed on outside the request row, for the
+/// completion to re-check ([`Facts::econtract_status`]).
+#[derive(Debug, Default)]
+pub struct Seen {
+    econtract_status: std::sync::Mutex<Option<String>>,
+}
+
+impl Seen {
+    /// A gate passed on the ledger's saying `status` of the request's
+    /// e-contract (read there, or written there by the sync).
+    pub fn econtract_status(&self, status: &str) {
+        *self.lock() = Some(status.to_owned());
+    }
+
+    /// What was noted, leaving nothing.
+    fn take_econtract_status(&self) -> Option<String> {
+        self.lock().take()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<String>> {
+        self.econtract_status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 impl ChainContext<'_> {
@@ -263,8 +292,16 @@ trait Processor: Send + Sync {
 /// How a chain run ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ChainOutcome {
-    /// Every step done: the request may be approved.
-    Success,
+    /// Every step done: the request may be approved while these facts,
+    /// which every gate passed on, still hold.
+    Success(Facts),
+    /// A fact read by an earlier step differs at a later step's re-read:
+    /// the gates did not all pass on the same facts. Due again at once;
+    /// `step` is where it was seen.
+    Changed {
+        /// The step whose re-read saw the change.
+        step: Step,
+    },
     /// Must wait; `step` is where it stopped.
     Retry {
         /// The step that asked for the retry.
@@ -317,6 +354,10 @@ impl Chain {
         on_step: &(dyn Fn(Step) + Send + Sync),
     ) -> Result<ChainOutcome, ChainError> {
         let mut step = None;
+        // The facts of the first read: every later step must read the same,
+        // or a gate of an earlier step passed on what is no longer so.
+        let mut first: Option<Facts> = None;
+        cx.seen.take_econtract_status();
         for _ in 0..MAX_TRANSITIONS {
             // Every step sees fresh data: the previous one changed the
             // outside world, the e-sign ledger syncs by itself, and a person
@@ -342,6 +383,11 @@ impl Chain {
                     }
                 },
             };
+            let read = Facts::of(&request);
+            if first.as_ref().is_some_and(|first| *first != read) {
+                return Ok(ChainOutcome::Changed { step: current });
+            }
+            let facts = first.get_or_insert(read);
             on_step(current);
             let Some(processor) = self.processors.iter().find(|p| p.step() == current) else {
                 return Ok(ChainOutcome::Retry {
@@ -352,7 +398,12 @@ impl Chain {
             let span = tracing::info_span!("step", step = current.as_str());
             match processor.process(cx, &request).instrument(span).await? {
                 Transition::Next(next) => step = Some(next),
-                Transition::Success => return Ok(ChainOutcome::Success),
+                Transition::Success => {
+                    return Ok(ChainOutcome::Success(Facts {
+                        econtract_status: cx.seen.take_econtract_status(),
+                        ..facts.clone()
+                    }));
+                }
                 Transition::Retry(reason) => {
                     return Ok(ChainOutcome::Retry {
                         step: current,

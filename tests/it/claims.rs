@@ -6,7 +6,8 @@ use chrono::Duration;
 use sqlx::PgPool;
 
 use crate::support::{
-    Db, NewRequest, candidate, claim_new, fence, insert_state, on_both, request_view, t0, with_pool,
+    Db, NewRequest, candidate, claim_new, complete_now, fence, insert_state, on_both, request_view,
+    t0, with_pool,
 };
 
 on_both!(two_concurrent_claimers_of_a_new_request_one_wins);
@@ -141,7 +142,7 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
         panic!("the recovered request must be claimable");
     };
 
-    assert_eq!(store.complete(&old).await.unwrap(), Completion::Stale);
+    assert_eq!(complete_now(&store, &old).await, Completion::Stale);
     assert!(
         !store
             .save_result(&old, StepResult::OwnerNumber(99))
@@ -154,7 +155,7 @@ async fn a_completion_with_a_stale_fencing_token_changes_nothing_and_says_so(db:
     assert_eq!(request_view(&db, 1).await.owner_number, None);
     assert_eq!(store.state(1).await.unwrap().unwrap().holder, "b");
 
-    assert_eq!(store.complete(&new).await.unwrap(), Completion::Approved);
+    assert_eq!(complete_now(&store, &new).await, Completion::Approved);
     assert_eq!(request_view(&db, 1).await.status, "APPROVED");
     assert!(store.state(1).await.unwrap().is_none());
 }
@@ -297,7 +298,7 @@ async fn our_own_approval_notifies_nobody_and_a_persons_decision_does(db: Db) {
     }
     let mut changes = store.request_changes().await.unwrap();
     let claim = claim_new(&store, 61, "w1").await;
-    assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
+    assert_eq!(complete_now(&store, &claim).await, Completion::Approved);
     // A person approves 62: delivered in commit order, after anything of 61's.
     db.exec(
         "UPDATE approval_request SET status = 'APPROVED', decided_by = 'manual:ann' WHERE id = 62",
@@ -688,7 +689,7 @@ async fn a_completion_after_a_persons_decision_keeps_it_and_drops_the_claim(db: 
     )
     .await;
     assert_eq!(
-        store.complete(&claim).await.unwrap(),
+        complete_now(&store, &claim).await,
         Completion::RequestClosed
     );
     assert_eq!(request_view(&db, 7).await.status, "REJECTED");
@@ -739,4 +740,87 @@ async fn our_result_writes_wake_nobody_even_when_every_column_is_watched(pool: P
         .await
         .unwrap();
     assert_eq!(woken, [72], "no wake row for our own write");
+}
+
+#[sqlx::test(migrations = false)]
+/// The completion is one statement: its snapshot is taken before it locks
+/// the request row, and its wake rows are read under that snapshot (issue
+/// 41, 9a), so a business change committed in between wrote a wake row the
+/// statement cannot see. A function in the view (this test's only) holds
+/// the completion there, after its snapshot and before the row lock, until
+/// the business has committed a change of a fact; the completion compares
+/// the row it then locks, the change's newest version, and approves nothing.
+async fn a_business_commit_between_the_completions_snapshot_and_its_row_lock_is_seen(pool: PgPool) {
+    use autoapproval::domain::Facts;
+    use sqlx::Connection;
+
+    let pool = crate::support::migrated(pool).await;
+    let store = Database::postgres(pool.clone(), pool.clone());
+    NewRequest::ready_owner(81).insert(&pool).await;
+    let claim = claim_new(&store, 81, "w1").await;
+    let facts = Facts::of(&store.request(81).await.unwrap().unwrap());
+    // The scan evaluates the view's WHERE before the row above it is
+    // locked: the completion's (its text names the `approved` step) waits
+    // there for an advisory lock the test holds.
+    sqlx::raw_sql(
+        "CREATE FUNCTION hold_the_completion() RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+         BEGIN
+             IF current_query() LIKE '%approved AS (%' THEN
+                 PERFORM pg_advisory_lock(4141);
+                 PERFORM pg_advisory_unlock(4141);
+             END IF;
+             RETURN true;
+         END $$;
+         CREATE OR REPLACE VIEW autoapproval_request AS
+         SELECT id, request_type, status, sort_time, created_at, updated_at, business_name,
+                documents_released, operational_hold, menu_registered, logo_registered,
+                previous_step_approved, econtract_ref, target_store_number,
+                owner_number, store_number, campaign_id, decided_at, decided_by
+           FROM approval_request WHERE hold_the_completion();",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let mut gate = sqlx::PgConnection::connect_with(&pool.connect_options())
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_advisory_lock(4141)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+
+    let completion = tokio::spawn({
+        let store = store.clone();
+        async move { store.complete(&claim, &facts).await }
+    });
+    crate::support::eventually("the completion held before its row lock", || async {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        (waiting > 0).then_some(())
+    })
+    .await;
+    sqlx::query("UPDATE approval_request SET documents_released = false WHERE id = 81")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("SELECT pg_advisory_unlock(4141)")
+        .execute(&mut gate)
+        .await
+        .unwrap();
+
+    assert_eq!(completion.await.unwrap().unwrap(), Completion::Woken);
+    assert_eq!(request_view(&pool, 81).await.status, "PENDING");
+    let woken: Vec<i64> = sqlx::query_scalar("SELECT request_id FROM auto_approve_wake")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        woken,
+        [81],
+        "the change's wake row, committed after the statement's snapshot"
+    );
 }

@@ -18,7 +18,8 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::support::eventually;
 use crate::support::{
-    AsDb, Db, NewRequest, candidate, defaults, on_both, request_view, simulator, slow, t0,
+    AsDb, Db, NewRequest, candidate, complete_now, defaults, on_both, request_view, simulator,
+    slow, t0,
 };
 
 const K: u32 = 4;
@@ -84,7 +85,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(db: Db) {
             .unwrap()
     );
     assert!(!store.release(&claim_a, t0()).await.unwrap());
-    assert_eq!(store.complete(&claim_a).await.unwrap(), Completion::Stale);
+    assert_eq!(complete_now(&store, &claim_a).await, Completion::Stale);
     assert_eq!(
         store
             .claim(&candidate(5, None), &a, t0(), DEFAULT_RETRY_LIMIT)
@@ -107,10 +108,7 @@ async fn a_superseded_shard_token_can_neither_claim_nor_write(db: Db) {
     else {
         panic!("b claims the recovered request");
     };
-    assert_eq!(
-        store.complete(&claim_b).await.unwrap(),
-        Completion::Approved
-    );
+    assert_eq!(complete_now(&store, &claim_b).await, Completion::Approved);
     assert_eq!(
         request_view(&db, 1).await.owner_number,
         None,
@@ -370,6 +368,7 @@ async fn an_external_call_after_the_shard_is_lost_is_never_started(db: Db) {
         clock: &SystemClock,
         metrics: &Metrics::new(),
         held: &lost,
+        seen: &autoapproval::processors::Seen::default(),
     };
     let started = std::sync::atomic::AtomicBool::new(false);
 

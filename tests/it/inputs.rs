@@ -1,16 +1,17 @@
 //! What a creation and an approval are made from, when the request changes
 //! under an attempt: the body sent under a key is the recorded one until its
 //! result is saved, a saved campaign counts only for the store it was made
-//! for, and a fact changed while the attempt ran is read before approving.
+//! for, and a fact changed while the attempt ran is read before approving,
+//! with or without a wake trigger.
 
 use std::time::Duration as StdDuration;
 
 use autoapproval::approval::{AttemptOutcome, WOKEN_BEFORE_COMPLETION};
 use autoapproval::clock::Clock;
-use autoapproval::db::SessionArgs;
+use autoapproval::db::{RequestChange, SessionArgs};
 use autoapproval::domain::{Candidate, RequestType};
-use autoapproval::external::System;
-use autoapproval_sim::SimSystem;
+use autoapproval::external::{ContractStatus, System};
+use autoapproval_sim::{Faults, SimSystem};
 
 use crate::support::{
     Db, Env, NewRequest, attempt_due_retry, candidate, fence, metric_sum, on_both, request_view,
@@ -160,4 +161,243 @@ async fn a_hold_set_while_the_last_step_runs_is_not_approved(db: Db) {
         "{retry:?}"
     );
     assert_eq!(request_view(&db, 61).await.status, "PENDING");
+}
+
+/// Runs an attempt at owner contract `id` whose last step (the store) is
+/// slowed down, makes `change` while that step's call is in flight, and
+/// answers the attempt's outcome.
+async fn change_during_the_last_step<F, Fut>(env: &Env, id: i64, change: F) -> AttemptOutcome
+where
+    F: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    env.sim
+        .set_faults(slow(System::Store, StdDuration::from_secs(1)))
+        .unwrap();
+    let attempt = tokio::spawn({
+        let approver = env.approver.clone();
+        async move { approver.attempt(&candidate(id, None), &fence("a", 1)).await }
+    });
+    wait_in_call(env, SimSystem::Store).await;
+    change().await;
+    let outcome = attempt.await.unwrap().unwrap();
+    env.sim.set_faults(Faults::default()).unwrap();
+    outcome
+}
+
+/// The outcome is a completion refused for a changed fact, due at once.
+fn assert_refused_and_due_at_once(env: &Env, outcome: &AttemptOutcome) {
+    let AttemptOutcome::RetryScheduled {
+        reason,
+        next_retry_time,
+        ..
+    } = outcome
+    else {
+        panic!("{outcome:?}");
+    };
+    assert_eq!(reason.reason, WOKEN_BEFORE_COMPLETION);
+    assert_eq!(*next_retry_time, env.clock.now(), "due at once");
+}
+
+on_both!(without_a_wake_trigger_documents_put_back_in_review_during_the_last_step_are_not_approved);
+/// No wake trigger is attached, so the business's change records no wake:
+/// the documents go back in review while the last step (the store) is
+/// created, after the owner step's gate passed on them. The completion
+/// compares the row it locks with what the gates passed on and approves
+/// nothing; the request is due at once, waits for the documents, and is
+/// approved once they are released again.
+async fn without_a_wake_trigger_documents_put_back_in_review_during_the_last_step_are_not_approved(
+    db: Db,
+) {
+    let env = Env::start(db.clone()).await;
+    assert!(db.drop_wake_triggers().await > 0, "the binding had some");
+    NewRequest::ready_owner(71).insert(&db).await;
+
+    let first = change_during_the_last_step(&env, 71, || async {
+        db.exec("UPDATE approval_request SET documents_released = false WHERE id = 71")
+            .await;
+    })
+    .await;
+
+    assert_refused_and_due_at_once(&env, &first);
+    assert_eq!(
+        db.fetch_i64("SELECT count(*) FROM auto_approve_wake").await,
+        0,
+        "no trigger wrote a wake"
+    );
+    assert_eq!(request_view(&db, 71).await.status, "PENDING");
+    let retry = attempt_due_retry(&env, 71, RequestType::OwnerContract).await;
+    assert!(
+        matches!(&retry, AttemptOutcome::RetryScheduled { reason, .. }
+            if reason.reason == "documents not released"),
+        "{retry:?}"
+    );
+    db.exec("UPDATE approval_request SET documents_released = true WHERE id = 71")
+        .await;
+    let released = attempt_due_retry(&env, 71, RequestType::OwnerContract).await;
+    assert_eq!(released, AttemptOutcome::Approved);
+    assert_eq!(env.sim.stats().created.stores, 1, "the store made once");
+}
+
+on_both!(without_a_wake_trigger_an_e_contract_voided_during_the_last_step_is_not_approved);
+/// No wake trigger is attached: the e-contract, signed when the owner
+/// step's gate read the ledger, is voided (in the e-sign system and by its
+/// sync in the ledger) while the last step runs. The completion compares
+/// the ledger's status with the one the gate passed on and approves
+/// nothing; the next attempt waits for a signature, and is approved once
+/// the contract is signed again.
+async fn without_a_wake_trigger_an_e_contract_voided_during_the_last_step_is_not_approved(db: Db) {
+    let env = Env::start(db.clone()).await;
+    assert!(db.drop_wake_triggers().await > 0, "the binding had some");
+    NewRequest::ready_owner(72).insert(&db).await;
+
+    let first = change_during_the_last_step(&env, 72, || async {
+        env.sim
+            .set_contract_status("EC-72", ContractStatus::Rejected);
+        db.exec("UPDATE econtract SET status = 'REJECTED' WHERE contract_ref = 'EC-72'")
+            .await;
+    })
+    .await;
+
+    assert_refused_and_due_at_once(&env, &first);
+    assert_eq!(request_view(&db, 72).await.status, "PENDING");
+    let retry = attempt_due_retry(&env, 72, RequestType::OwnerContract).await;
+    assert!(
+        matches!(&retry, AttemptOutcome::RetryScheduled { reason, .. }
+            if reason.reason == "e-contract rejected"),
+        "{retry:?}"
+    );
+    env.sim.set_contract_status("EC-72", ContractStatus::Signed);
+    let signed = attempt_due_retry(&env, 72, RequestType::OwnerContract).await;
+    assert_eq!(signed, AttemptOutcome::Approved);
+}
+
+on_both!(an_e_contract_voided_during_the_last_step_is_not_approved_before_its_wake_is_expanded);
+/// With the triggers attached, an e-contract voided while the last step
+/// runs: PostgreSQL's trigger writes a wake row per open request on it; on
+/// MySQL the trigger writes one row naming the contract, which becomes the
+/// requests' own only when a poller expands it (none runs here). Either
+/// way, nothing is approved and the request is due at once.
+async fn an_e_contract_voided_during_the_last_step_is_not_approved_before_its_wake_is_expanded(
+    db: Db,
+) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(73).insert(&db).await;
+
+    let first = change_during_the_last_step(&env, 73, || async {
+        env.sim
+            .set_contract_status("EC-73", ContractStatus::Rejected);
+        db.exec("UPDATE econtract SET status = 'REJECTED' WHERE contract_ref = 'EC-73'")
+            .await;
+    })
+    .await;
+
+    assert_refused_and_due_at_once(&env, &first);
+    assert_eq!(request_view(&db, 73).await.status, "PENDING");
+    if let Db::Mysql(_) = db {
+        assert_eq!(
+            db.fetch_i64(
+                "SELECT count(*) FROM auto_approve_wake
+                  WHERE request_id IS NULL AND contract_ref = 'EC-73' AND skip_request IS NULL"
+            )
+            .await,
+            1,
+            "the contract's row, not expanded"
+        );
+    }
+}
+
+on_both!(an_e_contract_voided_and_signed_again_during_the_last_step_is_not_approved_while_its_wake_is_pending);
+/// The e-contract is voided and signed again while the last step runs: the
+/// ledger ends as the gate saw it, but the change's wake is pending (on
+/// MySQL, only as the contract's unexpanded row), so the completion
+/// approves nothing, as after any wake since the claim; the next attempt
+/// reads the contract again and approves.
+async fn an_e_contract_voided_and_signed_again_during_the_last_step_is_not_approved_while_its_wake_is_pending(
+    db: Db,
+) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(74).insert(&db).await;
+
+    let first = change_during_the_last_step(&env, 74, || async {
+        db.exec("UPDATE econtract SET status = 'REJECTED' WHERE contract_ref = 'EC-74'")
+            .await;
+        db.exec("UPDATE econtract SET status = 'SIGNED' WHERE contract_ref = 'EC-74'")
+            .await;
+    })
+    .await;
+
+    assert_refused_and_due_at_once(&env, &first);
+    if let Db::Mysql(_) = db {
+        assert_eq!(
+            db.fetch_i64("SELECT count(*) FROM auto_approve_wake WHERE request_id IS NOT NULL")
+                .await,
+            0,
+            "only the contract's rows, none of the request's own"
+        );
+        // What a replica's poller does within its interval: the rows
+        // become the request's own, which the next claim consumes.
+        let mut changes = env.store.request_changes().await.unwrap();
+        let change = tokio::time::timeout(StdDuration::from_secs(10), changes.next())
+            .await
+            .expect("the poller reads the rows")
+            .unwrap();
+        assert_eq!(change, RequestChange::Changed(74));
+    }
+    let retry = attempt_due_retry(&env, 74, RequestType::OwnerContract).await;
+    assert_eq!(retry, AttemptOutcome::Approved);
+}
+
+on_both!(without_a_wake_trigger_a_fact_read_otherwise_by_a_later_step_is_not_approved);
+/// No wake trigger: the menu is registered while the owner step's call
+/// runs (the owner step's read had none; only the store step's gate reads
+/// it), and would be withdrawn again during the store's call, so the row
+/// at the completion would match the first read. Every step must read the
+/// facts the earlier ones passed on: the store step's read differs, the
+/// attempt stops there, creates no store and is due again at once.
+async fn without_a_wake_trigger_a_fact_read_otherwise_by_a_later_step_is_not_approved(db: Db) {
+    let env = Env::start(db.clone()).await;
+    assert!(db.drop_wake_triggers().await > 0, "the binding had some");
+    NewRequest {
+        menu_registered: false,
+        ..NewRequest::ready_owner(75)
+    }
+    .insert(&db)
+    .await;
+    env.sim
+        .set_faults(slow(System::Owner, StdDuration::from_secs(1)))
+        .unwrap();
+    let attempt = tokio::spawn({
+        let approver = env.approver.clone();
+        async move { approver.attempt(&candidate(75, None), &fence("a", 1)).await }
+    });
+    wait_in_call(&env, SimSystem::Owner).await;
+    db.exec("UPDATE approval_request SET menu_registered = true WHERE id = 75")
+        .await;
+    env.sim
+        .set_faults(slow(System::Store, StdDuration::from_secs(1)))
+        .unwrap();
+    // Were the store's call made, the menu goes again while it runs.
+    let mut attempt = attempt;
+    let mut withdrawn = false;
+    let first = loop {
+        tokio::select! {
+            outcome = &mut attempt => break outcome.unwrap().unwrap(),
+            () = tokio::time::sleep(StdDuration::from_millis(10)) => {
+                if !withdrawn && *env.sim.stats().in_flight.get(SimSystem::Store) > 0 {
+                    db.exec("UPDATE approval_request SET menu_registered = false WHERE id = 75")
+                        .await;
+                    withdrawn = true;
+                }
+            }
+        }
+    };
+
+    assert_refused_and_due_at_once(&env, &first);
+    assert_eq!(
+        env.sim.stats().created.stores,
+        0,
+        "stopped before the store"
+    );
+    assert_eq!(request_view(&db, 75).await.status, "PENDING");
 }

@@ -19,7 +19,7 @@ use futures::FutureExt;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool, MySqlPoolOptions};
 use sqlx::{Connection, Executor, MySqlConnection};
 
-use crate::support::{MysqlScratch, candidate, claim_new, migrate_twice, t0};
+use crate::support::{MysqlScratch, candidate, claim_new, complete_now, migrate_twice, t0};
 
 /// The wake poller's interval in these tests.
 const POLL: StdDuration = StdDuration::from_millis(20);
@@ -175,7 +175,9 @@ async fn mysql_migrations_apply_twice() {
     .await;
 }
 
-/// 0.2.0's wake table and the trigger its 0003 put on approval_request.
+/// 0.2.0's wake table and the four triggers its 0003 put on
+/// approval_request and econtract (the update trigger abridged to two of
+/// the columns it watched).
 const WAKE_0_2_0: &str = "
 CREATE TABLE auto_approve_wake (
     id           BIGINT       NOT NULL AUTO_INCREMENT PRIMARY KEY,
@@ -189,13 +191,37 @@ CREATE TABLE auto_approve_wake (
 CREATE TRIGGER approval_request_wake_insert
     AFTER INSERT ON approval_request FOR EACH ROW
     INSERT INTO auto_approve_wake (request_id, new_request) VALUES (NEW.id, true);
+CREATE TRIGGER approval_request_wake_update
+    AFTER UPDATE ON approval_request FOR EACH ROW
+BEGIN
+    IF NOT (NEW.status <=> OLD.status) OR NOT (NEW.documents_released <=> OLD.documents_released) THEN
+        INSERT INTO auto_approve_wake (request_id) VALUES (NEW.id);
+    END IF;
+END;
+CREATE TRIGGER econtract_wake_insert
+    AFTER INSERT ON econtract FOR EACH ROW
+    INSERT INTO auto_approve_wake (contract_ref, skip_request)
+    VALUES (NEW.contract_ref, @autoapproval_syncing_request);
+CREATE TRIGGER econtract_wake_update
+    AFTER UPDATE ON econtract FOR EACH ROW
+BEGIN
+    IF NOT (NEW.status <=> OLD.status) THEN
+        INSERT INTO auto_approve_wake (contract_ref, skip_request)
+        VALUES (NEW.contract_ref, @autoapproval_syncing_request);
+    END IF;
+END;
 ";
 
+/// A database 0.2.0's migrations made (its business tables, its wake
+/// triggers) keeps its requests through the upgrade. The controller set
+/// (run while 0.2.0's replicas still run) leaves 0.2.0's triggers
+/// appending their wake rows, which those replicas' completions rely on;
+/// the reference set's binding replaces them: one wake row per change.
 #[tokio::test]
-async fn mysql_migrating_a_0_2_0_database_keeps_its_requests_and_drops_its_triggers() {
+async fn mysql_a_0_2_0_database_keeps_its_wake_triggers_until_the_binding_replaces_them() {
     scratch(false, |db| async move {
         // 0.2.0 made the business tables itself (the reference set's are
-        // the same) and a wake trigger on them.
+        // the same) and its wake triggers on them.
         sqlx::raw_sql(include_str!(
             "../../migrations/mysql/reference/0001_business_tables.sql"
         ))
@@ -208,21 +234,63 @@ async fn mysql_migrating_a_0_2_0_database_keeps_its_requests_and_drops_its_trigg
             .unwrap();
         insert_owner(&db.business, 1).await;
         assert_eq!(db.wake_rows().await, [(Some(1), None)]);
+        let triggers = async || -> Vec<String> {
+            sqlx::query_scalar(
+                "SELECT trigger_name FROM information_schema.triggers
+                  WHERE trigger_schema = DATABASE() ORDER BY trigger_name",
+            )
+            .fetch_all(&db.business)
+            .await
+            .unwrap()
+        };
+        let changes = async || {
+            sqlx::query("UPDATE approval_request SET documents_released = NOT documents_released WHERE id = 1")
+                .execute(&db.business)
+                .await
+                .unwrap();
+            sqlx::query(
+                "INSERT INTO econtract (contract_ref, status) VALUES ('EC-1', 'SIGNED')
+                 ON DUPLICATE KEY UPDATE status = IF(status = 'SIGNED', 'REJECTED', 'SIGNED')",
+            )
+            .execute(&db.business)
+            .await
+            .unwrap();
+        };
+
+        db.store
+            .migrate(false)
+            .await
+            .expect("0.2.0's database takes the controller set");
+        assert_eq!(
+            triggers().await,
+            [
+                "approval_request_wake_insert",
+                "approval_request_wake_update",
+                "econtract_wake_insert",
+                "econtract_wake_update"
+            ]
+        );
+        changes().await;
+        assert_eq!(
+            db.wake_rows().await,
+            [
+                (Some(1), None),
+                (Some(1), None),
+                (None, Some("EC-1".to_owned()))
+            ],
+            "0.2.0's triggers still append the wakes of a change and of its contract"
+        );
+        sqlx::query("DELETE FROM auto_approve_wake")
+            .execute(&db.business)
+            .await
+            .unwrap();
 
         db.store
             .migrate(true)
             .await
-            .expect("0.2.0's database migrates");
-
-        let triggers: Vec<String> = sqlx::query_scalar(
-            "SELECT trigger_name FROM information_schema.triggers
-              WHERE trigger_schema = DATABASE() ORDER BY trigger_name",
-        )
-        .fetch_all(&db.business)
-        .await
-        .unwrap();
+            .expect("the reference set binds the tables");
         assert_eq!(
-            triggers,
+            triggers().await,
             [
                 "approval_request_autoapproval_inserted",
                 "approval_request_autoapproval_updated",
@@ -235,8 +303,16 @@ async fn mysql_migrating_a_0_2_0_database_keeps_its_requests_and_drops_its_trigg
             "the request stays"
         );
         // One wake row per change, not one per trigger generation.
+        changes().await;
         insert_owner(&db.business, 2).await;
-        assert_eq!(db.wake_rows().await, [(Some(1), None), (Some(2), None)]);
+        assert_eq!(
+            db.wake_rows().await,
+            [
+                (Some(1), None),
+                (None, Some("EC-1".to_owned())),
+                (Some(2), None)
+            ]
+        );
     })
     .await;
 }
@@ -606,7 +682,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Stale);
+        assert_eq!(complete_now(store, &claim).await, Completion::Stale);
         assert!(!store.release(&claim, t0()).await.unwrap());
         assert!(!store.drop_claim(&claim).await.unwrap());
         let retry = RetryWrite {
@@ -652,7 +728,7 @@ async fn mysql_a_stale_holder_is_refused_after_the_fence_moves() {
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&fresh).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(store, &fresh).await, Completion::Approved);
         let memos = store.memos(5).await.unwrap();
         assert!(
             memos.iter().any(|m| m.contains("interrupted on a")),
@@ -700,12 +776,16 @@ async fn mysql_the_triggers_append_a_wake_row_per_relevant_change_only() {
                 .await
                 .unwrap();
         assert_eq!(skip, Some(1));
-        // Our own approval wakes nobody.
+        // Our own approval wakes nobody. The contract's row is a pending
+        // wake of request 1 until a poller expands it (the completion
+        // counts it): one poll, as a replica makes every interval.
+        let mut changes = db.store.request_changes().await.unwrap();
+        assert_eq!(next_change(&mut changes).await, RequestChange::Changed(1));
         let before = db.wake_rows().await.len();
         let claim = claim_new(&db.store, 1, "a").await;
         let after_claim = db.wake_rows().await.len();
         assert!(after_claim < before, "the claim consumed the request's rows");
-        assert_eq!(db.store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(&db.store, &claim).await, Completion::Approved);
         assert_eq!(db.wake_rows().await.len(), after_claim);
     })
     .await;
@@ -750,7 +830,7 @@ async fn mysql_our_own_approval_and_results_append_no_wake_row_a_business_change
                 .await
                 .unwrap()
         );
-        assert_eq!(store.complete(&claim).await.unwrap(), Completion::Approved);
+        assert_eq!(complete_now(&store, &claim).await, Completion::Approved);
         assert!(
             db.wake_rows().await.is_empty(),
             "our approval and results wake nobody"

@@ -16,7 +16,7 @@ use autoapproval::telemetry::Metrics;
 use autoapproval_sim::{Faults, SimSystem};
 
 use crate::support::{
-    Db, Env, NewRequest, candidate, defaults, fence, on_both, slow, t0, wait_in_call,
+    Db, Env, NewRequest, candidate, complete_now, defaults, fence, on_both, slow, t0, wait_in_call,
 };
 
 /// Owner creations that take `latency`, every other call at once.
@@ -138,7 +138,7 @@ async fn a_claim_given_back_and_taken_again_under_the_same_fence_refuses_the_fir
     );
     assert!(!store.release(&old, t0()).await.unwrap());
     assert!(!store.drop_claim(&old).await.unwrap());
-    assert_eq!(store.complete(&old).await.unwrap(), Completion::Stale);
+    assert_eq!(complete_now(&store, &old).await, Completion::Stale);
     let state = store.state(1).await.unwrap().unwrap();
     assert_eq!(
         (state.status.as_str(), state.retry_count),
@@ -156,7 +156,7 @@ async fn a_claim_given_back_and_taken_again_under_the_same_fence_refuses_the_fir
             .await
             .unwrap()
     );
-    assert_eq!(store.complete(&new).await.unwrap(), Completion::Approved);
+    assert_eq!(complete_now(&store, &new).await, Completion::Approved);
 }
 
 on_both!(a_chain_whose_claim_was_swept_and_taken_again_by_its_replica_writes_nothing_more);

@@ -361,8 +361,9 @@ async fn start_up_warns_of_a_whole_table_candidate_read_and_of_no_wake_trigger(d
     );
 }
 
-/// 0.2.0's wake trigger on approval_request, as its migrations 0004–0021
-/// left it (the function named, the body abridged to its effect).
+/// 0.2.0's wake triggers on approval_request and econtract, as its
+/// migrations 0004–0021 left them (the functions named, the bodies abridged
+/// to their effect).
 const PG_WAKE_0_2_0: &str = "
 CREATE TABLE auto_approve_wake (request_id BIGINT NOT NULL, woken_at TIMESTAMPTZ NOT NULL DEFAULT now());
 CREATE FUNCTION autoapproval_notify_request() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -376,14 +377,45 @@ END;
 $$;
 CREATE TRIGGER approval_request_notify AFTER INSERT OR UPDATE ON approval_request
     FOR EACH ROW EXECUTE FUNCTION autoapproval_notify_request();
+CREATE FUNCTION autoapproval_notify_econtract() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO auto_approve_wake (request_id)
+    SELECT r.id FROM approval_request r WHERE r.econtract_ref = NEW.contract_ref;
+    RETURN NULL;
+END;
+$$;
+CREATE TRIGGER econtract_notify AFTER INSERT OR UPDATE ON econtract
+    FOR EACH ROW EXECUTE FUNCTION autoapproval_notify_econtract();
 ";
 
+/// The triggers on `table` of the test's database, by name.
+async fn pg_triggers(pool: &sqlx::PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT tgname::text FROM pg_trigger
+          WHERE tgrelid = $1::regclass AND NOT tgisinternal ORDER BY 1",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// The request ids of the wake rows, which it deletes.
+async fn pg_take_wakes(pool: &sqlx::PgPool) -> Vec<i64> {
+    sqlx::query_scalar("DELETE FROM auto_approve_wake RETURNING request_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
 /// A database 0.2.0 migrated (its business tables, made by 0.2.0's own
-/// migrations, its wake trigger) keeps its requests through `migrate
-/// --reference-schema`, and ends with the new triggers only: one wake row
-/// per change, not two.
+/// migrations, its wake triggers) keeps its requests through the upgrade.
+/// The controller set (the chart's pre-upgrade hook, while 0.2.0's
+/// replicas still run) leaves 0.2.0's triggers recording their wakes,
+/// which those replicas' completions rely on; the reference set's binding
+/// replaces them with the new ones: one wake row per change, not two.
 #[sqlx::test(migrations = false)]
-async fn a_0_2_0_postgres_database_migrates_keeping_its_requests_and_one_trigger(
+async fn a_0_2_0_postgres_database_keeps_its_wake_triggers_until_the_binding_replaces_them(
     pool: sqlx::PgPool,
 ) {
     sqlx::raw_sql(include_str!(
@@ -395,37 +427,53 @@ async fn a_0_2_0_postgres_database_migrates_keeping_its_requests_and_one_trigger
     sqlx::raw_sql(PG_WAKE_0_2_0)
         .execute(&pool)
         .await
-        .expect("0.2.0's wake trigger");
+        .expect("0.2.0's wake triggers");
     let db = Db::Postgres(pool.clone());
     owner_now(361).insert(&db).await;
-
     let url = database_url(&db);
-    let migrate = autoapproval(&["migrate", "--reference-schema", "--database-url", &url]);
-    assert!(migrate.status.success(), "{}", stderr(&migrate));
 
-    let triggers: Vec<String> = sqlx::query_scalar(
-        "SELECT tgname::text FROM pg_trigger
-          WHERE tgrelid = 'approval_request'::regclass AND NOT tgisinternal ORDER BY 1",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let controller = autoapproval(&["migrate", "--database-url", &url]);
+    assert!(controller.status.success(), "{}", stderr(&controller));
     assert_eq!(
-        triggers,
+        pg_triggers(&pool, "approval_request").await,
+        ["approval_request_notify"]
+    );
+    assert_eq!(pg_triggers(&pool, "econtract").await, ["econtract_notify"]);
+    db.exec("UPDATE approval_request SET documents_released = false WHERE id = 361")
+        .await;
+    db.exec("INSERT INTO econtract (contract_ref, status) VALUES ('EC-361', 'SIGNED')")
+        .await;
+    assert_eq!(
+        pg_take_wakes(&pool).await,
+        [361, 361],
+        "0.2.0's triggers still record the wakes of a change and of its contract"
+    );
+
+    let reference = autoapproval(&["migrate", "--reference-schema", "--database-url", &url]);
+    assert!(reference.status.success(), "{}", stderr(&reference));
+    assert_eq!(
+        pg_triggers(&pool, "approval_request").await,
         [
             "autoapproval_request_inserted",
             "autoapproval_request_updated"
         ]
     );
-    db.exec(
-        "UPDATE approval_request SET documents_released = NOT documents_released WHERE id = 361",
-    )
-    .await;
-    let woken: Vec<i64> = sqlx::query_scalar("SELECT request_id FROM auto_approve_wake")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(woken, [361], "one wake row for one change");
+    assert_eq!(
+        pg_triggers(&pool, "econtract").await,
+        [
+            "autoapproval_econtract_inserted",
+            "autoapproval_econtract_updated"
+        ]
+    );
+    db.exec("UPDATE approval_request SET documents_released = true WHERE id = 361")
+        .await;
+    db.exec("UPDATE econtract SET status = 'REJECTED' WHERE contract_ref = 'EC-361'")
+        .await;
+    assert_eq!(
+        pg_take_wakes(&pool).await,
+        [361, 361],
+        "one wake row per change: the new triggers' only"
+    );
     assert_eq!(request_status(&db, 361).await, "PENDING");
     let warnings = db
         .database()

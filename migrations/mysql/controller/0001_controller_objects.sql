@@ -10,9 +10,11 @@
 -- Idempotent on a database 0.2.0's migrations created, which is how one
 -- upgrades: every table is CREATE TABLE IF NOT EXISTS with every column and
 -- index declared inline (MySQL 8 has no CREATE INDEX IF NOT EXISTS), every
--- routine as the rule below says, and 0.2.0's four triggers on
--- approval_request and econtract are dropped (the reference set's binding
--- attaches their successors).
+-- routine as the rule below says. 0.2.0's four triggers on
+-- approval_request and econtract stay: this set runs while 0.2.0's
+-- replicas still run, which approve only while those triggers append their
+-- wake rows; whoever attaches the successors drops them (the reference
+-- set's binding; docs/INSTALL.md, From 0.2.0).
 --
 -- Routines and the grants on them (the rule for every migration after
 -- this one). Other accounts call six of our procedures, each under a
@@ -186,15 +188,6 @@ CREATE TABLE IF NOT EXISTS auto_approve_wake (
     woken_at     DATETIME(6)  NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
     KEY auto_approve_wake_request (request_id, id)
 ) ENGINE = InnoDB DEFAULT CHARSET = utf8mb4;
-
--- 0.2.0 created the business tables and these triggers on them itself;
--- their successors are the integrator's (the reference set's binding
--- attaches them to the reference tables). Dropped first, so that no
--- business change appends two wake rows.
-DROP TRIGGER IF EXISTS approval_request_wake_insert;
-DROP TRIGGER IF EXISTS approval_request_wake_update;
-DROP TRIGGER IF EXISTS econtract_wake_insert;
-DROP TRIGGER IF EXISTS econtract_wake_update;
 
 -- A business request was inserted (p_inserted) or changed in a column a
 -- filter reads: the replicas hear of it. Called by the integrator's

@@ -78,3 +78,14 @@ BEGIN
         CALL autoapproval_econtract_changed(NEW.contract_ref);
     END IF;
 END;
+
+-- 0.2.0 created the business tables and four wake triggers on them itself
+-- (approval_request_wake_insert/_update, econtract_wake_insert/_update,
+-- appending to the same wake table). Dropped here, once their successors
+-- above exist, not by the controller set: a 0.2.0 replica still running
+-- is never without a trigger recording its wakes (for the moment between
+-- the two, a change appends two rows). Nothing on a new database.
+DROP TRIGGER IF EXISTS approval_request_wake_insert;
+DROP TRIGGER IF EXISTS approval_request_wake_update;
+DROP TRIGGER IF EXISTS econtract_wake_insert;
+DROP TRIGGER IF EXISTS econtract_wake_update;

@@ -7,9 +7,11 @@
 -- owner attaches to its own tables (docs/INTEGRATING.md).
 --
 -- Idempotent on a database 0.2.0 migrated: every object is created only
--- when missing, every function replaced, and 0.2.0's trigger functions are
--- dropped with their triggers (the reference set, or the integrator,
--- attaches the new ones through autoapproval_watch_requests).
+-- when missing, every function replaced. 0.2.0's trigger functions and
+-- their triggers stay: this set runs (the chart's pre-upgrade hook) while
+-- 0.2.0's replicas still run, and those approve only while those triggers
+-- record their wakes. Whoever attaches the new triggers drops them in the
+-- same step (the reference set's binding; docs/INSTALL.md, From 0.2.0).
 --
 -- The controller reads and writes the business data only through the
 -- views autoapproval_request, autoapproval_econtract and
@@ -110,11 +112,6 @@ CREATE TABLE IF NOT EXISTS auto_approve_sent (
 -- Tokens of people's claims are negative, one per claim: shard fencing
 -- recovers only claims with a positive token below the new one.
 CREATE SEQUENCE IF NOT EXISTS autoapproval_manual_token;
-
--- 0.2.0's trigger functions named the reference columns; their triggers go
--- with them. The routines below attach the general ones.
-DROP FUNCTION IF EXISTS autoapproval_notify_request() CASCADE;
-DROP FUNCTION IF EXISTS autoapproval_notify_econtract() CASCADE;
 
 -- Every function of ours resolves names in its own schema only (0.2.0's
 -- issue 33): search_path is pinned to the schema these migrations run in,

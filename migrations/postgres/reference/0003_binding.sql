@@ -21,3 +21,11 @@ SELECT autoapproval_watch_requests('approval_request', 'id', ARRAY[
     'logo_registered', 'previous_step_approved', 'econtract_ref', 'target_store_number']);
 
 SELECT autoapproval_watch_econtracts('econtract', 'contract_ref', ARRAY['status']);
+
+-- 0.2.0's wake triggers (its functions named these tables' columns), in
+-- the transaction that attached their successors above: a 0.2.0 replica
+-- still running is woken by the new ones (the same wake table and NOTIFY
+-- channel) from the commit on, and by the old ones until it. Nothing on a
+-- new database.
+DROP FUNCTION IF EXISTS autoapproval_notify_request() CASCADE;
+DROP FUNCTION IF EXISTS autoapproval_notify_econtract() CASCADE;

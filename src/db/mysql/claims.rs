@@ -26,7 +26,7 @@ use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
-use crate::domain::{Candidate, Claim, Fence};
+use crate::domain::{Candidate, Claim, Facts, Fence};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
 
@@ -261,13 +261,13 @@ impl Claims for MysqlStore {
 
     // Our own approval wakes nobody: the connection names the request to
     // the trigger's procedure for the whole transaction.
-    async fn complete(&self, claim: &Claim) -> Result<Completion, DbError> {
+    async fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError> {
         named_write(
             &self.primary,
             Named::WritingRequest,
             claim.request_id,
             "complete: name the request",
-            async |conn| complete_on(conn, claim).await,
+            async |conn| complete_on(conn, claim, facts).await,
         )
         .await
     }
@@ -344,27 +344,57 @@ const SAVE_STORE_NUMBER: &str =
 const SAVE_CAMPAIGN_ID: &str =
     "UPDATE autoapproval_request SET campaign_id = ?, updated_at = UTC_TIMESTAMP(6) WHERE id = ?";
 
-/// Approves the claim's request when it is still open and nothing woke it
+/// Approves the claim's request when it is still open and nothing changed
 /// since the claim, and ends the claim. Lock order as on PostgreSQL: the
-/// request row (NOWAIT: a row the business holds fails at once), then the
-/// state row, each by primary key.
-async fn complete_on(conn: &mut MySqlConnection, claim: &Claim) -> Result<Completion, DbError> {
+/// request row (NOWAIT: a row the business holds fails at once), the
+/// ledger's row of its contract (NOWAIT too), then the state row, each by
+/// primary key.
+async fn complete_on(
+    conn: &mut MySqlConnection,
+    claim: &Claim,
+    facts: &Facts,
+) -> Result<Completion, DbError> {
     let mut tx = conn.begin().await.map_err(db("complete"))?;
-    let status = lock_request_nowait(&mut tx, claim.request_id)
+    // A locking read returns the newest committed version, and no change
+    // to the row can come in between it and the approval: its gate
+    // columns are what the approval stands on, with or without a trigger.
+    let row = lock_request_facts(&mut tx, claim.request_id)
         .await
         .map_err(db("complete: lock request"))?;
+    let open = row.as_ref().is_some_and(|r| is_open(&r.status));
+    let contract = row.as_ref().and_then(|r| r.econtract_ref.clone());
+    let mut changed = open && row.as_ref().is_some_and(|r| !r.holds(facts));
+    if open && !changed && facts.econtract_status.is_some() {
+        // Locked as the request row is, for the same reasons: the gate
+        // passed on it. FOR UPDATE, the one NOWAIT lock MySQL 8 and
+        // MariaDB spell alike.
+        let ledger: Option<(String,)> = sqlx::query_as(
+            "SELECT status FROM autoapproval_econtract WHERE contract_ref = ? FOR UPDATE NOWAIT",
+        )
+        .bind(contract.as_deref())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db("complete: lock e-contract"))?;
+        changed = ledger.map(|(status,)| status).as_deref() != facts.econtract_status.as_deref();
+    }
     // A wake row (the claim consumed the earlier ones) or woken_at: a
-    // fact changed after the claim, maybe after the chain read it. The
-    // request row is ours now, so no change to it can come in between
-    // this read and the approval. The subquery reads without locks.
+    // change no column shows (undone since, say). A contract's change is
+    // a row naming the contract until a poller expands it into one per
+    // request: counted as the request's own (but for the one its own
+    // chain's sync wrote). The subqueries read without locks.
     let woken: Option<(bool,)> = sqlx::query_as(
         "SELECT woken_at IS NOT NULL
                 OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = ?)
+                OR EXISTS (SELECT 1 FROM auto_approve_wake w
+                            WHERE w.request_id IS NULL AND w.contract_ref = ?
+                              AND NOT (w.skip_request <=> ?))
            FROM auto_approve_state
           WHERE id = ? AND status = 'IN_PROGRESS' AND holder = ? AND fencing_token = ?
             AND claim_nonce = ?
           FOR UPDATE",
     )
+    .bind(claim.request_id)
+    .bind(contract.as_deref())
     .bind(claim.request_id)
     .bind(claim.state_id)
     .bind(&claim.fence.holder)
@@ -373,12 +403,13 @@ async fn complete_on(conn: &mut MySqlConnection, claim: &Claim) -> Result<Comple
     .fetch_optional(&mut *tx)
     .await
     .map_err(db("complete: lock state"))?;
-    let open = status.as_deref().is_some_and(is_open);
     match woken {
         None => return give_up(tx, "complete", Completion::Stale).await,
         // A decided request's wake (MySQL appends one for every
         // change) changes nothing: the claim goes as before.
-        Some((true,)) if open => return give_up(tx, "complete", Completion::Woken).await,
+        Some((woken,)) if open && (woken || changed) => {
+            return give_up(tx, "complete", Completion::Woken).await;
+        }
         Some(_) => {}
     }
     if open {
@@ -409,6 +440,51 @@ async fn complete_on(conn: &mut MySqlConnection, claim: &Claim) -> Result<Comple
     } else {
         Completion::RequestClosed
     })
+}
+
+/// The request row's status and gate columns, as the completion locked it.
+#[derive(sqlx::FromRow)]
+struct LockedRequest {
+    status: String,
+    request_type: String,
+    documents_released: bool,
+    operational_hold: bool,
+    menu_registered: bool,
+    logo_registered: bool,
+    previous_step_approved: bool,
+    econtract_ref: Option<String>,
+    target_store_number: Option<i64>,
+}
+
+impl LockedRequest {
+    /// Whether the row still says what the gates passed on.
+    fn holds(&self, facts: &Facts) -> bool {
+        self.status == facts.status.as_str()
+            && self.request_type == facts.request_type.as_str()
+            && self.documents_released == facts.documents_released
+            && self.operational_hold == facts.operational_hold
+            && self.menu_registered == facts.menu_registered
+            && self.logo_registered == facts.logo_registered
+            && self.previous_step_approved == facts.previous_step_approved
+            && self.econtract_ref == facts.econtract_ref
+            && self.target_store_number == facts.target_store_number
+    }
+}
+
+/// Locks the request row by primary key without waiting; its status and
+/// gate columns, or `None` when it is gone.
+async fn lock_request_facts(
+    tx: &mut Tx<'_>,
+    request_id: i64,
+) -> Result<Option<LockedRequest>, sqlx::Error> {
+    sqlx::query_as(
+        "SELECT status, request_type, documents_released, operational_hold, menu_registered,
+                logo_registered, previous_step_approved, econtract_ref, target_store_number
+           FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT",
+    )
+    .bind(request_id)
+    .fetch_optional(&mut **tx)
+    .await
 }
 
 /// Saves a result only while the claim is still ours: the request row

@@ -9,7 +9,7 @@ use chrono::{DateTime, Utc};
 use super::{PgStore, db};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
-use crate::domain::{Candidate, Claim, Fence};
+use crate::domain::{Candidate, Claim, Facts, Fence};
 
 impl Claims for PgStore {
     async fn claim(
@@ -202,7 +202,7 @@ impl Claims for PgStore {
         Ok(row)
     }
 
-    async fn complete(&self, claim: &Claim) -> Result<Completion, DbError> {
+    async fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError> {
         // One statement, no transaction (BEGIN, two writes and COMMIT were
         // four round trips per approval). Row locks in the order every
         // transaction takes them (migration 0010), so none deadlocks with
@@ -212,23 +212,46 @@ impl Claims for PgStore {
         // by the fenced delete. The approval depends on the delete's
         // returned row, so a fence moved meanwhile (the delete re-checks
         // the row's newest version) approves nothing, as the rolled-back
-        // transaction did. A wake pending on an open request (a wake row,
-        // or woken_at: a fact changed after the claim consumed the earlier
-        // ones) refuses the delete, and with it the approval: the chain may
-        // have read the fact before it changed. The request's recorded
-        // bodies go with the state row. The lock names the request as ours
-        // to write (autoapproval.writing_request): our approval wakes nobody.
+        // transaction did. The request's recorded bodies go with the state
+        // row. The lock names the request as ours to write
+        // (autoapproval.writing_request): our approval wakes nobody.
+        //
+        // A fact changed after the claim refuses the delete, and with it
+        // the approval, on an open request (`woken`): the chain may have
+        // read it before the change. Seen three ways. The locked row's gate
+        // columns differ from those the gates passed on: READ COMMITTED
+        // returns the newest committed version of a row it locks, so a
+        // business commit after this statement's snapshot is seen too, and
+        // none can come after the lock. The ledger's status of the
+        // contract differs from what the gate saw or wrote: its row is
+        // share-locked NOWAIT for the same reasons (the gate passed on it;
+        // a held row fails at once). These two need no trigger. And a wake
+        // row, or woken_at (the claim consumed the earlier ones): a change
+        // no column shows (undone since, or outside the request row). Wake
+        // rows are read under the snapshot; one committed after it belongs
+        // to a change of the locked row or the ledger, compared above.
         let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(
             "WITH free AS (
-                 SELECT id, status IN ('ING', 'PENDING', 'RETRY') AS open,
+                 SELECT id, econtract_ref, status IN ('ING', 'PENDING', 'RETRY') AS open,
+                        (status, request_type, documents_released, operational_hold,
+                         menu_registered, logo_registered, previous_step_approved, econtract_ref,
+                         target_store_number)
+                            IS NOT DISTINCT FROM ($6, $7, $8, $9, $10, $11, $12, $13, $14) AS held,
                         set_config('autoapproval.writing_request', id::text, true)
                    FROM autoapproval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+             ), ledger AS (
+                 SELECT e.status FROM autoapproval_econtract e
+                  WHERE $15::text IS NOT NULL AND e.contract_ref = (SELECT econtract_ref FROM free)
+                    FOR SHARE NOWAIT
              ), woken AS (
                  SELECT id FROM auto_approve_state
                   WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
                     AND claim_nonce = $5
                     AND (woken_at IS NOT NULL
-                         OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = $1))
+                         OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = $1)
+                         OR NOT (SELECT held FROM free)
+                         OR ($15::text IS NOT NULL
+                             AND (SELECT status FROM ledger) IS DISTINCT FROM $15))
                     AND EXISTS (SELECT 1 FROM free WHERE open)
              ), fenced AS (
                  DELETE FROM auto_approve_state
@@ -255,6 +278,16 @@ impl Claims for PgStore {
         .bind(&claim.fence.holder)
         .bind(claim.fence.token)
         .bind(claim.nonce)
+        .bind(facts.status.as_str())
+        .bind(facts.request_type.as_str())
+        .bind(facts.documents_released)
+        .bind(facts.operational_hold)
+        .bind(facts.menu_registered)
+        .bind(facts.logo_registered)
+        .bind(facts.previous_step_approved)
+        .bind(facts.econtract_ref.as_deref())
+        .bind(facts.target_store_number)
+        .bind(facts.econtract_status.as_deref())
         .fetch_one(&self.primary)
         .await
         .map_err(db("complete"))?;

@@ -181,6 +181,44 @@ impl Db {
         })
     }
 
+    /// Drops every wake trigger the binding attached (those calling
+    /// autoapproval_request_changed or autoapproval_econtract_changed), as
+    /// a business schema nobody watched has none; how many it dropped.
+    pub async fn drop_wake_triggers(&self) -> usize {
+        let drops = match self {
+            Db::Postgres(_) => {
+                self.fetch_strings(
+                    "SELECT format('DROP TRIGGER %I ON %s', t.tgname, t.tgrelid::regclass)
+                       FROM pg_trigger t JOIN pg_proc p ON p.oid = t.tgfoid
+                      WHERE p.proname IN ('autoapproval_request_changed',
+                                          'autoapproval_econtract_changed')",
+                )
+                .await
+            }
+            Db::Mysql(_) => {
+                self.fetch_strings(
+                    "SELECT CONCAT('DROP TRIGGER ', TRIGGER_NAME) FROM information_schema.TRIGGERS
+                      WHERE TRIGGER_SCHEMA = DATABASE()
+                        AND (ACTION_STATEMENT LIKE '%autoapproval_request_changed%'
+                             OR ACTION_STATEMENT LIKE '%autoapproval_econtract_changed%')",
+                )
+                .await
+            }
+        };
+        for drop in &drops {
+            self.exec(drop).await;
+        }
+        drops.len()
+    }
+
+    /// The strings of the one column `sql` selects.
+    pub async fn fetch_strings(&self, sql: &str) -> Vec<String> {
+        with_pool!(self, pool => sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_all(pool)
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}")))
+    }
+
     /// The one integer `sql` selects.
     pub async fn fetch_i64(&self, sql: &str) -> i64 {
         with_pool!(self, pool => {

@@ -3,6 +3,9 @@
 
 use chrono::{DateTime, Duration, Utc};
 
+use autoapproval::db::{Completion, Database};
+use autoapproval::domain::{Claim, Facts};
+
 use super::db::{AsDb, with_pool};
 use super::engine::t0;
 
@@ -160,6 +163,21 @@ pub async fn state_count(db: &impl AsDb) -> i64 {
 /// An owner contract created now, every condition met.
 pub fn owner_now(id: i64) -> NewRequest {
     NewRequest::ready_owner(id).sorted_at(Utc::now())
+}
+
+/// Completes `claim` on the facts its request holds now (the ledger not
+/// compared), as a chain that read it just before would: for the tests of
+/// the completion's other refusals, which run no chain.
+pub async fn complete_now(store: &Database, claim: &Claim) -> Completion {
+    let request = store
+        .request(claim.request_id)
+        .await
+        .expect("read request")
+        .expect("the request exists");
+    store
+        .complete(claim, &Facts::of(&request))
+        .await
+        .expect("complete")
 }
 
 /// A request's business status.

@@ -24,12 +24,12 @@ use futures::StreamExt;
 use sqlx::MySqlPool;
 use tracing::{debug, info, warn};
 
-use autoapproval::approval::TurnConfig;
+use autoapproval::approval::{TurnConfig, WOKEN_BEFORE_COMPLETION};
 use autoapproval::clock::SystemClock;
 use autoapproval::db::{Completion, Database, DbError, RetryWrite};
 use autoapproval::domain::{Candidate, Claim, Fence, RequestType};
 use autoapproval::external::ExternalSystems;
-use autoapproval::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason};
+use autoapproval::processors::{Chain, ChainContext, ChainError, ChainOutcome, RetryReason, Seen};
 use autoapproval::retry::{RetryClass, RetryPolicy};
 use autoapproval::telemetry::Metrics;
 
@@ -366,6 +366,7 @@ impl SeedWorker {
             clock: &SystemClock,
             metrics: &self.metrics,
             held: &|| true,
+            seen: &Seen::default(),
         };
         let outcome = match self.chain.run(&cx, &|_| {}).await {
             Ok(outcome) => outcome,
@@ -379,12 +380,18 @@ impl SeedWorker {
             }
         };
         let written = match outcome {
-            ChainOutcome::Success => self
+            ChainOutcome::Success(facts) => self
                 .store
-                .complete(claim)
+                .complete(claim, &facts)
                 .await
                 .map(|c| c == Completion::Approved),
             ChainOutcome::Retry { step, reason } => self.retry(claim, step.as_str(), &reason).await,
+            // The seed knows no wake: a fact changed between steps waits
+            // as any unmet condition.
+            ChainOutcome::Changed { step } => {
+                let reason = RetryReason::condition(WOKEN_BEFORE_COMPLETION);
+                self.retry(claim, step.as_str(), &reason).await
+            }
             ChainOutcome::Closed(_) | ChainOutcome::Vanished => self.store.drop_claim(claim).await,
         };
         match written {
