@@ -50,6 +50,9 @@ pub struct ControllerArgs {
     /// This replica's name in claims, Leases and Events, unique among the replicas: a replica whose name another live replica's member Lease holds refuses to start [default: $POD_NAME, else the host name].
     #[arg(long, env = "AUTOAPPROVAL_REPLICA_NAME")]
     pub replica_name: Option<String>,
+    /// The fleet this replica belongs to: the database records the first fleet's name, and a replica of another fleet refuses to start (one fleet per database; a DR cluster's replicas use the same name) [default: the namespace].
+    #[arg(long, env = "AUTOAPPROVAL_FLEET")]
+    pub fleet: Option<String>,
     /// Address of the /healthz, /readyz and /metrics endpoints.
     #[arg(long, env = "AUTOAPPROVAL_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
@@ -138,6 +141,8 @@ pub struct ControllerConfig {
     pub namespace: String,
     /// This replica's name: the holder in claims and Leases, the reporter of Events.
     pub replica_name: String,
+    /// The fleet that owns the database this replica works on.
+    pub fleet: String,
     /// Where /healthz, /readyz and /metrics are served.
     pub listen: SocketAddr,
     /// Reconciles (and so chains) running at once.
@@ -201,6 +206,25 @@ fn refuse(flag: &'static str, value: impl ToString, message: &'static str) -> Se
         value: value.to_string(),
         message,
     }
+}
+
+/// The longest fleet name: the column that records it is a VARCHAR(255) on MySQL.
+const FLEET_MAX: usize = 255;
+
+/// A fleet name as the database records it: not blank, and at most
+/// [`FLEET_MAX`] characters.
+fn checked_fleet(fleet: &str) -> Result<String, SettingError> {
+    if fleet.trim().is_empty() {
+        return Err(refuse("--fleet", fleet, "must not be empty"));
+    }
+    if fleet.chars().count() > FLEET_MAX || fleet.chars().any(char::is_control) {
+        return Err(refuse(
+            "--fleet",
+            fleet,
+            "must be at most 255 characters, without control characters",
+        ));
+    }
+    Ok(fleet.to_owned())
 }
 
 /// The longest duration any flag takes: 100 years, beyond the age of any
@@ -322,9 +346,14 @@ impl ControllerArgs {
             ));
         }
         let window = positive("--window", self.window)?;
+        let fleet = match &self.fleet {
+            Some(fleet) => checked_fleet(fleet)?,
+            None => namespace.clone(),
+        };
         Ok(ControllerConfig {
             namespace,
             replica_name,
+            fleet,
             listen: self.listen,
             concurrency: self.concurrency,
             shutdown_grace: bounded("--shutdown-grace", self.shutdown_grace)?,
@@ -423,6 +452,16 @@ mod tests {
     }
 
     #[test]
+    fn the_fleet_is_the_namespace_unless_named() {
+        assert_eq!(ControllerConfig::defaults("ns", "r1").unwrap().fleet, "ns");
+        let named = settings(&["--fleet", "payments/autoapproval"]).unwrap();
+        assert_eq!(named.fleet, "payments/autoapproval");
+        assert_eq!(named.namespace, "ns");
+        let longest = "f".repeat(255);
+        assert_eq!(settings(&["--fleet", &longest]).unwrap().fleet, longest);
+    }
+
+    #[test]
     fn the_pool_must_outnumber_the_chains_that_can_run() {
         let d = ControllerConfig::defaults("ns", "r1").unwrap();
         assert_eq!(d.concurrency, 16);
@@ -433,6 +472,7 @@ mod tests {
 
     #[test]
     fn bad_values_are_refused_naming_the_flag() {
+        let too_long = "f".repeat(256);
         for (args, flag) in [
             (&["--poll-period", "0"][..], "--poll-period"),
             (&["--owner-limit", "0"], "--owner-limit"),
@@ -458,6 +498,10 @@ mod tests {
             (&["--finished-ttl", "36501d"], "--finished-ttl"),
             (&["--census-interval", "0"], "--census-interval"),
             (&["--census-interval", "500ms"], "--census-interval"),
+            (&["--fleet", ""], "--fleet"),
+            (&["--fleet", "  "], "--fleet"),
+            (&["--fleet", too_long.as_str()], "--fleet"),
+            (&["--fleet", "a\nb"], "--fleet"),
         ] {
             let err = settings(args).unwrap_err();
             assert_eq!(err.flag, flag, "{args:?}");

@@ -92,8 +92,27 @@ pub enum ControllerError {
         /// When it was recorded.
         set_at: chrono::DateTime<chrono::Utc>,
     },
+    /// The database belongs to another fleet: two fleets on one database
+    /// would take each other's shards and fences.
+    #[error(
+        "--fleet {requested}: this database belongs to fleet {owner} (recorded by {set_by} at {set_at}), \
+         and two fleets on one database take each other's requests: start this replica with --fleet {owner} \
+         if it is one of that fleet's, or take the database over deliberately: stop every replica of {owner}, \
+         run DELETE FROM shard_layout as the controller's role, and start this fleet \
+         (OPERATING.md: One fleet per database)"
+    )]
+    Fleet {
+        /// This replica's `--fleet`.
+        requested: String,
+        /// The fleet the database records.
+        owner: String,
+        /// The replica that recorded it.
+        set_by: String,
+        /// When it was recorded.
+        set_at: chrono::DateTime<chrono::Utc>,
+    },
     /// The start-up check of the shard count could not read the database.
-    #[error("checking the number of shards: {0}")]
+    #[error("checking the shard layout (fleet and number of shards): {0}")]
     Layout(#[source] DbError),
     /// Another live replica has this replica's name.
     #[error(transparent)]
@@ -252,7 +271,7 @@ impl Replica {
         let settings = &shared.settings;
         let api: Api<AutoApproval> = shared.api();
         crd_installed(&api).await?;
-        shards_agree(&shared.store, settings).await?;
+        layout_agrees(&shared.store, settings).await?;
         crate::coordination::refuse_a_live_namesake(
             &shared.api(),
             &settings.replica_name,
@@ -580,17 +599,34 @@ fn controller_stream(
         .boxed()
 }
 
-/// Fails, saying which value is in force and how to change it, when the
-/// database records another K than this replica's `--shards`.
-async fn shards_agree(
+/// Fails, naming the fleet that owns the database and how to take it
+/// over, when the database records another fleet than this replica's; and,
+/// saying which value is in force and how to change it, when it records
+/// another K than this replica's `--shards`.
+async fn layout_agrees(
     store: &Database,
     settings: &ControllerConfig,
 ) -> Result<(), ControllerError> {
     let requested = settings.coordination.shard_count;
     let layout = store
-        .agree_shard_count(requested, &settings.replica_name)
+        .agree_layout(requested, &settings.fleet, &settings.replica_name)
         .await
         .map_err(ControllerError::Layout)?;
+    if layout.fleet != settings.fleet {
+        return Err(ControllerError::Fleet {
+            requested: settings.fleet.clone(),
+            owner: layout.fleet,
+            set_by: layout.set_by,
+            set_at: layout.set_at,
+        });
+    }
+    if layout.adopted {
+        info!(
+            fleet = %layout.fleet,
+            shards = layout.shard_count,
+            "the shard layout an older version recorded had no fleet: it is now this fleet's"
+        );
+    }
     if layout.shard_count != requested {
         return Err(ControllerError::ShardCount {
             requested,

@@ -566,6 +566,205 @@ async fn a_replica_with_another_shard_count_refuses_to_start(db: Db) {
     assert!(stopped.status.success(), "the first replica ran on");
 }
 
+/// `autoapproval run` as `replica` of `fleet` (the namespace's when
+/// `None`), against `db` and the API server of `kubeconfig`.
+fn spawn_fleet_replica(
+    kubeconfig: &std::path::Path,
+    db: &Db,
+    replica: &str,
+    fleet: Option<&str>,
+) -> tokio::process::Child {
+    let mut args = vec!["--namespace", NS, "--replica-name", replica];
+    if let Some(fleet) = fleet {
+        args.extend(["--fleet", fleet]);
+    }
+    spawn_run(kubeconfig, free_port(), db, &args, &[])
+}
+
+/// Waits for a replica that must refuse to start: its stderr.
+async fn refused(child: tokio::process::Child) -> String {
+    let out = tokio::time::timeout(Duration::from_secs(30), child.wait_with_output())
+        .await
+        .expect("the replica exits")
+        .expect("output");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "{stderr}");
+    stderr
+}
+
+/// The refusal's advice, after `(recorded by … at …)`, for a database `owner` owns.
+fn take_over_advice(owner: &str) -> String {
+    format!(
+        "and two fleets on one database take each other's requests: start this replica with \
+         --fleet {owner} if it is one of that fleet's, or take the database over deliberately: \
+         stop every replica of {owner}, run DELETE FROM shard_layout as the controller's role, \
+         and start this fleet (OPERATING.md: One fleet per database)"
+    )
+}
+
+on_both!(a_replica_of_another_fleet_refuses_to_start_until_the_database_is_taken_over);
+/// Two fleets on one database (another namespace's release, a DR cluster)
+/// would each hold every shard, their Leases being per namespace: the first
+/// replica records its fleet (by default its namespace), a replica of
+/// another fleet refuses to start naming it and the take-over, and after
+/// the documented take-over (the old fleet stopped, the layout deleted) the
+/// new fleet starts and owns the database.
+async fn a_replica_of_another_fleet_refuses_to_start_until_the_database_is_taken_over(db: Db) {
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let dir = fresh_dir("fleet");
+    let kubeconfig = kubeconfig_in(&dir, &server);
+    let first = spawn_fleet_replica(&kubeconfig, &db, "first", None);
+    eventually("the first replica to record its fleet", || async {
+        (db.fetch_i64(&format!(
+            "SELECT count(*) FROM shard_layout WHERE fleet = '{NS}' AND set_by = 'first'"
+        ))
+        .await
+            == 1)
+            .then_some(())
+    })
+    .await;
+
+    let stderr = refused(spawn_fleet_replica(
+        &kubeconfig,
+        &db,
+        "dr-1",
+        Some("dr/autoapproval"),
+    ))
+    .await;
+    assert!(
+        stderr.contains(&format!(
+            "autoapproval: --fleet dr/autoapproval: this database belongs to fleet {NS} (recorded by first at "
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.trim_end().ends_with(&take_over_advice(NS)),
+        "{stderr}"
+    );
+
+    // The take-over, as docs/OPERATING.md has it.
+    let stopped = stop_on_sigterm(first, Duration::from_secs(30)).await;
+    assert!(
+        stopped.status.success(),
+        "the first fleet ran on until stopped"
+    );
+    db.exec("DELETE FROM shard_layout").await;
+    let taken_over = spawn_fleet_replica(&kubeconfig, &db, "dr-1", Some("dr/autoapproval"));
+    eventually("the new fleet to record itself", || async {
+        (db.fetch_i64(
+            "SELECT count(*) FROM shard_layout WHERE fleet = 'dr/autoapproval' AND set_by = 'dr-1'",
+        )
+        .await
+            == 1)
+            .then_some(())
+    })
+    .await;
+    // Now the old fleet is the other one.
+    let stderr = refused(spawn_fleet_replica(&kubeconfig, &db, "first", None)).await;
+    assert!(
+        stderr.contains(&format!(
+            "autoapproval: --fleet {NS}: this database belongs to fleet dr/autoapproval (recorded by dr-1 at "
+        )),
+        "{stderr}"
+    );
+    let ran = stop_on_sigterm(taken_over, Duration::from_secs(30)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        ran.status.success(),
+        "the new fleet ran until stopped: {}",
+        String::from_utf8_lossy(&ran.stderr)
+    );
+}
+
+on_both!(a_layout_recorded_without_a_fleet_is_adopted_by_the_first_fleet);
+/// 0.2.0 recorded K in a `shard_layout` without a fleet column: the
+/// migration adds the column (MySQL 8 has no ADD COLUMN IF NOT EXISTS), the
+/// first replica to start adopts the layout for its fleet, saying so, and a
+/// replica of another fleet is then refused.
+async fn a_layout_recorded_without_a_fleet_is_adopted_by_the_first_fleet(db: Db) {
+    // 0.2.0's table and row, and the fleet's migration not yet applied.
+    db.exec("ALTER TABLE shard_layout DROP COLUMN fleet").await;
+    db.exec(
+        "INSERT INTO shard_layout (only_row, shard_count, set_by) VALUES (true, 16, 'old-replica')",
+    )
+    .await;
+    let fleet_migration = match db {
+        Db::Postgres(_) => 3,
+        Db::Mysql(_) => 2,
+    };
+    db.exec(&format!(
+        "DELETE FROM _autoapproval_migrations WHERE version = {fleet_migration}"
+    ))
+    .await;
+    let migrate = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["migrate", "--database-url", &database_url(&db)])
+        .output()
+        .expect("autoapproval migrate");
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    assert_eq!(
+        db.fetch_i64(
+            "SELECT count(*) FROM shard_layout WHERE fleet IS NULL AND set_by = 'old-replica'"
+        )
+        .await,
+        1,
+        "the migration keeps 0.2.0's layout"
+    );
+
+    let server = TestServer::start(Options::default())
+        .await
+        .expect("test API server");
+    install_crd(&client_for(&server)).await;
+    let dir = fresh_dir("fleet-adopt");
+    let kubeconfig = kubeconfig_in(&dir, &server);
+    let adopter = spawn_fleet_replica(&kubeconfig, &db, "adopter", Some("contracts/autoapproval"));
+    eventually("the first replica to adopt the layout", || async {
+        (db.fetch_i64(
+            "SELECT count(*) FROM shard_layout \
+              WHERE fleet = 'contracts/autoapproval' AND set_by = 'adopter' AND shard_count = 16",
+        )
+        .await
+            == 1)
+            .then_some(())
+    })
+    .await;
+    let stderr = refused(spawn_fleet_replica(
+        &kubeconfig,
+        &db,
+        "other",
+        Some("other"),
+    ))
+    .await;
+    assert!(
+        stderr.contains(
+            "autoapproval: --fleet other: this database belongs to fleet contracts/autoapproval (recorded by adopter at "
+        ),
+        "{stderr}"
+    );
+    assert!(
+        stderr
+            .trim_end()
+            .ends_with(&take_over_advice("contracts/autoapproval")),
+        "{stderr}"
+    );
+    let ran = stop_on_sigterm(adopter, Duration::from_secs(30)).await;
+    let _ = std::fs::remove_dir_all(&dir);
+    let logs = String::from_utf8_lossy(&ran.stderr);
+    assert!(ran.status.success(), "{logs}");
+    assert!(
+        logs.contains(
+            "the shard layout an older version recorded had no fleet: it is now this fleet's"
+        ),
+        "{logs}"
+    );
+}
+
 /// `autoapproval request …` against the database: (success, stdout, stderr).
 async fn request_command(pool: &impl AsDb, args: &[&str]) -> (bool, String, String) {
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))

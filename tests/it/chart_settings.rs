@@ -320,3 +320,33 @@ fn fractions_set_on_the_command_line_reach_the_settings() {
         );
     }
 }
+
+/// One fleet per database: without `config.fleet` every pod names its fleet `<its namespace>/<the
+/// release>`, the namespace expanded by the kubelet from the variable defined before it, so a
+/// second release against the same database, in any namespace, is refused; `config.fleet` (a DR
+/// cluster's, the same as the primary's) replaces it.
+#[test]
+fn the_chart_names_the_fleet_after_the_pods_namespace_and_the_release_unless_set() {
+    let [defaults, all] = renders();
+    let env = defaults.controller()["env"].as_array().unwrap();
+    let at = |name: &str| env.iter().position(|e| e["name"] == name);
+    let fleet = at("AUTOAPPROVAL_FLEET").expect("the Deployment sets AUTOAPPROVAL_FLEET");
+    assert_eq!(
+        env[fleet]["value"],
+        format!("$(AUTOAPPROVAL_NAMESPACE)/{RELEASE}")
+    );
+    assert!(
+        at("AUTOAPPROVAL_NAMESPACE").expect("the namespace variable") < fleet,
+        "the kubelet expands only variables defined before"
+    );
+    assert!(!defaults.config_map().contains_key("AUTOAPPROVAL_FLEET"));
+
+    let env = all.controller()["env"].as_array().unwrap();
+    assert!(env.iter().all(|e| e["name"] != "AUTOAPPROVAL_FLEET"));
+    assert_eq!(
+        all.config_map()
+            .get("AUTOAPPROVAL_FLEET")
+            .map(String::as_str),
+        Some("contracts/autoapproval-primary")
+    );
+}
