@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
-use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_keys, sent_result};
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
 use crate::domain::{Candidate, Claim, Fence};
 
@@ -316,6 +316,27 @@ impl Claims for PgStore {
     }
 
     sent_result!("$1", "$2");
+
+    sent_keys!("$1");
+
+    async fn refuse_sent(&self, claim: &Claim, key: &str) -> Result<bool, DbError> {
+        let done = bind_fence!(
+            sqlx::query(
+                "UPDATE auto_approve_sent SET refused_at = now()
+                  WHERE request_id = $5 AND idempotency_key = $6
+                    AND EXISTS (SELECT 1 FROM auto_approve_state
+                         WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2
+                           AND fencing_token = $3 AND claim_nonce = $4 FOR SHARE)",
+            ),
+            claim
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .execute(&self.primary)
+        .await
+        .map_err(db("mark sent body refused"))?;
+        Ok(done.rows_affected() == 1)
+    }
 
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
         let sql = match result {
