@@ -141,8 +141,8 @@ interface! {
             retry: &RetryWrite<'_>,
             now: DateTime<Utc>,
         ) -> Result<Option<(i32, DateTime<Utc>)>, DbError>;
-        /// Approves the request and deletes the state row (and the bodies
-        /// recorded for it), in one transaction, only while the fence matches
+        /// Approves the request and deletes the state row (and, when it
+        /// approves, the bodies recorded for it), in one transaction, only while the fence matches
         /// and no wake is pending ([`Completion::Woken`]).
         #[tracing::instrument(name = "store.complete", skip_all)]
         fn complete(&self, claim: &Claim) -> Result<Completion, DbError>;

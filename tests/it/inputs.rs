@@ -237,3 +237,44 @@ async fn a_lost_answer_after_a_refusal_keeps_the_new_key_and_its_body(db: Db) {
     assert_eq!(stats.key_conflicts, 0, "the key's own body replayed");
     assert_eq!(stats.idempotent_replays, 1, "the owner replayed");
 }
+
+on_both!(a_request_a_person_decided_keeps_its_recorded_bodies_until_approved);
+/// A person rejects the request while its last creation is in flight: the
+/// completion finds it decided and ends the claim, and the bodies recorded
+/// for it are kept, so that its resubmission sends the same bodies under
+/// the same keys. They go with its approval.
+async fn a_request_a_person_decided_keeps_its_recorded_bodies_until_approved(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(61).insert(&db).await;
+    env.sim
+        .set_faults(slow(System::Store, StdDuration::from_secs(1)))
+        .unwrap();
+    let first = tokio::spawn({
+        let approver = env.approver.clone();
+        async move { approver.attempt(&candidate(61, None), &fence("a", 1)).await }
+    });
+    wait_in_call(&env, SimSystem::Store).await;
+    db.exec(
+        "UPDATE approval_request SET status = 'REJECTED', decided_by = 'a person', decided_at = now()
+          WHERE id = 61",
+    )
+    .await;
+
+    let first = first.await.unwrap().unwrap();
+
+    assert!(matches!(first, AttemptOutcome::Superseded(_)), "{first:?}");
+    let sent = "SELECT count(*) FROM auto_approve_sent WHERE request_id = 61";
+    assert_eq!(
+        db.fetch_i64(sent).await,
+        2,
+        "the owner's and the store's bodies kept"
+    );
+
+    db.exec("UPDATE approval_request SET status = 'RETRY' WHERE id = 61")
+        .await;
+    assert_eq!(
+        env.attempt(&candidate(61, None)).await,
+        AttemptOutcome::Approved
+    );
+    assert_eq!(db.fetch_i64(sent).await, 0, "gone with the approval");
+}

@@ -425,11 +425,15 @@ async fn complete_on(conn: &mut MySqlConnection, claim: &Claim) -> Result<Comple
         .execute(&mut *tx)
         .await
         .map_err(db("complete: delete state"))?;
-    sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
-        .bind(claim.request_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("complete: delete sent bodies"))?;
+    // The recorded bodies go with the approval; a person's decision keeps
+    // them, for a resubmission to replay the same creations.
+    if open {
+        sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete sent bodies"))?;
+    }
     tx.commit().await.map_err(db("complete: commit"))?;
     Ok(if open {
         Completion::Approved

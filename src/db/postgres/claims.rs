@@ -216,7 +216,8 @@ impl Claims for PgStore {
         // or woken_at: a fact changed after the claim consumed the earlier
         // ones) refuses the delete, and with it the approval: the chain may
         // have read the fact before it changed. The request's recorded
-        // bodies go with the state row. The lock names the request as ours
+        // bodies go with its approval only (a person's decision keeps them
+        // for a resubmission to replay). The lock names the request as ours
         // to write (autoapproval.writing_request): our approval wakes nobody.
         let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(
             "WITH free AS (
@@ -239,6 +240,7 @@ impl Claims for PgStore {
              ), sent AS (
                  DELETE FROM auto_approve_sent s
                   WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
+                    AND EXISTS (SELECT 1 FROM free WHERE open)
              ), approved AS (
                  UPDATE autoapproval_request r
                     SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
