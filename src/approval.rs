@@ -806,6 +806,7 @@ mod tests {
                 operation: "create_owner",
                 kind,
                 message: "timed out".into(),
+                refused: false,
             })
         };
         // Name, the reason's class, the streak the claim read, a due time

@@ -142,11 +142,11 @@ interface! {
             retry: &RetryWrite<'_>,
             now: DateTime<Utc>,
         ) -> Result<Option<(i32, DateTime<Utc>)>, DbError>;
-        /// Approves the request and deletes the state row (and the bodies
-        /// recorded for it), in one transaction, only while the fence
-        /// matches, no wake is pending, and the request row (locked, its
-        /// newest version) and the ledger still hold the `facts` the gates
-        /// passed on ([`Completion::Woken`] otherwise).
+        /// Approves the request and deletes the state row (and, when it
+        /// approves, the bodies recorded for it), in one transaction, only
+        /// while the fence matches, no wake is pending, and the request row
+        /// (locked, its newest version) and the ledger still hold the
+        /// `facts` the gates passed on ([`Completion::Woken`] otherwise).
         #[tracing::instrument(name = "store.complete", skip_all)]
         fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError>;
         /// Deletes our own state row without touching the request (a person
@@ -180,8 +180,57 @@ interface! {
             request_id: i64,
             key: &str,
         ) -> Result<Option<String>, DbError>;
+        /// The keys bodies were recorded under for `request_id`, each with
+        /// whether the downstream refused its body ([`Database::refuse_sent`]).
+        #[tracing::instrument(name = "store.sent_keys", skip_all)]
+        fn sent_keys(&self, request_id: i64) -> Result<Vec<SentKey>, DbError>;
+        /// Marks the body recorded under `key` as refused by the downstream
+        /// (400 or 422: nothing was created), under the fence: the key is
+        /// ended, and the next attempt records a new body under the next
+        /// key. False when the fence no longer matches (migration 0003 on
+        /// PostgreSQL, 0002 on MySQL).
+        #[tracing::instrument(name = "store.refuse_sent", skip_all)]
+        fn refuse_sent(&self, claim: &Claim, key: &str) -> Result<bool, DbError>;
     }
 }
+
+/// A key a body was recorded under, as [`Database::sent_keys`] reads it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SentKey {
+    /// The `Idempotency-Key` the body was (or is about to be) sent under.
+    pub key: String,
+    /// Whether the downstream refused that body (the key is ended).
+    pub refused: bool,
+}
+
+/// `sent_keys` of `impl Claims for <backend>`, whose SQL differs between
+/// the backends only in its placeholder ("$1" or "?").
+macro_rules! sent_keys {
+    ($request:literal) => {
+        async fn sent_keys(
+            &self,
+            request_id: i64,
+        ) -> Result<Vec<$crate::db::SentKey>, $crate::db::DbError> {
+            let rows: Vec<(String, Option<chrono::DateTime<chrono::Utc>>)> =
+                sqlx::query_as(concat!(
+                    "SELECT idempotency_key, refused_at FROM auto_approve_sent WHERE request_id = ",
+                    $request
+                ))
+                .bind(request_id)
+                .fetch_all(&self.primary)
+                .await
+                .map_err(db("read sent keys"))?;
+            Ok(rows
+                .into_iter()
+                .map(|(key, refused_at)| $crate::db::SentKey {
+                    key,
+                    refused: refused_at.is_some(),
+                })
+                .collect())
+        }
+    };
+}
+pub(super) use sent_keys;
 
 /// `sent_result` of `impl Claims for <backend>`, whose SQL differs between
 /// the backends only in its placeholders ("$1", "$2" or "?", "?").

@@ -79,7 +79,7 @@ use rows::Rows;
 
 pub use candidates::{CandidateQuery, ShardFilter};
 pub use census::RequestCensus;
-pub use claims::{ClaimOutcome, Completion, RetryWrite, StepResult};
+pub use claims::{ClaimOutcome, Completion, RetryWrite, SentKey, StepResult};
 pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use ledger::Memo;

@@ -65,6 +65,15 @@ pub fn classify_status(status: StatusCode) -> ErrorKind {
     }
 }
 
+/// Whether a non-2xx status says the downstream refused the input itself
+/// and created nothing: 400 and 422, the statuses of a validation failure.
+/// Not 409 (a key in use or a conflict: something may exist), nor 408 or
+/// 429 (retried), nor 401, 403 or 404 (credentials or routing: the same
+/// body is right once the set-up is).
+pub fn is_refusal(status: StatusCode) -> bool {
+    matches!(status.as_u16(), 400 | 422)
+}
+
 // === impl HttpExternalSystems ===
 
 /// Builds the HTTP-backed [`ExternalSystems`].
@@ -179,6 +188,7 @@ impl Endpoint {
             operation,
             kind,
             message,
+            refused: false,
         }
     }
 
@@ -364,7 +374,10 @@ impl Endpoint {
             let kind = classify_status(answer.status);
             let message = format!("HTTP {}: {}", answer.status, preview(&answer.body));
             debug!(system = %self.system, operation, ?kind, %message, "external call refused");
-            return Err(self.error(operation, kind, message));
+            return Err(ExternalError {
+                refused: is_refusal(answer.status),
+                ..self.error(operation, kind, message)
+            });
         }
         serde_json::from_slice(&answer.body).map_err(|e| {
             // A garbled answer to a good request: the next try may read a good one.
@@ -601,6 +614,21 @@ mod tests {
         ] {
             let status = StatusCode::from_u16(code).unwrap();
             assert_eq!(classify_status(status), kind, "HTTP {code}");
+        }
+    }
+
+    #[test]
+    fn only_400_and_422_are_refusals_of_the_input() {
+        for code in [
+            300, 302, 401, 403, 404, 408, 409, 425, 429, 500, 502, 503, 504,
+        ] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(!is_refusal(status), "HTTP {code}");
+        }
+        for code in [400, 422] {
+            let status = StatusCode::from_u16(code).unwrap();
+            assert!(is_refusal(status), "HTTP {code}");
+            assert_eq!(classify_status(status), ErrorKind::Permanent, "HTTP {code}");
         }
     }
 

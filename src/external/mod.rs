@@ -60,6 +60,10 @@ pub struct ExternalError {
     pub kind: ErrorKind,
     /// What happened, for the request's memo and logs.
     pub message: String,
+    /// The downstream answered 400 or 422 to this input: it refused it and
+    /// created nothing ([`http::is_refusal`]). A creation refused so ends
+    /// its idempotency key: the next attempt sends a new body under a new key.
+    pub refused: bool,
 }
 
 /// The key sent as `Idempotency-Key` on every mutation: request id + step, so
@@ -75,6 +79,34 @@ impl IdempotencyKey {
     /// request, whatever their names.
     pub fn new(request_id: i64, step: &str) -> Self {
         Self(format!("{request_id}:{step}"))
+    }
+
+    /// The key of this creation's `generation`-th body: this key for the
+    /// first, `<key>#<n>` after n − 1 bodies were refused (400 or 422), each
+    /// refusal ending its key.
+    pub fn generation(&self, generation: u32) -> Self {
+        match generation {
+            0 | 1 => self.clone(),
+            n => Self(format!("{}#{n}", self.0)),
+        }
+    }
+
+    /// Which generation of `base` this key is (see [`Self::generation`]);
+    /// `None` when it is not one of `base`'s.
+    pub fn generation_of(&self, base: &IdempotencyKey) -> Option<u32> {
+        let rest = self.0.strip_prefix(base.as_str())?;
+        if rest.is_empty() {
+            return Some(1);
+        }
+        rest.strip_prefix('#')?
+            .parse()
+            .ok()
+            .filter(|n: &u32| *n >= 2)
+    }
+
+    /// A key as recorded (`auto_approve_sent.idempotency_key`).
+    pub fn recorded(key: String) -> Self {
+        Self(key)
     }
 
     /// The header value.

@@ -43,7 +43,12 @@ impl Processor for AdCampaignProcessor {
         // The store defines the campaign: after a lost answer and a change
         // of target store, the retry is a new campaign, not a replay of the
         // one made for the old store.
-        let key = IdempotencyKey::new(request.id, &format!("campaign:store-{store_number}"));
+        let key = cx
+            .key_for(IdempotencyKey::new(
+                request.id,
+                &format!("campaign:store-{store_number}"),
+            ))
+            .await?;
         if let Some(saved) = &request.campaign_id {
             // A saved campaign ends the step only when it was made for the
             // current target store: the store may have changed after it was
@@ -83,6 +88,7 @@ impl Processor for AdCampaignProcessor {
             .create_once(
                 System::Ad,
                 ad.dedup(),
+                &key,
                 found,
                 ad.approve_campaign(&key, &approval),
             )

@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use tracing::Instrument;
 
 use crate::clock::Clock;
-use crate::db::{Database, DbError};
+use crate::db::{Database, DbError, SentKey};
 use crate::domain::{Claim, Facts, Request, RequestStatus, RequestType};
 use crate::external::{Dedup, ErrorKind, ExternalError, ExternalSystems, IdempotencyKey};
 use crate::retry::RetryClass;
@@ -205,6 +205,16 @@ impl ChainContext<'_> {
         Ok(result)
     }
 
+    /// The key to send `base`'s creation under: its newest generation
+    /// recorded, unless the downstream refused that body (400 or 422, which
+    /// created nothing), then the next one (`<base>#<n>`), so a body built
+    /// after a refusal goes under a key of its own. A lost answer ends no
+    /// key: its retry resends the recorded body under the same one.
+    pub(crate) async fn key_for(&self, base: IdempotencyKey) -> Result<IdempotencyKey, ChainError> {
+        let keys = self.store.sent_keys(self.claim.request_id).await?;
+        Ok(base.generation(current_generation(&base, &keys)))
+    }
+
     /// The body to send under `key`: the one an earlier attempt recorded
     /// for it, else `fresh`, recorded now, before anything is sent. A key
     /// names one creation, and a strict downstream refuses it with another
@@ -239,11 +249,13 @@ impl ChainContext<'_> {
     /// system ignores idempotency keys (`dedup` is `Lookup`), what an
     /// earlier attempt made and `find` looks up first (that attempt's answer
     /// was lost). `find` answers only a creation made from the current
-    /// inputs; it is not called when the system honours keys.
+    /// inputs; it is not called when the system honours keys. A creation
+    /// the downstream refused (nothing made) ends `key` ([`Self::key_for`]).
     pub(crate) async fn create_once<T>(
         &self,
         system: crate::external::System,
         dedup: Dedup,
+        key: &IdempotencyKey,
         find: impl std::future::Future<Output = Result<Option<T>, ExternalError>>,
         create: impl std::future::Future<Output = Result<T, ExternalError>>,
     ) -> Result<Result<T, ExternalError>, ChainError> {
@@ -262,7 +274,41 @@ impl ChainContext<'_> {
                 Err(e) => return Ok(Err(e)),
             }
         }
-        self.call(system, create).await
+        let created = self.call(system, create).await?;
+        if let Err(e) = &created
+            && e.refused
+        {
+            if !self.store.refuse_sent(self.claim, key.as_str()).await? {
+                return Err(ChainError::FenceLost(self.claim.request_id));
+            }
+            tracing::info!(
+                request_id = self.claim.request_id,
+                %system,
+                key = key.as_str(),
+                error = %e,
+                "the downstream refused the body and created nothing; the key is ended, the next attempt sends a new body under a new key"
+            );
+        }
+        Ok(created)
+    }
+}
+
+/// The generation of `base` to send under, given the keys recorded for the
+/// request: the newest of `base`'s, or the one after it when its body was
+/// refused; the first when none is recorded.
+fn current_generation(base: &IdempotencyKey, recorded: &[SentKey]) -> u32 {
+    let newest = recorded
+        .iter()
+        .filter_map(|k| {
+            IdempotencyKey::recorded(k.key.clone())
+                .generation_of(base)
+                .map(|n| (n, k.refused))
+        })
+        .max_by_key(|(n, _)| *n);
+    match newest {
+        None => 1,
+        Some((n, true)) => n.saturating_add(1),
+        Some((n, false)) => n,
     }
 }
 
@@ -448,6 +494,53 @@ mod tests {
             operation: "create_store",
             kind,
             message: "no".into(),
+            refused: false,
+        }
+    }
+
+    #[test]
+    fn a_refused_body_ends_its_key_and_a_lost_answer_does_not() {
+        let base = IdempotencyKey::new(7, "owner");
+        let sent = |key: &str, refused| SentKey {
+            key: key.into(),
+            refused,
+        };
+        // Name, the keys recorded for request 7, the key to send under.
+        let cases = [
+            ("nothing sent yet: the first key", vec![], "7:owner"),
+            (
+                "a body sent, its answer lost: the same key",
+                vec![sent("7:owner", false)],
+                "7:owner",
+            ),
+            (
+                "the first body refused: the second key",
+                vec![sent("7:owner", true)],
+                "7:owner#2",
+            ),
+            (
+                "the second body sent: the second key again",
+                vec![sent("7:owner", true), sent("7:owner#2", false)],
+                "7:owner#2",
+            ),
+            (
+                "two refused: the third",
+                vec![sent("7:owner#2", true), sent("7:owner", true)],
+                "7:owner#3",
+            ),
+            (
+                "another step's and another request's keys do not count",
+                vec![
+                    sent("7:store", true),
+                    sent("7:owner-x", true),
+                    sent("77:owner", true),
+                ],
+                "7:owner",
+            ),
+        ];
+        for (name, recorded, key) in cases {
+            let generation = current_generation(&base, &recorded);
+            assert_eq!(base.generation(generation).as_str(), key, "{name}");
         }
     }
 

@@ -42,7 +42,9 @@ impl Processor for OwnerProcessor {
         if request.owner_number.is_some() {
             return Ok(Transition::Next(Step::Store));
         }
-        let key = IdempotencyKey::new(request.id, Step::Owner.as_str());
+        let key = cx
+            .key_for(IdempotencyKey::new(request.id, Step::Owner.as_str()))
+            .await?;
         // The name sent first, also after a rename (ChainContext::body_for).
         let owner = cx
             .body_for(
@@ -58,6 +60,7 @@ impl Processor for OwnerProcessor {
             .create_once(
                 System::Owner,
                 client.dedup(),
+                &key,
                 client.find_owner(request.id),
                 client.create_owner(&key, &owner),
             )

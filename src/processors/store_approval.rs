@@ -46,7 +46,9 @@ impl Processor for StoreProcessor {
                 "owner not created",
             )));
         };
-        let key = IdempotencyKey::new(request.id, Step::Store.as_str());
+        let key = cx
+            .key_for(IdempotencyKey::new(request.id, Step::Store.as_str()))
+            .await?;
         let store = cx
             .body_for(
                 &key,
@@ -62,6 +64,7 @@ impl Processor for StoreProcessor {
             .create_once(
                 System::Store,
                 client.dedup(),
+                &key,
                 client.find_store(request.id),
                 client.create_store(&key, &store),
             )

@@ -401,3 +401,120 @@ async fn without_a_wake_trigger_a_fact_read_otherwise_by_a_later_step_is_not_app
     );
     assert_eq!(request_view(&db, 75).await.status, "PENDING");
 }
+
+on_both!(a_name_the_owner_service_refused_is_sent_again_corrected_under_a_new_key);
+/// The owner service refuses the business name (422, nothing created); the
+/// business corrects it. The refusal ended the key, so the due retry sends
+/// the corrected name under the next key and the request is approved with
+/// one owner. Before, every retry resent the refused body under the same
+/// key until the retry limit; a strict downstream, which keeps a refused
+/// key refused, also refuses a corrected body under it.
+async fn a_name_the_owner_service_refused_is_sent_again_corrected_under_a_new_key(db: Db) {
+    let env = Env::start(db.clone()).await;
+    env.sim.set_strict_keys(true);
+    env.sim.set_refused_names(&["Shop 1"]);
+    NewRequest::ready_owner(1).insert(&db).await;
+
+    let first = env.attempt(&candidate(1, None)).await;
+
+    assert!(
+        matches!(&first, AttemptOutcome::RetryScheduled { reason, .. }
+            if reason.reason.contains("422")),
+        "{first:?}"
+    );
+    assert_eq!(env.sim.stats().names_refused, 1);
+    assert_eq!(env.sim.stats().created.owners, 0, "nothing created");
+    db.exec("UPDATE approval_request SET business_name = 'Shop One' WHERE id = 1")
+        .await;
+
+    let retry = attempt_due_retry(&env, 1, RequestType::OwnerContract).await;
+
+    assert_eq!(retry, AttemptOutcome::Approved);
+    let stats = env.sim.stats();
+    assert_eq!(
+        stats.names_refused, 1,
+        "the refused body was not sent again"
+    );
+    assert_eq!(stats.key_conflicts, 0, "no key reused with another body");
+    assert_eq!((stats.created.owners, stats.created.stores), (1, 1));
+    assert_eq!(stats.for_request(1).owner, 1);
+    assert_eq!(request_view(&db, 1).await.status, "APPROVED");
+}
+
+on_both!(a_lost_answer_after_a_refusal_keeps_the_new_key_and_its_body);
+/// After a refused body, the next body's answer is lost (a timeout after
+/// the owner was made): the retry after that sends the same body under the
+/// same (second) key, and gets the owner made, not a second one, even
+/// though the name changed again meanwhile.
+async fn a_lost_answer_after_a_refusal_keeps_the_new_key_and_its_body(db: Db) {
+    let env = Env::start(db.clone()).await;
+    env.sim.set_strict_keys(true);
+    env.sim.set_refused_names(&["Shop 2"]);
+    NewRequest::ready_owner(2).insert(&db).await;
+    let first = env.attempt(&candidate(2, None)).await;
+    assert!(
+        matches!(first, AttemptOutcome::RetryScheduled { .. }),
+        "{first:?}"
+    );
+    db.exec("UPDATE approval_request SET business_name = 'Shop Two' WHERE id = 2")
+        .await;
+    env.fail_next(System::Owner, autoapproval_sim::FaultKind::Malformed);
+    let lost = attempt_due_retry(&env, 2, RequestType::OwnerContract).await;
+    assert!(
+        matches!(&lost, AttemptOutcome::RetryScheduled { reason, .. }
+            if reason.reason.contains("malformed")),
+        "{lost:?}"
+    );
+    assert_eq!(env.sim.stats().created.owners, 1, "made, its answer lost");
+    db.exec("UPDATE approval_request SET business_name = 'Shop Zwei' WHERE id = 2")
+        .await;
+
+    let retry = attempt_due_retry(&env, 2, RequestType::OwnerContract).await;
+
+    assert_eq!(retry, AttemptOutcome::Approved);
+    let stats = env.sim.stats();
+    assert_eq!(stats.for_request(2).owner, 1, "one owner");
+    assert_eq!(stats.key_conflicts, 0, "the key's own body replayed");
+    assert_eq!(stats.idempotent_replays, 1, "the owner replayed");
+}
+
+on_both!(a_request_a_person_decided_keeps_its_recorded_bodies_until_approved);
+/// A person rejects the request while its last creation is in flight: the
+/// completion finds it decided and ends the claim, and the bodies recorded
+/// for it are kept, so that its resubmission sends the same bodies under
+/// the same keys. They go with its approval.
+async fn a_request_a_person_decided_keeps_its_recorded_bodies_until_approved(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(61).insert(&db).await;
+    env.sim
+        .set_faults(slow(System::Store, StdDuration::from_secs(1)))
+        .unwrap();
+    let first = tokio::spawn({
+        let approver = env.approver.clone();
+        async move { approver.attempt(&candidate(61, None), &fence("a", 1)).await }
+    });
+    wait_in_call(&env, SimSystem::Store).await;
+    db.exec(
+        "UPDATE approval_request SET status = 'REJECTED', decided_by = 'a person', decided_at = now()
+          WHERE id = 61",
+    )
+    .await;
+
+    let first = first.await.unwrap().unwrap();
+
+    assert!(matches!(first, AttemptOutcome::Superseded(_)), "{first:?}");
+    let sent = "SELECT count(*) FROM auto_approve_sent WHERE request_id = 61";
+    assert_eq!(
+        db.fetch_i64(sent).await,
+        2,
+        "the owner's and the store's bodies kept"
+    );
+
+    db.exec("UPDATE approval_request SET status = 'RETRY' WHERE id = 61")
+        .await;
+    assert_eq!(
+        env.attempt(&candidate(61, None)).await,
+        AttemptOutcome::Approved
+    );
+    assert_eq!(db.fetch_i64(sent).await, 0, "gone with the approval");
+}

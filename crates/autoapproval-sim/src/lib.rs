@@ -41,6 +41,11 @@
 //! - `PUT /admin/campaign-prefix` `{"prefix": "cmp-"}` → 204: what new campaign
 //!   ids start with (a prefix a database refuses, such as a NUL byte, makes
 //!   every save of the answer fail).
+//! - `PUT /admin/refused-names` `{"names": ["Bad Name"]}` → 204: owners and
+//!   stores with one of these names are refused from now on with 422 before
+//!   anything is created (`namesRefused`), as a downstream refuses a name it
+//!   does not accept; with `--strict-keys` a key refused so stays refused
+//!   (its body again: 422; another body: a key conflict).
 //! - `POST /admin/reset` → 204: no data, zero counters, start-up faults.
 
 mod routes;
@@ -341,6 +346,13 @@ impl SimHandle {
     /// Like `PUT /admin/campaign-prefix`: new campaign ids start with `prefix`.
     pub fn set_campaign_prefix(&self, prefix: &str) {
         self.shared.lock().set_campaign_prefix(prefix);
+    }
+
+    /// Like `PUT /admin/refused-names`: owners and stores named one of
+    /// `names` are refused (422) from now on.
+    pub fn set_refused_names(&self, names: &[&str]) {
+        let names: Vec<String> = names.iter().map(|n| (*n).to_owned()).collect();
+        self.shared.lock().set_refused_names(&names);
     }
 
     /// Like `POST /admin/reset`.

@@ -103,6 +103,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/admin/esign/{ref}", put(put_contract_status))
         .route("/admin/stores/{n}", put(put_store))
         .route("/admin/campaign-prefix", put(put_campaign_prefix))
+        .route("/admin/refused-names", put(put_refused_names))
         .route("/admin/reset", post(reset))
         .with_state(shared)
 }
@@ -293,6 +294,7 @@ impl IntoResponse for Refused {
     fn into_response(self) -> Response {
         let message = match self {
             Refused::UnknownStore(n) => format!("store {n} does not exist"),
+            Refused::Name(name) => format!("the name {name:?} is not accepted"),
             Refused::KeyConflict { key, first } => {
                 format!("{IDEMPOTENCY_KEY_HEADER} {key} was used with another body: {first}")
             }
@@ -486,6 +488,19 @@ async fn put_campaign_prefix(
     Json(body): Json<PrefixBody>,
 ) -> StatusCode {
     shared.lock().set_campaign_prefix(&body.prefix);
+    StatusCode::NO_CONTENT
+}
+
+#[derive(Deserialize)]
+struct RefusedNamesBody {
+    names: Vec<String>,
+}
+
+async fn put_refused_names(
+    State(shared): State<Arc<Shared>>,
+    Json(body): Json<RefusedNamesBody>,
+) -> StatusCode {
+    shared.lock().set_refused_names(&body.names);
     StatusCode::NO_CONTENT
 }
 

@@ -326,6 +326,10 @@ pub struct Stats {
     pub faults_injected: FaultCounts,
     /// Calls refused with 401.
     pub unauthorized: u64,
+    /// Owners and stores refused with 422 because their name is one of the
+    /// refused names (`PUT /admin/refused-names`): nothing was created.
+    #[serde(default)]
+    pub names_refused: u64,
     /// The latest calls that carried a W3C `traceparent` header, oldest
     /// first, at most [`TRACED_CALLS_KEPT`].
     pub traced_calls: Vec<TracedCall>,
@@ -372,6 +376,8 @@ pub(crate) struct FaultPlan {
 pub(crate) enum Refused {
     /// The ad service does not know the store.
     UnknownStore(i64),
+    /// The owner or store name is one the admin API marked as refused.
+    Name(String),
     /// Strict keys: the key was first used with another body (`first`).
     KeyConflict {
         /// The key.
@@ -395,6 +401,11 @@ pub(crate) struct State {
     owners_by_key: HashMap<String, (i64, String)>,
     stores_by_key: HashMap<String, (i64, String)>,
     campaigns_by_key: HashMap<String, (String, String)>,
+    // Names an owner or store service refuses (422, nothing created), and,
+    // with strict keys, each key refused so with its body: as a strict
+    // downstream remembers a key's answer, a refused key stays refused.
+    refused_names: std::collections::HashSet<String>,
+    refused_by_key: HashMap<String, String>,
     // The latest creation per request, for the lookups (`GET /owners?requestId=N`).
     latest_owner: HashMap<i64, i64>,
     latest_store: HashMap<i64, i64>,
@@ -442,6 +453,8 @@ impl State {
             owners_by_key: HashMap::new(),
             stores_by_key: HashMap::new(),
             campaigns_by_key: HashMap::new(),
+            refused_names: Default::default(),
+            refused_by_key: HashMap::new(),
             next_owner: FIRST_OWNER,
             next_store: FIRST_STORE,
             next_campaign: 1,
@@ -460,6 +473,8 @@ impl State {
         self.owners_by_key.clear();
         self.stores_by_key.clear();
         self.campaigns_by_key.clear();
+        self.refused_names.clear();
+        self.refused_by_key.clear();
         self.latest_owner.clear();
         self.latest_store.clear();
         self.latest_campaign.clear();
@@ -611,6 +626,39 @@ impl State {
         Ok(())
     }
 
+    /// Owners and stores named one of `names` are refused from now on
+    /// (422, nothing created), as a downstream refuses a name it does not
+    /// accept; replaces the earlier list.
+    pub fn set_refused_names(&mut self, names: &[String]) {
+        self.refused_names = names.iter().cloned().collect();
+    }
+
+    /// Refuses a creation named `name` when it is a refused name, or when
+    /// its (honoured) key was refused before: with the same body, the same
+    /// refusal; with another, a key conflict (strict keys only remember).
+    fn refuse_name(&mut self, key: Option<&str>, name: &str, body: &str) -> Result<(), Refused> {
+        if let Some(k) = key
+            && let Some(first) = self.refused_by_key.get(k).cloned()
+            && first != body
+        {
+            self.stats.key_conflicts += 1;
+            return Err(Refused::KeyConflict {
+                key: k.to_owned(),
+                first,
+            });
+        }
+        if !self.refused_names.contains(name) {
+            return Ok(());
+        }
+        self.stats.names_refused += 1;
+        if let Some(k) = key
+            && self.strict_keys
+        {
+            self.refused_by_key.insert(k.to_owned(), body.to_owned());
+        }
+        Err(Refused::Name(name.to_owned()))
+    }
+
     /// The key to replay by, when keys are honoured and one was sent.
     fn honoured<'k>(&self, key: Option<&'k str>) -> Option<&'k str> {
         key.filter(|_| self.idempotency == Idempotency::Honoured)
@@ -629,6 +677,7 @@ impl State {
             self.replayed(k, &first, &body)?;
             return Ok(n);
         }
+        self.refuse_name(key, &owner.business_name, &body)?;
         let n = self.next_owner;
         self.next_owner += 1;
         if let Some(key) = key {
@@ -659,6 +708,7 @@ impl State {
             self.replayed(k, &first, &body)?;
             return Ok(n);
         }
+        self.refuse_name(key, &store.store_name, &body)?;
         // Skip numbers a test registered by hand.
         let mut n = self.next_store;
         while self.stores.contains_key(&n) {
@@ -899,6 +949,34 @@ mod tests {
         assert_eq!(s.stats.key_conflicts, 2);
         assert_eq!(s.stats.idempotent_replays, 2);
         assert_eq!(s.stats.created.owners, 1);
+    }
+
+    #[test]
+    fn a_refused_name_creates_nothing_and_with_strict_keys_its_key_stays_refused() {
+        let mut s = state(Faults::default());
+        s.strict_keys = true;
+        s.set_refused_names(&["Bad".to_owned()]);
+        let owner = |name: &str| wire::CreateOwner {
+            request_id: 1,
+            business_name: name.to_owned(),
+        };
+        assert!(matches!(
+            s.create_owner(Some("1:owner"), &owner("Bad")),
+            Err(Refused::Name(_))
+        ));
+        assert!(matches!(
+            s.create_owner(Some("1:owner"), &owner("Good")),
+            Err(Refused::KeyConflict { .. })
+        ));
+        assert!(s.create_owner(Some("1:owner#2"), &owner("Good")).is_ok());
+        assert_eq!(
+            (
+                s.stats.created.owners,
+                s.stats.names_refused,
+                s.stats.key_conflicts
+            ),
+            (1, 1, 1)
+        );
     }
 
     #[test]

@@ -24,7 +24,7 @@ use sqlx::{Connection, MySql, MySqlConnection};
 use super::naming::{Named, named_write};
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
-use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_keys, sent_result};
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
 use crate::domain::{Candidate, Claim, Facts, Fence};
 
@@ -324,6 +324,33 @@ impl Claims for MysqlStore {
 
     sent_result!("?", "?");
 
+    sent_keys!("?");
+
+    // Under the share-locked fence, as record_sent.
+    async fn refuse_sent(&self, claim: &Claim, key: &str) -> Result<bool, DbError> {
+        let mut tx = self.begin("mark sent body refused").await?;
+        if !lock_fenced(&mut tx, claim, "LOCK IN SHARE MODE")
+            .await
+            .map_err(db("mark sent body refused: check fence"))?
+        {
+            return give_up(tx, "mark sent body refused", false).await;
+        }
+        // The fence decides the answer: MySQL counts only changed rows.
+        sqlx::query(
+            "UPDATE auto_approve_sent SET refused_at = UTC_TIMESTAMP(6)
+              WHERE request_id = ? AND idempotency_key = ?",
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("mark sent body refused"))?;
+        tx.commit()
+            .await
+            .map_err(db("mark sent body refused: commit"))?;
+        Ok(true)
+    }
+
     // A result is our own write too: it wakes nobody.
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
         named_write(
@@ -429,11 +456,15 @@ async fn complete_on(
         .execute(&mut *tx)
         .await
         .map_err(db("complete: delete state"))?;
-    sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
-        .bind(claim.request_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("complete: delete sent bodies"))?;
+    // The recorded bodies go with the approval; a person's decision keeps
+    // them, for a resubmission to replay the same creations.
+    if open {
+        sqlx::query("DELETE FROM auto_approve_sent WHERE request_id = ?")
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: delete sent bodies"))?;
+    }
     tx.commit().await.map_err(db("complete: commit"))?;
     Ok(if open {
         Completion::Approved

@@ -7,7 +7,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
-use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_result};
+use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_keys, sent_result};
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
 use crate::domain::{Candidate, Claim, Facts, Fence};
 
@@ -212,8 +212,9 @@ impl Claims for PgStore {
         // by the fenced delete. The approval depends on the delete's
         // returned row, so a fence moved meanwhile (the delete re-checks
         // the row's newest version) approves nothing, as the rolled-back
-        // transaction did. The request's recorded bodies go with the state
-        // row. The lock names the request as ours to write
+        // transaction did. The request's recorded bodies go with its
+        // approval only (a person's decision keeps them for a resubmission
+        // to replay). The lock names the request as ours to write
         // (autoapproval.writing_request): our approval wakes nobody.
         //
         // A fact changed after the claim refuses the delete, and with it
@@ -262,6 +263,7 @@ impl Claims for PgStore {
              ), sent AS (
                  DELETE FROM auto_approve_sent s
                   WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
+                    AND EXISTS (SELECT 1 FROM free WHERE open)
              ), approved AS (
                  UPDATE autoapproval_request r
                     SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
@@ -349,6 +351,27 @@ impl Claims for PgStore {
     }
 
     sent_result!("$1", "$2");
+
+    sent_keys!("$1");
+
+    async fn refuse_sent(&self, claim: &Claim, key: &str) -> Result<bool, DbError> {
+        let done = bind_fence!(
+            sqlx::query(
+                "UPDATE auto_approve_sent SET refused_at = now()
+                  WHERE request_id = $5 AND idempotency_key = $6
+                    AND EXISTS (SELECT 1 FROM auto_approve_state
+                         WHERE id = $1 AND status = 'IN_PROGRESS' AND holder = $2
+                           AND fencing_token = $3 AND claim_nonce = $4 FOR SHARE)",
+            ),
+            claim
+        )
+        .bind(claim.request_id)
+        .bind(key)
+        .execute(&self.primary)
+        .await
+        .map_err(db("mark sent body refused"))?;
+        Ok(done.rows_affected() == 1)
+    }
 
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
         let sql = match result {
