@@ -131,8 +131,10 @@ pub async fn log_with_role(
     let real = super::real_namespace(edit).await;
     let sim = super::simulator().await;
     let sim_url = sim.base_url();
-    // No --namespace: the kubeconfig's, as a pod's own namespace would be.
-    let args = [&["--replica-name", "rbac-1"][..], args].concat();
+    // No --namespace: the kubeconfig's, as a pod's own namespace would be. Each call has a
+    // namespace of its own on one database, so one fleet name for them all (a fleet's name
+    // defaults to its namespace, and a database refuses a second fleet).
+    let args = [&["--replica-name", "rbac-1", "--fleet", "rbac"][..], args].concat();
     let mut child = super::spawn_run_on_sim(&real.ns.kubeconfig, db, &args, &sim_url);
     let log = super::capture_stderr(&mut child);
     super::owner_now(id).insert(db).await;
