@@ -91,5 +91,6 @@ if ! pinned; then
   exit 1
 fi
 "$bin/kube-apiserver" --version >&2
-"$bin/etcd" --version | head -n 1 >&2
+# sed, not head: under pipefail, head closing the pipe early kills the script with SIGPIPE (141).
+"$bin/etcd" --version | sed -n 1p >&2
 echo "$bin"

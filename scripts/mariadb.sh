@@ -37,7 +37,7 @@ if [[ -z "$server" || -z "$(client)" ]] || ! command -v mariadb-install-db >/dev
   export DEBIAN_FRONTEND=noninteractive
   $sudo apt-get update -qq >&2
   $sudo apt-get install -y -qq --no-install-recommends mariadb-server mariadb-client >&2
-  server="$(command -v mariadbd || ls /usr/sbin/mariadbd /usr/sbin/mysqld 2>/dev/null | head -n 1)"
+  server="$(command -v mariadbd || ls /usr/sbin/mariadbd /usr/sbin/mysqld 2>/dev/null | sed -n 1p)"
 fi
 
 port="${AUTOAPPROVAL_TEST_MYSQL_PORT:-53306}"

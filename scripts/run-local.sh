@@ -25,7 +25,7 @@ for _ in $(seq 100); do
   [[ -s "$tmp/kubeconfig" ]] && grep -q "listening" "$tmp/sim.log" && break
   sleep 0.1
 done
-sim_url="http://$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/sim.log" | head -n 1)"
+sim_url="http://$(grep -o '127\.0\.0\.1:[0-9]*' "$tmp/sim.log" | sed -n 1p)"
 kubectl --kubeconfig "$tmp/kubeconfig" apply -f crds/autoapproval.yaml >/dev/null
 for system in ESIGN OWNER STORE AD; do export "AUTOAPPROVAL_${system}_URL=$sim_url"; done
 

@@ -158,3 +158,36 @@ async fn build_info_on_metrics_names_the_version_the_git_revision_and_the_featur
         );
     }
 }
+
+/// Every script runs under `set -o pipefail`, where `cmd | head -n 1` fails
+/// with SIGPIPE (141) whenever `cmd` writes after head has closed the pipe: a
+/// race a loaded fresh machine loses (`etcd --version | head` killed
+/// `.ci/run` after the control plane was built). `sed -n 1p` reads it all.
+#[test]
+fn the_scripts_never_cut_a_pipe_short_under_pipefail() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts");
+    let mut offenders = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("scripts/") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_none_or(|e| e != "sh") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).expect("script");
+        if !text.contains("pipefail") {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split(" #").next().unwrap_or(line).trim_start();
+            if code.starts_with('#') {
+                continue;
+            }
+            let cut = ["| head", "|head", "| grep -q", "| grep -m"]
+                .iter()
+                .any(|p| code.contains(p));
+            if cut && !code.contains("|| true") {
+                offenders.push(format!("{}:{}: {line}", path.display(), n + 1));
+            }
+        }
+    }
+    assert!(offenders.is_empty(), "{}", offenders.join("\n"));
+}
