@@ -107,28 +107,137 @@ async fn assert_orphans_recovered(
 /// failed in steady state, a takeover slower than its bound): collected as
 /// the run goes and asserted after every guarantee (nothing lost, nothing
 /// doubled, every failover counted) was judged, so a Lease renewal late on
-/// a loaded machine never hides those.
-#[derive(Default)]
-struct Findings(Vec<String>);
+/// a loaded machine never hides those. Timing is judged only on a machine
+/// that kept time while the test ran (see [`Starvation`]); on a starved one
+/// the findings are printed and excused by name.
+struct Findings {
+    seen: Vec<String>,
+    starvation: Starvation,
+}
 
 impl Findings {
+    /// Starts watching the machine's timekeeping for this test.
+    fn new() -> Findings {
+        Findings {
+            seen: Vec::new(),
+            starvation: Starvation::watch(),
+        }
+    }
+
     /// Records `what` unless `ok`.
     fn check(&mut self, ok: bool, what: impl FnOnce() -> String) {
         if !ok {
             let what = what();
             eprintln!("timing finding: {what}");
-            self.0.push(what);
+            self.seen.push(what);
         }
     }
 
-    /// Fails the test with every finding; called last.
+    /// Fails the test with every finding, unless the machine was starved;
+    /// called last.
     fn assert_none(self) {
-        assert!(
-            self.0.is_empty(),
-            "{} timing finding(s), after every guarantee held:\n{}",
-            self.0.len(),
-            self.0.join("\n---\n")
+        if self.seen.is_empty() {
+            return;
+        }
+        if let Some(why) = self.starvation.excuse() {
+            eprintln!(
+                "{} timing finding(s) excused: {why}; every guarantee held",
+                self.seen.len()
+            );
+            return;
+        }
+        panic!(
+            "{} timing finding(s), after every guarantee held, on a machine that kept time \
+             ({}):\n{}",
+            self.seen.len(),
+            self.starvation.summary(),
+            self.seen.join("\n---\n")
         );
+    }
+}
+
+/// How late this machine ran timers while a test ran: a thread of the test
+/// sleeps [`Starvation::TICK`] in a loop and records its worst overshoot,
+/// and the 1-minute load average is sampled. The replicas renew their
+/// Leases on the same starved cores, so a timing bound (a takeover within
+/// lease duration + retry period) is meaningless when the test's own
+/// timers ran a renewal period late or the load was several times the
+/// cores: the guarantees are judged all the same.
+struct Starvation {
+    worst_late_ms: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    peak_load_centi: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Starvation {
+    const TICK: Duration = Duration::from_millis(50);
+
+    fn watch() -> Starvation {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+        let s = Starvation {
+            worst_late_ms: Arc::new(AtomicU64::new(0)),
+            peak_load_centi: Arc::new(AtomicU64::new(0)),
+            stop: Arc::new(AtomicBool::new(false)),
+        };
+        let (late, load, stop) = (
+            s.worst_late_ms.clone(),
+            s.peak_load_centi.clone(),
+            s.stop.clone(),
+        );
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                let before = std::time::Instant::now();
+                std::thread::sleep(Self::TICK);
+                let over = before.elapsed().saturating_sub(Self::TICK);
+                late.fetch_max(over.as_millis() as u64, Ordering::Relaxed);
+                if let Some(l) = Self::load_average() {
+                    load.fetch_max((l * 100.0) as u64, Ordering::Relaxed);
+                }
+            }
+        });
+        s
+    }
+
+    /// The 1-minute load average, from /proc/loadavg.
+    fn load_average() -> Option<f64> {
+        std::fs::read_to_string("/proc/loadavg")
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    }
+
+    fn summary(&self) -> String {
+        use std::sync::atomic::Ordering;
+        format!(
+            "timers at worst {} ms late, peak 1-min load {:.2} on {} cores",
+            self.worst_late_ms.load(Ordering::Relaxed),
+            self.peak_load_centi.load(Ordering::Relaxed) as f64 / 100.0,
+            Self::cores()
+        )
+    }
+
+    fn cores() -> usize {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    }
+
+    /// Why timing cannot be judged on this run, if it cannot: timers a
+    /// retry period late, or a load of at least four runnable tasks per core
+    /// (a fleet test alone stays well under it).
+    fn excuse(&self) -> Option<String> {
+        use std::sync::atomic::Ordering;
+        let late = Duration::from_millis(self.worst_late_ms.load(Ordering::Relaxed));
+        let load = self.peak_load_centi.load(Ordering::Relaxed) as f64 / 100.0;
+        (late >= RETRY_PERIOD || load >= 4.0 * Self::cores() as f64)
+            .then(|| format!("the machine was starved ({})", self.summary()))
+    }
+}
+
+impl Drop for Starvation {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -607,7 +716,7 @@ async fn a_replica_killed_hard_mid_run_doubles_nothing_in_a_downstream_without_i
 
 async fn killed_hard_mid_run(pool: Db, downstream: Downstream) {
     let mut fleet = Fleet::with(pool.clone(), 3, LEASE_DURATION, downstream).await;
-    let mut findings = Findings::default();
+    let mut findings = Findings::new();
     let balanced = fleet.wait_balanced().await;
     let trouble_at_balance = fleet.lease_troubles().await;
     fleet.sim.add_store(900_001, true);
@@ -807,7 +916,7 @@ async fn rolling_restart(pool: Db, downstream: Downstream) {
     // can only be a release.
     let long = Duration::from_secs(30);
     let mut fleet = Fleet::with(pool.clone(), 3, long, downstream).await;
-    let mut findings = Findings::default();
+    let mut findings = Findings::new();
     fleet.wait_balanced().await;
     fleet
         .sim
@@ -969,6 +1078,7 @@ on_both!(a_replica_cut_from_the_database_hands_its_shards_over);
 /// replica that can work takes its shards, and every request is approved
 /// once, by it.
 async fn a_replica_cut_from_the_database_hands_its_shards_over(db: Db) {
+    let mut findings = Findings::new();
     let proxy = CutProxy::start(db.server_addr().await).await;
     let mut fleet = Fleet::start(db.clone(), 1, LEASE_DURATION).await;
     fleet.replicas.push(Replica {
@@ -996,7 +1106,6 @@ async fn a_replica_cut_from_the_database_hands_its_shards_over(db: Db) {
     println!("shards of the cut replica moved within {moved:?} of the cut");
     // The cut replica gives up after its renew deadline; the bound is a hang
     // detector with room for a loaded machine (held by it, they never move).
-    let mut findings = Findings::default();
     findings.check(moved <= LEASE_DURATION * 2, || {
         format!("moved within two lease durations: {moved:?}")
     });
@@ -1020,7 +1129,8 @@ async fn a_replica_cut_from_the_database_hands_its_shards_over(db: Db) {
 
 on_both!(a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_request);
 /// The business system holds one request row of every shard in a
-/// transaction left open for up to 30 s, while half the shards change hands
+/// transaction left open for at least 30 s (and until the others are
+/// approved, on a loaded machine), while half the shards change hands
 /// (a second replica joins, and each shard it takes is fenced). The held
 /// requests already have their owner and store (a resubmission), so each
 /// chain goes straight to its completion and meets the held row. Our
@@ -1030,6 +1140,7 @@ on_both!(a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_req
 /// transaction is still open, and the held ones once it commits.
 async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_request(db: Db) {
     const HOLD: Duration = Duration::from_secs(30);
+    let mut findings = Findings::new();
     let held = i64::from(SHARDS);
     insert_requests(&db, 1, held, None, true).await;
     db.exec(&format!(
@@ -1067,11 +1178,20 @@ async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_req
     fleet.wait_balanced().await;
     insert_requests(&db, 101, 300, None, true).await;
 
+    // The business holds its rows for at least HOLD, and on until every
+    // other request is approved: a loaded machine's slower pace is waited
+    // for, and only a stall (no other request approved for STALL while
+    // some are open) means something of ours waits behind the business.
+    const STALL: Duration = Duration::from_secs(60);
+    let (mut last, mut moved) = (-1, tokio::time::Instant::now());
     let others_open = loop {
         let open = fleet
             .count("SELECT count(*) FROM approval_request WHERE id > 100 AND status <> 'APPROVED'")
             .await;
-        if open == 0 || opened.elapsed() > HOLD {
+        if open != last {
+            (last, moved) = (open, tokio::time::Instant::now());
+        }
+        if (open == 0 && opened.elapsed() > HOLD) || moved.elapsed() > STALL {
             break open;
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
@@ -1087,10 +1207,10 @@ async fn a_business_transaction_open_for_30_s_holds_up_no_lease_and_no_other_req
     business.commit().await;
     // Judged after the guarantees below, so a failure here still says
     // whether anything was lost or doubled.
-    let mut findings = Findings::default();
     findings.check(others_open == 0, || {
         format!(
-            "{others_open} requests still open after the business held its rows {waited:?}: {}",
+            "{others_open} requests still open, none approved for {STALL:?}, after the business \
+             held its rows {waited:?}: {}",
             fleet.log(0)
         )
     });
