@@ -110,6 +110,44 @@ pub fn write_file(dir: &Path, name: &str, contents: &str) -> PathBuf {
     path
 }
 
+/// A CA bundle, a client certificate and its key, made once per test
+/// process, for settings that name such files (the chart's rendered ones).
+pub fn stand_in_files() -> &'static StandIn {
+    static FILES: std::sync::OnceLock<StandIn> = std::sync::OnceLock::new();
+    FILES.get_or_init(|| {
+        let dir = super::fresh_dir("tls-stand-in");
+        let ca = TestCa::new("stand-in CA");
+        let client = ca.client("stand-in");
+        StandIn {
+            ca: write_file(&dir, "ca.crt", &ca.pem),
+            cert: write_file(&dir, "tls.crt", &client.cert),
+            key: write_file(&dir, "tls.key", &client.key),
+        }
+    })
+}
+
+/// See [`stand_in_files`].
+pub struct StandIn {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl StandIn {
+    /// The stand-in for the file an `AUTOAPPROVAL_*` variable names, if it names one.
+    pub fn for_variable(&self, name: &str) -> Option<&Path> {
+        if name.ends_with("_CA_FILE") {
+            Some(&self.ca)
+        } else if name.ends_with("_CLIENT_CERT_FILE") {
+            Some(&self.cert)
+        } else if name.ends_with("_CLIENT_KEY_FILE") {
+            Some(&self.key)
+        } else {
+            None
+        }
+    }
+}
+
 /// A simulator serving HTTPS with `server`, requiring a client certificate
 /// of `client_ca` if given.
 pub async fn https_simulator(server: &Pem, client_ca: Option<&TestCa>) -> SimHandle {
