@@ -292,21 +292,46 @@ async fn rotated_ca_and_client_certificate_files_are_used_without_a_restart(pool
         ) >= 1.0,
         "{metrics}"
     );
-    // ... where clients still on the old files are refused.
-    let mut stale = config.clone();
-    stale.tls.external_ca_file = Some(old.join("ca.pem"));
-    stale.tls.external_client_cert_file = Some(old.join("client.crt"));
-    stale.tls.external_client_key_file = Some(old.join("client.key"));
-    stale.esign_url = env.sim.base_url();
-    let stale = HttpExternalSystems::build(&stale).expect("clients on the old files");
-    let refused = stale
-        .esign
-        .contract_status("EC-2")
-        .await
-        .expect_err("the old CA does not verify the rotated server")
-        .to_string();
+    // ... where a client still on either old file is refused: the old CA
+    // does not verify the rotated server, the old client certificate is not
+    // of the client CA the server now requires.
+    let stale = |ca: &Path, cert: &Path, key: &Path| {
+        let mut stale = config.clone();
+        stale.tls.external_ca_file = Some(ca.to_owned());
+        stale.tls.external_client_cert_file = Some(cert.to_owned());
+        stale.tls.external_client_key_file = Some(key.to_owned());
+        HttpExternalSystems::build(&stale).expect("clients on a mix of old and new files")
+    };
+    let refused = stale(
+        &old.join("ca.pem"),
+        &dir.join("client.crt"),
+        &dir.join("client.key"),
+    )
+    .esign
+    .contract_status("EC-2")
+    .await
+    .expect_err("the old CA does not verify the rotated server")
+    .to_string();
     assert!(
-        refused.contains("TLS with the e-sign service failed"),
+        refused.contains(
+            "TLS with the e-sign service failed: the server's certificate is not signed by a trusted CA"
+        ),
+        "{refused}"
+    );
+    let refused = stale(
+        &dir.join("ca.pem"),
+        &old.join("client.crt"),
+        &old.join("client.key"),
+    )
+    .esign
+    .contract_status("EC-2")
+    .await
+    .expect_err("the rotated server refuses the old client certificate")
+    .to_string();
+    assert!(
+        refused.contains(
+            "TLS with the e-sign service failed: the server refused our client certificate"
+        ),
         "{refused}"
     );
 

@@ -23,7 +23,7 @@ use crate::telemetry::Metrics;
 
 /// Which CAs the external systems' server certificates are checked against,
 /// and the client certificate (mTLS) the controller shows them.
-#[derive(clap::Args, Clone, Debug, Default)]
+#[derive(clap::Args, Clone, Debug)]
 pub struct ExternalTlsArgs {
     /// PEM bundle of the CAs trusted for every external system without a CA
     /// file of its own; it replaces the bundled web roots [default: none, the
