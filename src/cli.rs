@@ -154,8 +154,11 @@ async fn run_controller(args: crate::controller::config::RunArgs) -> Result<(), 
     args.controller
         .config(String::new(), String::new())?
         .check_pool(args.database.db_max_connections)?;
-    let external = crate::external::http::HttpExternalSystems::build(&args.external)?;
     let metrics = Metrics::new();
+    let external = crate::external::http::HttpExternalSystems::build_reporting(
+        &args.external,
+        Some(&metrics),
+    )?;
     let (client, api_server) = kube_client(args.controller.kubeconfig.as_deref(), &metrics).await?;
     let namespace = match &args.controller.namespace {
         Some(ns) => ns.clone(),

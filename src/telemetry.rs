@@ -72,6 +72,8 @@ pub struct Metrics {
     claims: Family<ResultLabel, Counter>,
     outcomes: Family<OutcomeLabels, Counter>,
     external_calls: Family<SystemLabels, Counter>,
+    external_tls_reloads: Family<SystemLabels, Counter>,
+    external_tls_rejected: Family<SystemLabel, Gauge>,
     malformed_rows: Family<ColumnLabel, Counter>,
     cleanser_recovered: Counter,
     cleanser_deleted: Counter,
@@ -199,6 +201,18 @@ impl Metrics {
             "external_calls",
             "External system calls by system and result",
             external_calls.clone(),
+        );
+        let external_tls_reloads = Family::<SystemLabels, Counter>::default();
+        registry.register(
+            "external_tls_reloads",
+            "Changed CA or client certificate files of an external system, by result: loaded, or rejected (the last good ones stay in use)",
+            external_tls_reloads.clone(),
+        );
+        let external_tls_rejected = Family::<SystemLabel, Gauge>::default();
+        registry.register(
+            "external_tls_files_rejected",
+            "1 while an external system's TLS files on disk are rejected and the last good ones are in use",
+            external_tls_rejected.clone(),
         );
         let malformed_rows = Family::<ColumnLabel, Counter>::default();
         registry.register(
@@ -432,6 +446,8 @@ impl Metrics {
             claims,
             outcomes,
             external_calls,
+            external_tls_reloads,
+            external_tls_rejected,
             malformed_rows,
             cleanser_recovered,
             cleanser_deleted,
@@ -484,6 +500,25 @@ impl Metrics {
                 result: result.into(),
             })
             .inc();
+    }
+
+    /// Counts a reload of `system`'s TLS files: `loaded` or `rejected`.
+    pub fn external_tls_reload(&self, system: &str, result: &str) {
+        self.external_tls_reloads
+            .get_or_create(&SystemLabels {
+                system: system.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Whether `system`'s TLS files on disk are rejected (the last good ones in use).
+    pub fn external_tls_rejected(&self, system: &str, rejected: bool) {
+        self.external_tls_rejected
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .set(i64::from(rejected));
     }
 
     /// Records how long a call to `system` took.

@@ -19,6 +19,7 @@
 //! for a system set to `--<system>-dedup lookup`, before each creation.
 
 mod config;
+mod tls;
 pub mod wire;
 
 use std::sync::Arc;
@@ -30,7 +31,7 @@ use reqwest::{Method, StatusCode, Url};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::Semaphore;
-use tracing::{Instrument, debug};
+use tracing::{Instrument, debug, info};
 
 use super::{
     AdClient, CampaignApproval, ContractStatus, Dedup, ESignClient, ErrorKind, ExternalError,
@@ -41,6 +42,8 @@ use super::{
 use crate::flags::format_duration;
 use config::parse_base_url;
 pub use config::{ConfigError, ExternalArgs, Secret};
+use tls::Clients;
+pub use tls::{ExternalTlsArgs, TlsFileError};
 
 /// Header carrying the idempotency key of a mutation.
 pub const IDEMPOTENCY_KEY_HEADER: &str = "Idempotency-Key";
@@ -80,11 +83,31 @@ pub fn is_refusal(status: StatusCode) -> bool {
 pub struct HttpExternalSystems;
 
 impl HttpExternalSystems {
-    /// Validates `config` and builds one client per system.
+    /// Validates `config` and builds one client per system; its TLS files
+    /// are read now (a missing, unreadable or invalid one is refused by
+    /// name) and again when they change, reported only in the log.
     pub fn build(config: &ExternalArgs) -> Result<ExternalSystems, ConfigError> {
+        Self::build_reporting(config, None)
+    }
+
+    /// Like [`Self::build`], a reload of the TLS files also counted in
+    /// `metrics` (`autoapproval_external_tls_reloads_total`,
+    /// `autoapproval_external_tls_files_rejected`).
+    pub fn build_reporting(
+        config: &ExternalArgs,
+        metrics: Option<&crate::telemetry::Metrics>,
+    ) -> Result<ExternalSystems, ConfigError> {
         config.validate()?;
         let endpoint = |system, flag, url: &str, token_flag, token: &Option<Secret>| {
-            Endpoint::new(system, flag, url, token_flag, token.as_ref(), config)
+            Endpoint::new(
+                system,
+                flag,
+                url,
+                token_flag,
+                token.as_ref(),
+                config,
+                metrics,
+            )
         };
         Ok(ExternalSystems {
             esign: Arc::new(HttpESign(endpoint(
@@ -132,7 +155,7 @@ impl HttpExternalSystems {
 struct Endpoint {
     system: System,
     base: Url,
-    client: reqwest::Client,
+    clients: Clients,
     auth: Option<HeaderValue>,
     timeout: Duration,
     in_flight: Semaphore,
@@ -152,6 +175,7 @@ impl Endpoint {
         token_flag: &'static str,
         token: Option<&Secret>,
         config: &ExternalArgs,
+        metrics: Option<&crate::telemetry::Metrics>,
     ) -> Result<Self, ConfigError> {
         let base = parse_base_url(url_flag, url)?;
         let auth = token
@@ -165,17 +189,23 @@ impl Endpoint {
                     .map_err(|_| ConfigError::InvalidToken { flag: token_flag })
             })
             .transpose()?;
-        let client = reqwest::Client::builder()
-            .connect_timeout(config.external_timeout)
-            // A redirect would be a misconfiguration; surface it instead of following.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("autoapproval/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|source| ConfigError::Client { system, source })?;
+        let clients = Clients::new(
+            system,
+            config.tls.files(system)?,
+            config.external_timeout,
+            config.tls.external_tls_reload_interval,
+            metrics.cloned(),
+        )?;
+        match base.scheme() {
+            "https" => {
+                info!(%system, url = %base, tls = %clients.describe(), "external system over TLS")
+            }
+            _ => info!(%system, url = %base, "external system over plain HTTP: not encrypted"),
+        }
         Ok(Self {
             system,
             base,
-            client,
+            clients,
             auth,
             timeout: config.external_timeout,
             in_flight: Semaphore::new(config.external_concurrency),
@@ -242,7 +272,9 @@ impl Endpoint {
         body: Option<&B>,
     ) -> Result<Answer, ExternalError> {
         let mut request = self
-            .client
+            .clients
+            .client()
+            .await
             .request(method.clone(), url.clone())
             .timeout(self.timeout);
         if let Some(auth) = &self.auth {
@@ -333,7 +365,12 @@ impl Endpoint {
     }
 
     fn transport_error(&self, operation: &'static str, e: &reqwest::Error) -> ExternalError {
-        let what = if e.is_timeout() {
+        let host = self.base.host_str().unwrap_or_default();
+        let what = if let Some(tls) = tls::tls_failure(e, &self.clients, host) {
+            // Retried like any connection failure: a rotated certificate or a
+            // fixed CA file makes the next attempt succeed.
+            format!("{tls} ({})", error_chain(e))
+        } else if e.is_timeout() {
             format!("timed out after {}", format_duration(self.timeout))
         } else if e.is_connect() {
             format!("connect failed: {}", error_chain(e))
@@ -388,6 +425,15 @@ impl Endpoint {
             )
         })
     }
+}
+
+/// The settings of every system's client but TLS.
+fn base_client(connect_timeout: Duration) -> reqwest::ClientBuilder {
+    reqwest::Client::builder()
+        .connect_timeout(connect_timeout)
+        // A redirect would be a misconfiguration; surface it instead of following.
+        .redirect(reqwest::redirect::Policy::none())
+        .user_agent(concat!("autoapproval/", env!("CARGO_PKG_VERSION")))
 }
 
 /// The error and its causes on one line: reqwest's own message is terse.
@@ -642,6 +688,7 @@ mod tests {
             "--t",
             None,
             &config,
+            None,
         )
         .unwrap();
         let url = endpoint

@@ -61,12 +61,19 @@ fn the_charts_defaults_are_the_binarys_defaults() {
     }
 }
 
-/// `autoapproval run` with a render's settings, the Secret's values stood in for, and a missing
-/// kubeconfig: every value is checked before anything is contacted and the first contact is
-/// the kubeconfig, so failing on it proves that all the settings were accepted.
+/// `autoapproval run` with a render's settings, the Secret's values and the mounted TLS files
+/// stood in for, and a missing kubeconfig: every value is checked before anything is contacted
+/// and the first contact is the kubeconfig, so failing on it proves that all the settings were
+/// accepted.
 fn run_with_settings(r: &Rendered, kubeconfig: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_autoapproval"));
     cmd.arg("run").env_clear().envs(r.config_map());
+    let files = crate::support::tls::stand_in_files();
+    for name in r.config_map().keys() {
+        if let Some(file) = files.for_variable(name) {
+            cmd.env(name, file);
+        }
+    }
     for e in r.controller()["env"].as_array().unwrap() {
         let name = e["name"].as_str().unwrap();
         let value = match name {

@@ -43,5 +43,6 @@ mod retry;
 mod shutdown;
 mod status;
 mod support;
+mod tls_external;
 mod traces;
 mod upgrade;

@@ -47,12 +47,24 @@
 //!   does not accept; with `--strict-keys` a key refused so stays refused
 //!   (its body again: 422; another body: a key conflict).
 //! - `POST /admin/reset` → 204: no data, zero counters, start-up faults.
+//!
+//! # HTTPS
+//!
+//! With `--tls-cert-file` and `--tls-key-file` ([`SimTls`]) it serves HTTPS
+//! instead, and with `--tls-client-ca-file` it requires a client certificate
+//! signed by that CA. A TLS listener closes each connection after its answer,
+//! so every call makes a new handshake against the certificate in force
+//! ([`SimHandle::set_tls`] swaps it while serving, as a rotation does).
+//! [`SimHandle::add_listener`] serves the same systems on another port with
+//! TLS settings of its own (one system behind mTLS, say).
 
 mod routes;
 mod state;
+mod tls;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use autoapproval::external::ContractStatus;
@@ -67,6 +79,7 @@ pub use state::{
     Creations, FailNext, FaultCounts, FaultKind, Faults, Idempotency, PerSystem, RequestCreations,
     SimSystem, Stats, TRACED_CALLS_KEPT, TracedCall,
 };
+pub use tls::SimTls;
 
 // === impl SimArgs ===
 
@@ -118,6 +131,27 @@ pub struct SimArgs {
     /// Refuse (422) an Idempotency-Key replayed with another body, as a strict downstream (a payment API) does; off: answer the first result and count it in keyConflicts.
     #[arg(long, env = "AUTOAPPROVAL_SIM_STRICT_KEYS")]
     pub strict_keys: bool,
+    /// PEM server certificate (chain): serve HTTPS with it; needs --tls-key-file [default: none, plain HTTP].
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_SIM_TLS_CERT_FILE",
+        requires = "tls_key_file"
+    )]
+    pub tls_cert_file: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert-file [default: none].
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_SIM_TLS_KEY_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_key_file: Option<std::path::PathBuf>,
+    /// PEM CA bundle: with HTTPS, require a client certificate signed by it [default: none, no client certificate asked for].
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_SIM_TLS_CLIENT_CA_FILE",
+        requires = "tls_cert_file"
+    )]
+    pub tls_client_ca_file: Option<std::path::PathBuf>,
 }
 
 /// `--esign-default` values.
@@ -156,6 +190,24 @@ impl SimArgs {
             fail_next: None,
         };
         faults.check_rates(["--error-rate", "--timeout-rate", "--malformed-rate"])?;
+        let read = |name: &'static str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| SimError::Invalid {
+                name,
+                message: format!("{}: {e}", path.display()),
+            })
+        };
+        let tls = match (&self.tls_cert_file, &self.tls_key_file) {
+            (Some(cert), Some(key)) => Some(SimTls {
+                cert_chain_pem: read("--tls-cert-file", cert)?,
+                key_pem: read("--tls-key-file", key)?,
+                client_ca_pem: self
+                    .tls_client_ca_file
+                    .as_deref()
+                    .map(|ca| read("--tls-client-ca-file", ca))
+                    .transpose()?,
+            }),
+            _ => None,
+        };
         Ok(SimConfig {
             faults,
             idempotency: self.idempotency,
@@ -163,6 +215,7 @@ impl SimArgs {
             require_tokens: self.require_token.clone(),
             seed: self.seed,
             strict_keys: self.strict_keys,
+            tls,
         })
     }
 }
@@ -183,6 +236,8 @@ pub struct SimConfig {
     /// Whether a key replayed with another body is refused with 422
     /// (`--strict-keys`); off: answered with the first result.
     pub strict_keys: bool,
+    /// HTTPS with this certificate; `None`: plain HTTP.
+    pub tls: Option<SimTls>,
 }
 
 impl Default for SimConfig {
@@ -194,6 +249,7 @@ impl Default for SimConfig {
             require_tokens: Vec::new(),
             seed: None,
             strict_keys: false,
+            tls: None,
         }
     }
 }
@@ -252,9 +308,6 @@ impl Simulator {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| SimError::Bind { addr, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| SimError::Bind { addr, source })?;
         let (stop, stopped) = watch::channel(false);
         let mut state = state::State::new(
             options.faults,
@@ -268,42 +321,161 @@ impl Simulator {
             options.require_tokens,
             stopped.clone(),
         ));
-        let app = routes::router(shared.clone());
-        let mut until_stopped = stopped;
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    // Err: the handle is gone, which also means stop.
-                    let _ = until_stopped.wait_for(|stop| *stop).await;
-                })
-                .await
-        });
+        let handshake_failures = Arc::new(AtomicU64::new(0));
+        let (main, task) = serve(
+            listener,
+            options.tls.as_ref(),
+            routes::router(shared.clone()),
+            stopped,
+            handshake_failures.clone(),
+        )?;
         Ok(SimHandle {
-            addr,
+            main,
             shared,
             stop,
-            task: Some(task),
+            tasks: vec![task],
+            handshake_failures,
         })
     }
 }
 
-/// A running simulator; dropping it stops the server too.
-pub struct SimHandle {
-    addr: SocketAddr,
-    shared: Arc<routes::Shared>,
-    stop: watch::Sender<bool>,
-    task: Option<JoinHandle<std::io::Result<()>>>,
+/// Serves `app` on `listener`, over TLS if `tls` is given, until `stopped`.
+fn serve(
+    listener: tokio::net::TcpListener,
+    tls: Option<&SimTls>,
+    app: axum::Router,
+    stopped: watch::Receiver<bool>,
+    handshake_failures: Arc<AtomicU64>,
+) -> Result<(SimListener, ServeTask), SimError> {
+    let addr = listener.local_addr().map_err(SimError::Serve)?;
+    let mut until_stopped = stopped.clone();
+    let shutdown = async move {
+        // Err: the handle is gone, which also means stop.
+        let _ = until_stopped.wait_for(|stop| *stop).await;
+    };
+    let Some(tls) = tls else {
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(shutdown)
+                .await
+        });
+        return Ok((SimListener { addr, tls: None }, task));
+    };
+    let current: tls::CurrentTls = Arc::new(std::sync::RwLock::new(tls.server_config()?));
+    let listener = tls::TlsListener::new(listener, current.clone(), handshake_failures, stopped)
+        .map_err(SimError::Serve)?;
+    // One call per connection: each call's handshake meets the certificate in force.
+    let app = app.layer(axum::middleware::map_response(
+        |mut answer: axum::response::Response| async move {
+            answer.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+            answer
+        },
+    ));
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(shutdown)
+            .await
+    });
+    Ok((
+        SimListener {
+            addr,
+            tls: Some(current),
+        },
+        task,
+    ))
 }
 
-impl SimHandle {
+type ServeTask = JoinHandle<std::io::Result<()>>;
+
+/// One port the simulator serves on, and its TLS settings if any.
+#[derive(Clone)]
+pub struct SimListener {
+    addr: SocketAddr,
+    tls: Option<tls::CurrentTls>,
+}
+
+impl SimListener {
     /// The bound address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
-    /// `http://ADDR`, the base URL for every system.
+    /// `http://ADDR`, or `https://ADDR` over TLS: the base URL for every system.
+    pub fn url(&self) -> String {
+        match self.tls {
+            Some(_) => format!("https://{}", self.addr),
+            None => format!("http://{}", self.addr),
+        }
+    }
+
+    /// Replaces the TLS settings for the next handshakes; a listener
+    /// started without TLS refuses.
+    pub fn set_tls(&self, tls: &SimTls) -> Result<(), SimError> {
+        let Some(current) = &self.tls else {
+            return Err(SimError::Invalid {
+                name: "tls",
+                message: "this listener serves plain HTTP".to_owned(),
+            });
+        };
+        let config = tls.server_config()?;
+        *current.write().unwrap_or_else(|e| e.into_inner()) = config;
+        Ok(())
+    }
+}
+
+/// A running simulator; dropping it stops the server too.
+pub struct SimHandle {
+    main: SimListener,
+    shared: Arc<routes::Shared>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<ServeTask>,
+    handshake_failures: Arc<AtomicU64>,
+}
+
+impl SimHandle {
+    /// The bound address.
+    pub fn addr(&self) -> SocketAddr {
+        self.main.addr
+    }
+
+    /// `http://ADDR` (`https://` with TLS), the base URL for every system.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        self.main.url()
+    }
+
+    /// Replaces the main listener's TLS settings for the next handshakes.
+    pub fn set_tls(&self, tls: &SimTls) -> Result<(), SimError> {
+        self.main.set_tls(tls)
+    }
+
+    /// Serves the same systems and data on another port of `addr`'s host
+    /// (port 0: any), with TLS settings of its own.
+    pub async fn add_listener(
+        &mut self,
+        addr: SocketAddr,
+        tls: Option<&SimTls>,
+    ) -> Result<SimListener, SimError> {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| SimError::Bind { addr, source })?;
+        let (extra, task) = serve(
+            listener,
+            tls,
+            routes::router(self.shared.clone()),
+            self.stop.subscribe(),
+            self.handshake_failures.clone(),
+        )?;
+        self.tasks.push(task);
+        Ok(extra)
+    }
+
+    /// TLS handshakes that failed (a client that refused our certificate,
+    /// or had none where one is required), on every listener.
+    pub fn handshake_failures(&self) -> u64 {
+        self.handshake_failures.load(Ordering::Relaxed)
     }
 
     /// A snapshot of the counters.
@@ -363,10 +535,12 @@ impl SimHandle {
     /// Stops accepting, cuts hanging calls short, waits for the server to end.
     pub async fn shutdown(mut self) -> Result<(), SimError> {
         self.stop.send_replace(true);
-        match self.task.take() {
-            Some(task) => task.await.map_err(SimError::Task)?.map_err(SimError::Serve),
-            None => Ok(()),
+        for task in std::mem::take(&mut self.tasks) {
+            task.await
+                .map_err(SimError::Task)?
+                .map_err(SimError::Serve)?;
         }
+        Ok(())
     }
 }
 

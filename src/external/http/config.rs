@@ -80,6 +80,9 @@ pub struct ExternalArgs {
     /// Maximum calls in flight to each external system at once.
     #[arg(long, env = "AUTOAPPROVAL_EXTERNAL_CONCURRENCY", default_value_t = 32)]
     pub external_concurrency: usize,
+    /// CA bundles and client certificates (`--external-ca-file`, `--<system>-ca-file`, …).
+    #[command(flatten)]
+    pub tls: super::tls::ExternalTlsArgs,
 }
 
 impl ExternalArgs {
@@ -130,6 +133,9 @@ impl ExternalArgs {
         if self.external_concurrency == 0 {
             return Err(ConfigError::ZeroConcurrency);
         }
+        for system in [System::ESign, System::Owner, System::Store, System::Ad] {
+            self.tls.files(system)?;
+        }
         Ok(())
     }
 }
@@ -159,6 +165,17 @@ pub enum ConfigError {
     /// `--external-concurrency 0`.
     #[error("--external-concurrency must be at least 1")]
     ZeroConcurrency,
+    /// A client certificate without its key, or a key without its certificate.
+    #[error("{given} is set without {missing}: a client certificate needs both")]
+    HalfIdentity {
+        /// The flag that was given.
+        given: &'static str,
+        /// The flag that is missing.
+        missing: &'static str,
+    },
+    /// A CA, certificate or key file that is missing, unreadable or invalid.
+    #[error(transparent)]
+    TlsFile(#[from] super::tls::TlsFileError),
     /// reqwest could not build its client (TLS set-up).
     #[error("building the HTTP client for {system}: {source}")]
     Client {

@@ -11,6 +11,8 @@
 //! - `kubelet`: the Job controller and kubelet the tests play, the replica as the pod's ServiceAccount;
 //! - `processes`: the real binary as a child process, signals, `/metrics`, a fresh directory and
 //!   kubeconfig for it;
+//! - `tls`: a CA the test makes, certificates it signs, files written as the kubelet writes a
+//!   Secret's, and the simulator over HTTPS;
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod chart;
@@ -21,6 +23,7 @@ pub mod engine;
 pub mod kubelet;
 pub mod processes;
 pub mod rows;
+pub mod tls;
 pub mod tools;
 
 pub use chart::*;
