@@ -200,13 +200,13 @@ async fn the_readme_install_on_a_database_without_the_binding_fails_naming_the_m
         On::RealServer,
         Db::Postgres(pool),
         NAMESPACE,
-        install_without_binding,
+        |cli, kubelet, db, rt| install_without_binding(cli, kubelet, db, rt, ""),
     )
     .await;
 }
 
 /// The same with the newest Helm 3, whose message differs (`job autoapproval-migrate failed:
-/// PodFailurePolicy`) and names the Job too.
+/// PodFailurePolicy`) and names the Job too, and with `--wait` added, which fails the same way.
 #[sqlx::test(migrations = false)]
 async fn the_readme_install_without_the_binding_fails_with_helm_3_too(pool: sqlx::PgPool) {
     as_operator_of_own_server(
@@ -215,18 +215,32 @@ async fn the_readme_install_without_the_binding_fails_with_helm_3_too(pool: sqlx
         NAMESPACE,
         |cli, kubelet, db, rt| {
             let helm3 = cli.with_helm(&tool("helm3"));
-            install_without_binding(&helm3, kubelet, db, rt);
+            install_without_binding(&helm3, kubelet, db, rt, " --wait");
         },
     )
     .await;
 }
 
-fn install_without_binding(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
+/// The README's install block on a database without the binding, `extra` added to `helm install`.
+fn install_without_binding(
+    cli: &Cli,
+    kubelet: &Kubelet,
+    db: &Db,
+    rt: &tokio::runtime::Handle,
+    extra: &str,
+) {
     let work = working_copy(&cli.dir);
     let mut install = None;
+    let mut verbatim = String::new();
     let mut steps = vec![];
     for command in readme_block("install") {
         let is_install = command.starts_with("helm install");
+        let command = if is_install {
+            verbatim = command.clone();
+            command + extra
+        } else {
+            command
+        };
         let (step, succeeded) = run_step(cli, command, &work);
         assert_eq!(
             succeeded, !is_install,
@@ -284,7 +298,8 @@ fn install_without_binding(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::ru
         "nothing but the hook Job was created"
     );
 
-    // The fix: the binding made (here the reference schema's), uninstall, install again.
+    // The fix: the binding made (here the reference schema's), uninstall, install again (without
+    // --wait: no kube-controller-manager makes the Deployment's pods ready here).
     rt.block_on(store.migrate(true)).expect("the binding");
     let uninstall = cli.shell("helm -n autoapproval uninstall autoapproval", &work);
     assert!(
@@ -292,7 +307,7 @@ fn install_without_binding(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::ru
         "{}",
         String::from_utf8_lossy(&uninstall.stderr)
     );
-    let (again, succeeded) = run_step(cli, install.command.clone(), &work);
+    let (again, succeeded) = run_step(cli, verbatim, &work);
     assert!(
         succeeded && again.stdout.contains("STATUS: deployed"),
         "{}{}",
