@@ -3,7 +3,7 @@
 
 use clap::{Parser, Subcommand};
 
-use crate::db::{Database, DatabaseArgs, DbError};
+use crate::db::{Database, DatabaseArgs, DbError, SessionArgs};
 
 /// Auto-approves contract requests kept in PostgreSQL, MySQL or MariaDB.
 #[derive(Parser, Debug)]
@@ -29,6 +29,8 @@ pub enum Command {
     Migrate(MigrateArgs),
     /// Run the controller.
     Run(Box<crate::controller::config::RunArgs>),
+    /// Check, as the controller's role, what `run` checks of the database before it starts (the controller's migrations applied, the binding usable); exits 1 naming what is missing.
+    Check(CheckArgs),
     /// Print the AutoApproval CRD as YAML (what crds/autoapproval.yaml holds).
     Crd,
     /// Show one request, or retry, pause or resume it, through the database.
@@ -51,6 +53,20 @@ pub struct MigrateArgs {
     #[arg(long, default_value_t = false)]
     pub print_sql: bool,
 }
+
+/// Arguments of `check`: the database as `run` connects to it.
+#[derive(clap::Args, Debug)]
+pub struct CheckArgs {
+    /// The database to check (the primary), with the controller's role: the one `run` uses.
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+    /// The session limits `run` sets on each connection.
+    #[command(flatten)]
+    pub session: SessionArgs,
+}
+
+/// What `check` prints when `run` would start.
+pub const CHECK_PASSED: &str = "the database is ready for autoapproval run: the controller's migrations are applied and this role can use the binding";
 
 /// Errors that end the program.
 #[derive(Debug, thiserror::Error)]
@@ -128,6 +144,17 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
             Ok(())
         }
         Command::Run(args) => run_controller(*args).await,
+        Command::Check(args) => {
+            // The same connection and the same check as `run`'s start-up, so a
+            // release whose replicas would refuse to start fails here instead
+            // (the chart's migration hook runs it after `migrate`).
+            let store = Database::connect(&args.database, Some(&args.session)).await?;
+            for warning in store.check_schema().await? {
+                tracing::warn!(%warning, "schema");
+            }
+            println!("{CHECK_PASSED}");
+            Ok(())
+        }
         Command::Crd => {
             print!("{}", crate::controller::crd::crd_yaml()?);
             Ok(())

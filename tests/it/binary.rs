@@ -287,7 +287,7 @@ fn help_lists_only_the_controllers_subcommands() {
         .collect();
     assert_eq!(
         commands,
-        ["migrate", "run", "crd", "request", "help"],
+        ["migrate", "run", "check", "crd", "request", "help"],
         "{help}"
     );
 }
@@ -1034,4 +1034,59 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_one_the_binary_exports
         "{text}"
     );
     assert!(text.contains(r#"autoapproval_requests{state="in_progress",reason_class=""}"#));
+}
+
+/// `autoapproval check` on `url`: whether it exited 0, its stdout and its stderr.
+async fn check(url: &str) -> (bool, String, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(["check", "--database-url", url])
+        .env_remove("AUTOAPPROVAL_DATABASE_URL")
+        .env("NO_COLOR", "1")
+        .output()
+        .await
+        .expect("autoapproval check runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `check` refuses what `run` would refuse at start-up, with `run`'s message (the migration,
+/// then the view), and passes, saying so, once the binding is usable.
+async fn check_refuses_what_run_would_and_passes_once_the_binding_is_usable(db: Db, url: &str) {
+    let (ok, _, stderr) = check(url).await;
+    assert!(
+        !ok && stderr.contains("the database lacks controller migration 0001"),
+        "an empty database: {stderr}"
+    );
+    db.database().migrate(false).await.expect("controller set");
+    let (ok, _, stderr) = check(url).await;
+    assert!(
+        !ok && stderr.contains(
+            "autoapproval: binding to the business tables: SELECT on autoapproval_request"
+        ),
+        "no binding: {stderr}"
+    );
+    db.database().migrate(true).await.expect("reference set");
+    let (ok, stdout, stderr) = check(url).await;
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, format!("{}\n", autoapproval::cli::CHECK_PASSED));
+}
+
+#[sqlx::test(migrations = false)]
+async fn check_refuses_what_run_would_and_passes_once_the_binding_is_usable_on_postgres(
+    pool: sqlx::PgPool,
+) {
+    let db = Db::Postgres(pool);
+    let url = db.url();
+    check_refuses_what_run_would_and_passes_once_the_binding_is_usable(db, &url).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_refuses_what_run_would_and_passes_once_the_binding_is_usable_on_mysql() {
+    let scratch = crate::support::MysqlScratch::unmigrated().await;
+    check_refuses_what_run_would_and_passes_once_the_binding_is_usable(scratch.db(), scratch.url())
+        .await;
+    scratch.finish().await;
 }

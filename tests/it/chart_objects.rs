@@ -306,7 +306,7 @@ fn migrations_run_in_a_hook_job_that_needs_none_of_the_charts_own_objects() {
         assert!(pod["serviceAccountName"].is_null(), "{}", r.name);
         assert_eq!(pod["automountServiceAccountToken"], false);
         assert_eq!(pod["restartPolicy"], "Never");
-        let c = &pod["containers"][0];
+        let c = &pod["initContainers"][0];
         assert_eq!(c["image"], r.controller()["image"]);
         assert_eq!(strs(&c["args"]), ["migrate"]);
         assert!(c["envFrom"].is_null());
@@ -337,6 +337,32 @@ fn migrations_run_in_a_hook_job_that_needs_none_of_the_charts_own_objects() {
             let name = e["name"].as_str().unwrap();
             assert!(known.contains_key(name), "`migrate` does not read {name}");
         }
+        // Then `check` as the controller's role (its URL, whichever key migrate uses), the
+        // start-up check of `run`, fails the Job at once when the replicas would refuse to start.
+        let check = &pod["containers"][0];
+        assert_eq!(pod["containers"].as_array().map(Vec::len), Some(1));
+        assert_eq!(check["image"], r.controller()["image"]);
+        assert_eq!(strs(&check["args"]), ["check"]);
+        assert_eq!(check["terminationMessagePolicy"], "FallbackToLogsOnError");
+        let check_db = check["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "AUTOAPPROVAL_DATABASE_URL")
+            .expect("the database URL");
+        assert_eq!(
+            check_db["valueFrom"], controller_db["valueFrom"],
+            "{}",
+            r.name
+        );
+        let known = help_env("check");
+        for e in check["env"].as_array().unwrap() {
+            let name = e["name"].as_str().unwrap();
+            assert!(known.contains_key(name), "`check` does not read {name}");
+        }
+        let rule = &job["spec"]["podFailurePolicy"]["rules"][0];
+        assert_eq!(rule["action"], "FailJob");
+        assert_eq!(rule["onExitCodes"]["containerName"], "check");
     }
 }
 

@@ -258,7 +258,14 @@ fn flags_of(help: &str) -> BTreeSet<String> {
 fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
     let reference = std::fs::read_to_string(repo().join("docs/REFERENCE.md")).expect("REFERENCE");
     let mut missing = vec![];
-    for command in [&[][..], &["run"], &["migrate"], &["crd"], &["request"]] {
+    for command in [
+        &[][..],
+        &["run"],
+        &["migrate"],
+        &["check"],
+        &["crd"],
+        &["request"],
+    ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(command)
             .arg("--help")
@@ -281,5 +288,210 @@ fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
     assert!(
         missing.is_empty(),
         "docs/REFERENCE.md lacks a row (`--flag`) for: {missing:?}"
+    );
+}
+
+/// The command lines and the inline code of a Markdown text: each fenced block's lines (a
+/// `# comment` cut off, continuation lines joined) and each inline code span (a paragraph's lines
+/// joined, so a span may wrap).
+fn code_of(text: &str) -> Vec<String> {
+    let mut code = vec![];
+    let mut fenced = false;
+    let mut paragraph = String::new();
+    let mut line_so_far = String::new();
+    for line in text.lines() {
+        let trimmed = line.trim_start();
+        if trimmed.starts_with("```") {
+            fenced = !fenced;
+            continue;
+        }
+        if fenced {
+            let line = match line.find(" #") {
+                Some(at) => &line[..at],
+                None => line,
+            };
+            match line.strip_suffix('\\') {
+                Some(head) => line_so_far.push_str(head),
+                None => {
+                    line_so_far.push_str(line);
+                    code.push(std::mem::take(&mut line_so_far));
+                }
+            }
+        } else if trimmed.is_empty() {
+            code.extend(spans(&std::mem::take(&mut paragraph)));
+        } else {
+            paragraph.push_str(line);
+            paragraph.push(' ');
+        }
+    }
+    code.extend(spans(&paragraph));
+    code
+}
+
+/// The inline code spans of a paragraph.
+fn spans(paragraph: &str) -> Vec<String> {
+    paragraph
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `autoapproval <path…> --help`: what it prints, or None when that is no command.
+fn help(path: &[&str]) -> Option<String> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
+        .args(path)
+        .arg("--help")
+        .output()
+        .expect("the binary runs");
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The subcommands a `--help` output lists under `Commands:`.
+fn subcommands_of(help: &str) -> BTreeSet<String> {
+    help.lines()
+        .skip_while(|line| !line.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|line| !line.trim().is_empty())
+        .filter_map(|line| line.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// What is wrong with one `autoapproval …` command line: a word that should be a subcommand and
+/// is not, a flag no command on its path has.
+fn unknown_in(command: &str) -> Vec<String> {
+    let words: Vec<&str> = command
+        .split_whitespace()
+        .skip_while(|w| *w != "autoapproval")
+        .skip(1)
+        .collect();
+    let mut path: Vec<&str> = vec![];
+    let mut helps = vec![help(&[]).expect("autoapproval --help")];
+    let mut positional = false;
+    let mut value_next = false;
+    let mut wrong = vec![];
+    for word in words {
+        if std::mem::take(&mut value_next) {
+            continue;
+        }
+        if let Some(flag) = word.strip_prefix("--") {
+            let (name, inline) = match flag.split_once('=') {
+                Some((name, _)) => (name, true),
+                None => (flag, false),
+            };
+            let flag = format!("--{name}");
+            if !helps.iter().any(|h| flags_of(h).contains(&flag)) {
+                wrong.push(format!("`autoapproval {}` has no {flag}", path.join(" ")));
+            }
+            // `--flag <VALUE>` in the help: the next word is its value.
+            value_next = !inline
+                && helps.iter().any(|h| {
+                    h.lines().any(|l| {
+                        l.contains(&format!("{flag} <")) || l.contains(&format!("{flag}=<"))
+                    })
+                });
+        } else if !positional && !word.starts_with('-') {
+            let known = subcommands_of(helps.last().expect("a help"));
+            if known.contains(word) {
+                path.push(word);
+                helps.push(help(&path).expect("a listed subcommand's help"));
+            } else if path.is_empty() || !known.is_empty() {
+                wrong.push(format!(
+                    "`autoapproval {}` has no subcommand {word:?} (it has {known:?})",
+                    path.join(" ")
+                ));
+                positional = true;
+            } else {
+                positional = true;
+            }
+        }
+    }
+    wrong
+}
+
+/// A chart value's dotted path (`config.pollPeriod`) is in values.yaml.
+fn is_chart_value(values: &serde_yaml::Value, path: &str) -> bool {
+    path.split('.')
+        .try_fold(values, |at, key| at.get(key))
+        .is_some()
+}
+
+#[test]
+fn the_troubleshooting_pages_commands_and_values_exist() {
+    let page = std::fs::read_to_string(repo().join("docs/TROUBLESHOOTING.md")).expect("page");
+    let values: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(repo().join("deploy/helm/autoapproval/values.yaml"))
+            .expect("values.yaml"),
+    )
+    .expect("values YAML");
+    let job = crate::support::renders()[0].one("Job");
+    let pod = &job["spec"]["template"]["spec"];
+    let containers: BTreeSet<&str> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[*k].as_array().into_iter().flatten())
+        .filter_map(|c| c["name"].as_str())
+        .collect();
+    let mut wrong = vec![];
+    let (mut commands, mut settings) = (0, 0);
+    for code in code_of(&page) {
+        let code = code.trim().trim_start_matches("$ ");
+        if code.starts_with("autoapproval ") {
+            commands += 1;
+            wrong.extend(unknown_in(code));
+        }
+        // A chart value: `--set key=…`, or a dotted path whose head is a top-level value.
+        let mut named: Vec<&str> = code
+            .split("--set ")
+            .skip(1)
+            .filter_map(|rest| rest.split('=').next())
+            .collect();
+        let key = code.split('=').next().unwrap_or("");
+        let head = key.split('.').next().unwrap_or("");
+        if key.contains('.')
+            && values.get(head).is_some()
+            && key.chars().all(|c| c.is_ascii_alphanumeric() || c == '.')
+        {
+            named.push(key);
+        }
+        for value in named {
+            settings += 1;
+            if !is_chart_value(&values, value) {
+                wrong.push(format!("the chart has no value {value}"));
+            }
+        }
+        // The container a `kubectl logs job/<release>-migrate -c NAME` reads.
+        if code.contains("job/autoapproval-migrate")
+            && let Some(name) = code.split(" -c ").nth(1)
+        {
+            let name = name.split_whitespace().next().unwrap_or("");
+            if !containers.contains(name) {
+                wrong.push(format!("the migration Job has no container {name}"));
+            }
+        }
+    }
+    assert!(
+        commands >= 4 && settings >= 10,
+        "only {commands} autoapproval commands and {settings} chart values found: is the parser blind?"
+    );
+    assert!(wrong.is_empty(), "docs/TROUBLESHOOTING.md: {wrong:#?}");
+}
+
+#[test]
+fn command_checks_catch_a_wrong_subcommand_or_flag() {
+    assert!(unknown_in("autoapproval check --database-url \"$URL\"").is_empty());
+    assert!(unknown_in("autoapproval request --database-url \"$URL\" retry 7").is_empty());
+    assert!(unknown_in("autoapproval migrate --print-sql --database-url=x").is_empty());
+    assert_eq!(unknown_in("autoapproval chek").len(), 1);
+    assert_eq!(unknown_in("autoapproval check --databse-url x").len(), 1);
+    assert_eq!(
+        unknown_in("autoapproval request --database-url x shw 7").len(),
+        1
+    );
+    assert_eq!(
+        code_of("a `wrapped\nspan` and\n```sh\nx \\\n  y # note\n```\n"),
+        ["x   y", "wrapped span"]
     );
 }

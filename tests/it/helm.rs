@@ -75,22 +75,26 @@ fn run_amended(cli: &Cli, name: &str, work: &Path, amend: impl Fn(String) -> Str
         .into_iter()
         .map(amend)
         .map(|command| {
-            let out = cli.shell(&command, work);
-            let step = Step {
-                stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-                stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-                command,
-            };
+            let (step, succeeded) = run_step(cli, command, work);
             assert!(
-                out.status.success(),
+                succeeded,
                 "README `{name}` step failed: {}\n{}{}",
-                step.command,
-                step.stderr,
-                step.stdout
+                step.command, step.stderr, step.stdout
             );
             step
         })
         .collect()
+}
+
+/// Runs one command from `work`: what it printed, and whether it succeeded.
+fn run_step(cli: &Cli, command: String, work: &Path) -> (Step, bool) {
+    let out = cli.shell(&command, work);
+    let step = Step {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        command,
+    };
+    (step, out.status.success())
 }
 
 /// The step whose command starts with `prefix`.
@@ -180,6 +184,190 @@ async fn the_readme_steps_work_with_helm_3_too(pool: sqlx::PgPool) {
         lifecycle(&helm3, kubelet, db, rt);
     })
     .await;
+}
+
+/// The README's install block, verbatim, on a database without the binding (an empty one): the
+/// hook Job migrates, then its `autoapproval check` as the controller's role refuses as every
+/// replica would, so `helm install` fails naming the hook Job, the Job stays for `kubectl logs`
+/// (whose output, here the played kubelet's log, names the missing view), the release is
+/// `failed` and nothing else was created; then the fix docs/TROUBLESHOOTING.md gives (the binding
+/// made, `helm uninstall`, the same `helm install`) deploys.
+#[sqlx::test(migrations = false)]
+async fn the_readme_install_on_a_database_without_the_binding_fails_naming_the_missing_view(
+    pool: sqlx::PgPool,
+) {
+    as_operator_of_own_server(
+        On::RealServer,
+        Db::Postgres(pool),
+        NAMESPACE,
+        |cli, kubelet, db, rt| install_without_binding(cli, kubelet, db, rt, ""),
+    )
+    .await;
+}
+
+/// The same with the newest Helm 3, whose message differs (`job autoapproval-migrate failed:
+/// PodFailurePolicy`) and names the Job too, and with `--wait` added, which fails the same way.
+#[sqlx::test(migrations = false)]
+async fn the_readme_install_without_the_binding_fails_with_helm_3_too(pool: sqlx::PgPool) {
+    as_operator_of_own_server(
+        On::RealServer,
+        Db::Postgres(pool),
+        NAMESPACE,
+        |cli, kubelet, db, rt| {
+            let helm3 = cli.with_helm(&tool("helm3"));
+            install_without_binding(&helm3, kubelet, db, rt, " --wait");
+        },
+    )
+    .await;
+}
+
+/// The README's install block on a database without the binding, `extra` added to `helm install`.
+fn install_without_binding(
+    cli: &Cli,
+    kubelet: &Kubelet,
+    db: &Db,
+    rt: &tokio::runtime::Handle,
+    extra: &str,
+) {
+    let work = working_copy(&cli.dir);
+    let mut install = None;
+    let mut verbatim = String::new();
+    let mut steps = vec![];
+    for command in readme_block("install") {
+        let is_install = command.starts_with("helm install");
+        let command = if is_install {
+            verbatim = command.clone();
+            command + extra
+        } else {
+            command
+        };
+        let (step, succeeded) = run_step(cli, command, &work);
+        assert_eq!(
+            succeeded, !is_install,
+            "only `helm install` fails: {}\n{}{}",
+            step.command, step.stderr, step.stdout
+        );
+        if is_install {
+            install = Some(step);
+        } else {
+            steps.push(step);
+        }
+    }
+    let install = install.expect("the block's helm install");
+    // Helm names the hook that failed; the Job's log names the view.
+    assert!(
+        install.stderr.contains("INSTALLATION FAILED")
+            && install.stderr.contains("pre-install")
+            && install.stderr.contains("autoapproval-migrate"),
+        "helm install names the failed hook Job: {}",
+        install.stderr
+    );
+    let log = kubelet.log();
+    assert!(
+        log.contains("binding to the business tables")
+            && log.contains("relation \"autoapproval_request\" does not exist"),
+        "the Job's log (kubectl logs job/autoapproval-migrate) names the view: {log}"
+    );
+    // The migration itself ran: the check refused, not migrate.
+    let store = db.database();
+    let report = rt.block_on(store.schema_report()).expect("schema report");
+    assert!(report.missing.is_empty(), "{:?}", report.missing);
+    assert_eq!(finished(kubelet), ["Job/autoapproval-migrate"]);
+    let failed = cli.kubectl(&[
+        "-n",
+        NAMESPACE,
+        "get",
+        "job",
+        "autoapproval-migrate",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Failed")].reason}"#,
+    ]);
+    assert_eq!(
+        failed, "PodFailurePolicy",
+        "the failed Job stays for kubectl logs, failed at once by the check's exit"
+    );
+    let status = step(&steps, "helm -n autoapproval status");
+    assert!(
+        status.stdout.contains("STATUS: failed"),
+        "{}",
+        status.stdout
+    );
+    let created = cli.kubectl(&["get", CHART_KINDS, "-n", NAMESPACE, "-o", "name"]);
+    assert_eq!(
+        created, "job.batch/autoapproval-migrate\n",
+        "nothing but the hook Job was created"
+    );
+
+    // The fix: the binding made (here the reference schema's), uninstall, install again (without
+    // --wait: no kube-controller-manager makes the Deployment's pods ready here).
+    rt.block_on(store.migrate(true)).expect("the binding");
+    let uninstall = cli.shell("helm -n autoapproval uninstall autoapproval", &work);
+    assert!(
+        uninstall.status.success(),
+        "{}",
+        String::from_utf8_lossy(&uninstall.stderr)
+    );
+    let (again, succeeded) = run_step(cli, verbatim, &work);
+    assert!(
+        succeeded && again.stdout.contains("STATUS: deployed"),
+        "{}{}",
+        again.stderr,
+        again.stdout
+    );
+    assert_eq!(
+        finished(kubelet),
+        ["Job/autoapproval-migrate", "Job/autoapproval-migrate"]
+    );
+}
+
+/// The README's evaluation path on an empty database: its install block with
+/// `--set migrations.referenceSchema=true` added to `helm install`, as the README says; the hook
+/// creates the reference schema and its binding, the check passes, `helm test` passes and the
+/// chart's replica approves a request.
+#[sqlx::test(migrations = false)]
+async fn the_readmes_evaluation_path_on_an_empty_database_approves_a_request(pool: sqlx::PgPool) {
+    as_operator_of_own_server(
+        On::RealServer,
+        Db::Postgres(pool),
+        NAMESPACE,
+        evaluation_path,
+    )
+    .await;
+}
+
+fn evaluation_path(cli: &Cli, kubelet: &Kubelet, db: &Db, rt: &tokio::runtime::Handle) {
+    const REFERENCE: &str = "--set migrations.referenceSchema=true";
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    assert!(
+        readme.contains(&format!("add `{REFERENCE}` to `helm install`")),
+        "the README documents the evaluation path as {REFERENCE}"
+    );
+    let work = working_copy(&cli.dir);
+    let steps = run_amended(cli, "install", &work, |command| {
+        if command.starts_with("helm install") {
+            format!("{command} {REFERENCE}")
+        } else {
+            command
+        }
+    });
+    let install = step(&steps, "helm install");
+    assert!(
+        install.stdout.contains("STATUS: deployed"),
+        "{}",
+        install.stdout
+    );
+    assert_eq!(finished(kubelet), ["Job/autoapproval-migrate"]);
+    rt.block_on(eventually("the chart's replica to be ready", || async {
+        kubelet.ready().await.then_some(())
+    }));
+    let steps = run_block(cli, "test", &work);
+    let test = step(&steps, "helm -n autoapproval test");
+    assert!(
+        test.stdout.contains("Phase:          Succeeded"),
+        "{}",
+        test.stdout
+    );
+    rt.block_on(approved_through_kubectl(cli, db, NAMESPACE, APPROVED));
 }
 
 /// The Jobs and Pods the played kubelet finished, in order.

@@ -44,7 +44,7 @@ fn the_plain_manifests_are_the_chart_rendered_for_kubectl_without_a_trace_of_hel
     // No hook orders the migration first: an init container runs the same `migrate` (it waits
     // on the migration lock while the Job holds it), so no replica starts on an old schema.
     let job = plain().one("Job");
-    let migrate = &job["spec"]["template"]["spec"]["containers"][0];
+    let migrate = &job["spec"]["template"]["spec"]["initContainers"][0];
     let pod = &plain().one("Deployment")["spec"]["template"]["spec"];
     assert_eq!(pod["initContainers"].as_array().map(Vec::len), Some(1));
     assert_eq!(&pod["initContainers"][0], migrate);

@@ -1,12 +1,13 @@
 //! The Job controller and kubelet the tests play, since neither kube-controller-manager nor a
 //! kubelet runs (on the test API server or the real kube-apiserver): in one namespace, each Job's
-//! container (`autoapproval migrate`) is run with the real binary on the test's database and the
-//! Job marked complete or failed by its exit; one replica of each Deployment (`autoapproval run`)
-//! is started as the pod's ServiceAccount with the env the pod would get (its ConfigMap, its
-//! fieldRefs, the Secret's database URL pointing at the test's database, the external systems at
-//! the simulator), and stopped when the Deployment is deleted; and each bare Pod (the `helm test`
-//! hook fetching `/readyz` through the Service) Succeeds exactly when that replica's `/readyz`
-//! answers 200, else Fails.
+//! init containers and container (`autoapproval migrate`, then `check`) are run in order with the
+//! real binary on the test's database and the Job marked complete or failed by their exits (a
+//! failed one's stderr kept in the log, where `kubectl logs job/…` would show it); one replica of
+//! each Deployment (`autoapproval run`) is started as the pod's ServiceAccount with the env the
+//! pod would get (its ConfigMap, its fieldRefs, the Secret's database URL pointing at the test's
+//! database, the external systems at the simulator), and stopped when the Deployment is deleted;
+//! and each bare Pod (the `helm test` hook fetching `/readyz` through the Service) Succeeds
+//! exactly when that replica's `/readyz` answers 200, else Fails.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -307,6 +308,12 @@ impl Play {
     /// Runs `container` (the binary with its args) to its end: whether it exited 0; its output
     /// goes to the log when it did not.
     async fn run_to_end(&self, container: &Container, pod_name: &str) -> bool {
+        self.exit_code(container, pod_name).await == 0
+    }
+
+    /// Runs `container` to its end: its exit code (-1 when killed by a signal); its output goes
+    /// to the log when it is not 0.
+    async fn exit_code(&self, container: &Container, pod_name: &str) -> i32 {
         let env = self.env(container, pod_name).await;
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(container.args.iter().flatten())
@@ -322,7 +329,7 @@ impl Play {
                 .expect("log")
                 .push_str(&String::from_utf8_lossy(&out.stderr));
         }
-        out.status.success()
+        out.status.code().unwrap_or(-1)
     }
 
     /// Runs the Job's container to its end and marks the Job by its exit, once.
@@ -333,10 +340,44 @@ impl Play {
             return;
         }
         let spec = job.spec.as_ref().and_then(|s| s.template.spec.as_ref());
-        let Some(container) = spec.and_then(|s| s.containers.first()) else {
+        let Some(spec) = spec.filter(|s| !s.containers.is_empty()) else {
             return;
         };
-        let succeeded = self.run_to_end(container, &format!("{name}-played")).await;
+        // The init containers in order (`migrate`), then the container (`check`), each only
+        // after the one before it exited 0, as a pod runs them.
+        let pod_name = format!("{name}-played");
+        let mut failed = None;
+        for container in spec
+            .init_containers
+            .iter()
+            .flatten()
+            .chain(&spec.containers)
+        {
+            let code = self.exit_code(container, &pod_name).await;
+            if code != 0 {
+                failed = Some((container.name.as_str(), code));
+                break;
+            }
+        }
+        let succeeded = failed.is_none();
+        // Failed by a FailJob rule of the podFailurePolicy, or (no retries played) by the limit.
+        let fail_job = |(container, code): (&str, i32)| {
+            let policy = job
+                .spec
+                .as_ref()
+                .and_then(|s| s.pod_failure_policy.as_ref());
+            policy.into_iter().flat_map(|p| &p.rules).any(|rule| {
+                rule.action == "FailJob"
+                    && rule.on_exit_codes.as_ref().is_some_and(|on| {
+                        on.container_name.as_deref().is_none_or(|c| c == container)
+                            && (on.operator == "In") == on.values.contains(&code)
+                    })
+            })
+        };
+        let reason = match failed {
+            Some(failed) if fail_job(failed) => "PodFailurePolicy",
+            _ => "BackoffLimitExceeded",
+        };
         let now = now();
         let condition = |type_: &str, reason: &str| json!({"type": type_, "status": "True", "reason": reason, "lastProbeTime": now, "lastTransitionTime": now});
         let status = if succeeded {
@@ -351,8 +392,8 @@ impl Play {
             json!({"status": {
                 "startTime": now, "failed": 1, "active": 0, "ready": 0,
                 "conditions": [
-                    condition("FailureTarget", "BackoffLimitExceeded"),
-                    condition("Failed", "BackoffLimitExceeded"),
+                    condition("FailureTarget", reason),
+                    condition("Failed", reason),
                 ],
             }})
         };

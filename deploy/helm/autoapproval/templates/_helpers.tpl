@@ -136,6 +136,41 @@ owns what migrate creates and the controller's role nothing (docs/INTEGRATING.md
 {{- end }}
 
 {{/*
+The hook Job's check after migrate: `autoapproval check` with the controller's own URL and
+session limits, the start-up check of `run`, so a release whose replicas would refuse to start
+fails at install, naming the view or grant (`kubectl logs job/<release>-migrate`). Its last
+lines become the pod's termination message, kept after the logs are gone.
+*/}}
+{{- define "autoapproval.checkContainer" -}}
+- name: check
+  image: {{ include "autoapproval.image" . | quote }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args: ["check"]
+  terminationMessagePolicy: FallbackToLogsOnError
+  env:
+    - name: AUTOAPPROVAL_DATABASE_URL
+      valueFrom:
+        secretKeyRef:
+          name: {{ include "autoapproval.secretName" . }}
+          key: {{ required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl }}
+    {{- range $name, $value := dict "AUTOAPPROVAL_DB_LOCK_TIMEOUT" .Values.config.dbLockTimeout "AUTOAPPROVAL_DB_STATEMENT_TIMEOUT" .Values.config.dbStatementTimeout }}
+    {{- if and (not (kindIs "invalid" $value)) (ne (toString $value) "") }}
+    - name: {{ $name }}
+      value: {{ toString $value | quote }}
+    {{- end }}
+    {{- end }}
+    - name: AUTOAPPROVAL_LOG_JSON
+      value: {{ toString .Values.config.logJson | quote }}
+    {{- with include "autoapproval.logEnv" . }}
+    {{- . | nindent 4 }}
+    {{- end }}
+  resources:
+    {{- toYaml .Values.migrations.resources | nindent 4 }}
+  securityContext:
+    {{- toYaml .Values.securityContext | nindent 4 }}
+{{- end }}
+
+{{/*
 The env entries read from the existing Secret: the database URL must be there, the read replica
 and the tokens may be absent (their variables are then unset). An empty key name drops the entry.
 */}}
