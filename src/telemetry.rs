@@ -98,7 +98,7 @@ pub struct Metrics {
     requests: Family<StateLabels, Gauge>,
     backlog_age: Family<NoLabels, Gauge<f64, AtomicU64>>,
     fleet_paused: Gauge,
-    fleet_paused_since: Family<NoLabels, Gauge>,
+    fleet_paused_since: Gauge,
     database_up: Family<PoolLabel, Gauge>,
     pool_connections: Family<PoolLabel, Gauge>,
     pool_idle: Family<PoolLabel, Gauge>,
@@ -368,10 +368,10 @@ impl Metrics {
             "1 while the whole fleet is paused (autoapproval pause --all: no replica claims anything), else 0; as this replica last read it, every --poll-period",
             fleet_paused.clone(),
         );
-        let fleet_paused_since = Family::<NoLabels, Gauge>::default();
+        let fleet_paused_since = Gauge::default();
         registry.register_with_unit(
             "fleet_paused_since",
-            "When the fleet's pause began, in Unix seconds of the database's clock; absent while the fleet runs",
+            "When the fleet's pause began, in Unix seconds of the database's clock; 0 while the fleet runs",
             Unit::Seconds,
             fleet_paused_since.clone(),
         );

@@ -48,14 +48,8 @@ impl Metrics {
     /// Shows the fleet's pause as last read (`None`: the fleet runs).
     pub fn fleet_pause(&self, pause: Option<&crate::db::FleetPause>) {
         self.fleet_paused.set(i64::from(pause.is_some()));
-        match pause {
-            Some(pause) => {
-                self.fleet_paused_since
-                    .get_or_create(&NoLabels::new())
-                    .set(pause.paused_at.timestamp());
-            }
-            None => self.fleet_paused_since.clear(),
-        }
+        self.fleet_paused_since
+            .set(pause.map_or(0, |p| p.paused_at.timestamp()));
     }
 
     /// Records whether the database behind `pool` answered the census ping.

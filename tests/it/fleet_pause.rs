@@ -137,7 +137,7 @@ async fn a_paused_fleet_claims_nothing_and_claims_again_at_the_poll_after_the_re
     assert_eq!(
         metric_sum(&metrics, "autoapproval_fleet_paused_since_seconds", &[]),
         0.0,
-        "absent while the fleet runs"
+        "0 while the fleet runs"
     );
     cluster.stop().await;
 }
