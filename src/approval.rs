@@ -55,6 +55,8 @@ pub enum AttemptOutcome {
     Vanished,
     /// Our claim was taken over mid-chain; nothing more was written.
     FenceLost,
+    /// Not claimed: the whole fleet is paused (`autoapproval pause --all`).
+    FleetPaused(crate::db::FleetPause),
 }
 
 impl AttemptOutcome {
@@ -67,6 +69,7 @@ impl AttemptOutcome {
             AttemptOutcome::Superseded(_) => "superseded",
             AttemptOutcome::Vanished => "vanished",
             AttemptOutcome::FenceLost => "fence_lost",
+            AttemptOutcome::FleetPaused(_) => "fleet_paused",
         }
     }
 }
@@ -274,6 +277,13 @@ impl Approver {
                 self.metrics.claim("already_done");
                 debug!(request_id = candidate.request_id, %status, "claim refused: already decided");
                 return Ok(AttemptOutcome::Superseded(status));
+            }
+            // Nothing is claimed while the fleet is paused: the chains
+            // already running finish, the rest wait for the resume.
+            ClaimOutcome::FleetPaused(pause) => {
+                self.metrics.claim("fleet_paused");
+                debug!(request_id = candidate.request_id, pause = %pause.describe(), "not claimed: the fleet is paused");
+                return Ok(AttemptOutcome::FleetPaused(pause));
             }
             ClaimOutcome::Closed(None) => {
                 self.metrics.claim("vanished");

@@ -35,6 +35,10 @@ pub enum Command {
     Crd,
     /// Show one request, or retry, pause or resume it, through the database.
     Request(crate::operator::RequestArgs),
+    /// Pause the whole fleet (`--all`): no replica claims anything until `resume --all`.
+    Pause(crate::operator::PauseArgs),
+    /// End the fleet's pause (`--all`): every replica claims again at its next poll.
+    Resume(crate::operator::ResumeArgs),
 }
 
 /// Arguments of `migrate`.
@@ -118,7 +122,7 @@ pub enum CliError {
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     // An operator's command prints its answer; only warnings go beside it.
     let level = match cli.command {
-        Command::Request(_) => "warn",
+        Command::Request(_) | Command::Pause(_) | Command::Resume(_) => "warn",
         _ => "info",
     };
     // The export is set up with the subscriber, so its settings are checked
@@ -161,6 +165,14 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Request(args) => {
             print!("{}", crate::operator::run(&args).await?);
+            Ok(())
+        }
+        Command::Pause(args) => {
+            print!("{}", crate::operator::pause_fleet(&args).await?);
+            Ok(())
+        }
+        Command::Resume(args) => {
+            print!("{}", crate::operator::resume_fleet(&args).await?);
             Ok(())
         }
     }

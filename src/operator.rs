@@ -1,12 +1,13 @@
 //! `autoapproval request`: one request as an operator sees it, and the
-//! actions an operator takes on it, through the database (for people who
+//! actions an operator takes on it; `autoapproval pause --all` and `resume
+//! --all`: the fleet's brake. All through the database (for people who
 //! have a database role and no kubectl access to the namespace).
 
 use std::fmt::Write as _;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 
-use crate::db::{Database, DatabaseArgs, DbError, Memo, Pause};
+use crate::db::{Database, DatabaseArgs, DbError, FleetPause, Memo, Pause};
 use crate::domain::{Request, State, StateStatus};
 
 /// Arguments of `autoapproval request`.
@@ -57,6 +58,72 @@ pub enum RequestAction {
         /// The request id.
         id: i64,
     },
+}
+
+/// Arguments of `autoapproval pause`.
+#[derive(clap::Args, Debug)]
+pub struct PauseArgs {
+    /// Pause the whole fleet: no replica claims anything until `autoapproval resume --all`, the
+    /// chains already running finish, manual claims go on (required; one request is paused with
+    /// `autoapproval request pause ID`).
+    #[arg(long, required = true)]
+    pub all: bool,
+    /// Why, for the record: shown by the controller's log, the CRs it holds back and
+    /// `autoapproval request show` [default: none].
+    #[arg(long)]
+    pub reason: Option<String>,
+    /// Who pauses, for the record [default: $USER, else "operator"].
+    #[arg(long = "as")]
+    pub who: Option<String>,
+    /// The database (the primary).
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// Arguments of `autoapproval resume`.
+#[derive(clap::Args, Debug)]
+pub struct ResumeArgs {
+    /// End the fleet's pause: every replica claims again at its next poll (required; one request
+    /// is resumed with `autoapproval request resume ID`).
+    #[arg(long, required = true)]
+    pub all: bool,
+    /// Who resumes, for the log line [default: $USER, else "operator"].
+    #[arg(long = "as")]
+    pub who: Option<String>,
+    /// The database (the primary).
+    #[command(flatten)]
+    pub database: DatabaseArgs,
+}
+
+/// Runs `autoapproval pause --all`, through `autoapproval_pause_fleet`
+/// (the function people are granted), returning what to print.
+pub async fn pause_fleet(args: &PauseArgs) -> Result<String, RequestError> {
+    let store = Database::connect(&args.database, None).await?;
+    let who = person(&args.who);
+    let reason = args.reason.as_deref().filter(|r| !r.trim().is_empty());
+    store
+        .pause_fleet(&who, reason)
+        .await?
+        .map_err(RequestError::Refused)?;
+    let why = reason.map_or_else(String::new, |r| format!(": {r}"));
+    Ok(format!(
+        "fleet paused by {who}{why}\nno replica claims anything from now on; the chains already \
+         running finish. `autoapproval resume --all` resumes.\n"
+    ))
+}
+
+/// Runs `autoapproval resume --all`, through `autoapproval_resume_fleet`
+/// (the function people are granted).
+pub async fn resume_fleet(args: &ResumeArgs) -> Result<String, RequestError> {
+    let store = Database::connect(&args.database, None).await?;
+    let who = person(&args.who);
+    store
+        .resume_fleet(&who)
+        .await?
+        .map_err(RequestError::Refused)?;
+    Ok(format!(
+        "fleet resumed by {who}: every replica claims again at its next poll\n"
+    ))
 }
 
 /// Why an action was refused; the message names the request.
@@ -171,6 +238,7 @@ async fn show(store: &Database, id: i64) -> Result<String, RequestError> {
         None => out.push_str("paused: no\n"),
         Some(p) => write_pause(&mut out, p),
     }
+    write_fleet(&mut out, store.fleet_pause().await?.as_ref());
     let shown = history.len().saturating_sub(SHOWN_HISTORY);
     let _ = writeln!(
         out,
@@ -212,6 +280,19 @@ fn write_pause(out: &mut String, p: &Pause) {
         p.paused_by,
         time(p.paused_at)
     );
+}
+
+fn write_fleet(out: &mut String, fleet: Option<&FleetPause>) {
+    match fleet {
+        None => out.push_str("fleet: running\n"),
+        Some(p) => {
+            let _ = writeln!(
+                out,
+                "{} (nothing is claimed; `autoapproval resume --all`)",
+                p.describe()
+            );
+        }
+    }
 }
 
 fn write_history(out: &mut String, history: &[Memo]) {

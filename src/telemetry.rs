@@ -99,6 +99,8 @@ pub struct Metrics {
     shard_count: Gauge,
     requests: Family<StateLabels, Gauge>,
     backlog_age: Family<NoLabels, Gauge<f64, AtomicU64>>,
+    fleet_paused: Gauge,
+    fleet_paused_since: Gauge,
     database_up: Family<PoolLabel, Gauge>,
     pool_connections: Family<PoolLabel, Gauge>,
     pool_idle: Family<PoolLabel, Gauge>,
@@ -187,7 +189,7 @@ impl Metrics {
         let claims = Family::<ResultLabel, Counter>::default();
         registry.register(
             "claims",
-            "Claim attempts on the primary by result: won; lost (another worker holds it, or the retry is no longer due); already_done (decided before the claim, e.g. a lagging read replica's candidate); vanished; already_running (another attempt of this replica is on the request: refused before any statement)",
+            "Claim attempts on the primary by result: won; lost (another worker holds it, or the retry is no longer due); already_done (decided before the claim, e.g. a lagging read replica's candidate); vanished; already_running (another attempt of this replica is on the request: refused before any statement); fleet_paused (the whole fleet is paused: autoapproval pause --all)",
             claims.clone(),
         );
         let outcomes = Family::<OutcomeLabels, Counter>::default();
@@ -374,6 +376,19 @@ impl Metrics {
             Unit::Seconds,
             backlog_age.clone(),
         );
+        let fleet_paused = Gauge::default();
+        registry.register(
+            "fleet_paused",
+            "1 while the whole fleet is paused (autoapproval pause --all: no replica claims anything), else 0; as this replica last read it, every --poll-period",
+            fleet_paused.clone(),
+        );
+        let fleet_paused_since = Gauge::default();
+        registry.register_with_unit(
+            "fleet_paused_since",
+            "When the fleet's pause began, in Unix seconds of the database's clock; 0 while the fleet runs",
+            Unit::Seconds,
+            fleet_paused_since.clone(),
+        );
         let database_up = Family::<PoolLabel, Gauge>::default();
         registry.register(
             "database_up",
@@ -418,6 +433,8 @@ impl Metrics {
             shard_count,
             requests,
             backlog_age,
+            fleet_paused,
+            fleet_paused_since,
             database_up,
             pool_connections,
             pool_idle,

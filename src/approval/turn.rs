@@ -27,7 +27,12 @@ impl TurnReport {
     pub fn claimed(&self) -> usize {
         self.outcomes
             .iter()
-            .filter(|(_, o)| *o != AttemptOutcome::NotClaimed)
+            .filter(|(_, o)| {
+                !matches!(
+                    o,
+                    AttemptOutcome::NotClaimed | AttemptOutcome::FleetPaused(_)
+                )
+            })
             .count()
     }
 }

@@ -96,6 +96,8 @@ pub struct Discovery {
     /// The reconciles' context, for the attempts made before the cache's
     /// first sync.
     pub context: Arc<Context>,
+    /// The fleet's brake: its resume makes the next turn whole at once.
+    pub brake: Arc<super::fleet::FleetBrake>,
     /// At most this many of those at once (the Controller's concurrency).
     pub concurrency: usize,
     /// CRs this loop created that the cache has not shown yet, and when: a
@@ -257,6 +259,7 @@ impl Discovery {
             // A closed channel (NOTIFY off, or the listener gone at
             // shutdown) disables its branch; the poll and the stop remain.
             let mut kind = TurnKind::Woken;
+            let mut resumed = false;
             let woken = tokio::select! {
                 () = tokio::time::sleep_until(next_turn) => {
                     kind = TurnKind::Poll;
@@ -269,6 +272,13 @@ impl Discovery {
                 }
                 shards = acquired.take() => {
                     self.reconcile_shards(&shards).await;
+                    Woken::default()
+                }
+                // The fleet's pause held requests back: their CRs wait for
+                // this turn, which is whole, so that the cursor and the
+                // sweep's rotation step over none of them.
+                () = self.brake.resumed() => {
+                    resumed = true;
                     Woken::default()
                 }
                 Some(_) = early.join_next(), if !early.is_empty() => continue,
@@ -309,7 +319,7 @@ impl Discovery {
                     }
                 }
             }
-            if woken.reconnected {
+            if woken.reconnected || resumed {
                 kind = TurnKind::Whole;
             }
             // A turn for a change leaves the poll its time, so that the

@@ -5,6 +5,7 @@ pub mod cached;
 pub mod config;
 pub mod crd;
 pub mod discovery;
+pub mod fleet;
 pub mod gc;
 pub mod reconcile;
 pub mod status;
@@ -61,7 +62,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 const LEASE_RELEASE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The replica's long-running tasks under the [`Supervisor`].
-const SUPERVISED_TASKS: usize = 6;
+const SUPERVISED_TASKS: usize = 7;
 
 /// How often a lasting watch failure is logged again.
 const WATCH_OUTAGE_REPORT_EVERY: Duration = Duration::from_secs(30);
@@ -242,7 +243,8 @@ struct Replica {
     failed: mpsc::Receiver<(&'static str, String)>,
     /// Ends once the Leases are handed back.
     coordinator: JoinHandle<()>,
-    /// Discovery, the leader's passes, the census, the sweeper: they end at
+    /// Discovery, the leader's passes, the census, the sweeper, the fleet's
+    /// pause watch: they end at
     /// `intake` (discovery's own attempts at `cut`).
     loops: Vec<JoinHandle<()>>,
 }
@@ -281,7 +283,7 @@ impl Replica {
         .await?;
         let stages = Stages::new();
         // A task that ends before shutdown, by panic or otherwise, stops the
-        // replica. Each of the six tasks sends at most once: never full.
+        // replica. Each of the seven tasks sends at most once: never full.
         let (failed_tx, failed) = mpsc::channel(SUPERVISED_TASKS);
         let supervise = Supervisor {
             failed: failed_tx,
@@ -325,7 +327,21 @@ impl Replica {
         let (deleted_tx, deleted_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
         // Full: discovery and the sweeper wait (see discovery::Trigger).
         let (trigger_tx, trigger_rx) = tokio::sync::mpsc::channel(TRIGGER_CAPACITY);
+        // The fleet's pause binds in the claim statements; this reads it for
+        // the metrics and tells discovery when it ends.
+        let brake = Arc::new(fleet::FleetBrake::default());
+        let fleet_watch = supervise.spawn(
+            "fleet",
+            fleet::watch(
+                brake.clone(),
+                shared.store.clone(),
+                shared.metrics.clone(),
+                settings.discovery.poll_period,
+                stages.intake.clone(),
+            ),
+        );
         let context = Arc::new(Context {
+            brake: brake.clone(),
             approver: approver.clone(),
             api: api.clone(),
             events: shared.publisher(),
@@ -388,6 +404,7 @@ impl Replica {
             settings: settings.discovery.clone(),
             shards: shards.clone(),
             context,
+            brake,
             concurrency: usize::from(settings.concurrency),
             created: Default::default(),
         };
@@ -433,7 +450,7 @@ impl Replica {
             controller,
             failed,
             coordinator,
-            loops: vec![discovery, leading, census, sweeper],
+            loops: vec![discovery, leading, census, sweeper, fleet_watch],
         })
     }
 

@@ -109,6 +109,8 @@ pub struct Context {
     pub settings: ReconcileConfig,
     /// True once shutdown began: no new claims.
     pub stopping: tokio_util::sync::CancellationToken,
+    /// Told of every claim the fleet's pause refused.
+    pub brake: Arc<super::fleet::FleetBrake>,
     /// Consecutive errors per CR, for the backoff: at most
     /// [`FAILURES_TRACKED`] CRs.
     pub failures: Mutex<HashMap<String, u32>>,
@@ -483,6 +485,12 @@ impl Reconcile<'_> {
                 Ok(Action::await_change())
             }
             Decision::Superseded(status) => self.superseded(status, None).await,
+            Decision::FleetPaused { reason } => {
+                self.ctx.brake.held_back();
+                self.write(Observed::phase(Phase::Paused, Some(reason)))
+                    .await?;
+                Ok(Action::await_change())
+            }
             Decision::PausedElsewhere { reason } => {
                 self.write(Observed::phase(Phase::Paused, Some(reason)))
                     .await?;
@@ -867,6 +875,11 @@ pub(crate) enum Decision {
     PausedElsewhere {
         reason: String,
     },
+    /// The whole fleet is paused: shown, and left for the whole discovery
+    /// turn that follows the resume (no timer per CR while it lasts).
+    FleetPaused {
+        reason: String,
+    },
     /// Someone else has it or the retry moved: looked at again shortly.
     NotClaimed,
     /// Our claim was taken over mid-chain: looked at again shortly.
@@ -1049,6 +1062,9 @@ pub(crate) fn after_attempt(
         AttemptOutcome::Vanished => Decision::RequestNotFound,
         AttemptOutcome::NotClaimed => Decision::LookForPause,
         AttemptOutcome::FenceLost => Decision::FenceLost,
+        AttemptOutcome::FleetPaused(pause) => Decision::FleetPaused {
+            reason: format!("{}; `autoapproval resume --all` resumes", pause.describe()),
+        },
     }
 }
 
@@ -1506,7 +1522,17 @@ mod tests {
         };
         let before = waiting(3, Some(5));
         // Name, outcome, the state row it started from, claimed at once.
-        let cases: [(&str, AttemptOutcome, Option<&State>, bool, Decision); 14] = [
+        let fleet = crate::db::FleetPause {
+            paused_by: "ann".into(),
+            reason: Some("month-end close".into()),
+            paused_at: at(10),
+        };
+        let held_back = Decision::FleetPaused {
+            reason: "fleet paused by ann since 2026-12-07T09:10:00Z: month-end close; \
+                     `autoapproval resume --all` resumes"
+                .into(),
+        };
+        let cases: [(&str, AttemptOutcome, Option<&State>, bool, Decision); 16] = [
             (
                 "refused at once: read to say why",
                 AttemptOutcome::NotClaimed,
@@ -1618,6 +1644,20 @@ mod tests {
                 None,
                 true,
                 Decision::FenceLost,
+            ),
+            (
+                "the fleet is paused: shown at once, with who, since when and why",
+                AttemptOutcome::FleetPaused(fleet.clone()),
+                None,
+                true,
+                held_back.clone(),
+            ),
+            (
+                "the fleet is paused when a retry is due: shown",
+                AttemptOutcome::FleetPaused(fleet),
+                Some(&before),
+                false,
+                held_back,
             ),
         ];
         for (name, outcome, before, at_once, want) in cases {

@@ -7,7 +7,7 @@
 
 use chrono::{DateTime, Utc};
 
-use super::DbError;
+use super::{DbError, FleetPause};
 use crate::domain::{Candidate, Claim, Facts, Fence, RequestStatus};
 
 /// The outcome of a claim attempt.
@@ -22,6 +22,10 @@ pub enum ClaimOutcome {
     /// (`None`). Nothing was written. A lagging read replica's candidates of
     /// requests approved meanwhile end here, without a chain.
     Closed(Option<RequestStatus>),
+    /// Refused because the whole fleet is paused (`autoapproval pause
+    /// --all`): every claim statement tests the pause, so none is won
+    /// once it is committed. Nothing was written.
+    FleetPaused(FleetPause),
 }
 
 impl ClaimOutcome {
@@ -37,6 +41,16 @@ impl ClaimOutcome {
         match status.parse::<RequestStatus>() {
             Ok(status) if !status.is_open() => ClaimOutcome::Closed(Some(status)),
             _ => ClaimOutcome::Lost,
+        }
+    }
+
+    /// A refused claim (`refused` for a new request, `Lost` for a due
+    /// retry) explained by the fleet's pause when one stands: a decided
+    /// request stays Closed, whatever the pause.
+    pub(super) fn or_fleet_paused(self, fleet: Option<FleetPause>) -> ClaimOutcome {
+        match (self, fleet) {
+            (ClaimOutcome::Lost, Some(pause)) => ClaimOutcome::FleetPaused(pause),
+            (outcome, _) => outcome,
         }
     }
 }
@@ -105,8 +119,9 @@ interface! {
         /// is open there, else [`ClaimOutcome::Closed`]), a conditional UPDATE
         /// for a due retry. Check and write are one statement, so nothing is held
         /// while the chain runs. A sharded fence also needs its token to be the
-        /// shard's current one (migration 0008), and a paused request is never
-        /// claimed (migration 0014).
+        /// shard's current one (migration 0008), a paused request is never
+        /// claimed (migration 0014), nor anything while the fleet is paused
+        /// ([`ClaimOutcome::FleetPaused`]).
         #[tracing::instrument(name = "store.claim", skip_all)]
         fn claim(
             &self,

@@ -84,7 +84,7 @@ pub use connect::{DatabaseArgs, DatabaseUrl, SessionArgs};
 pub use layout::ShardLayout;
 pub use ledger::Memo;
 pub use notify::RequestChange;
-pub use pause::Pause;
+pub use pause::{FleetAnswer, FleetPause, Pause};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 pub use schema::{MigrationSet, SchemaReport};

@@ -89,3 +89,102 @@ macro_rules! impl_pauses {
     };
 }
 pub(super) use impl_pauses;
+
+/// The pause of the whole fleet (migration 0005 on PostgreSQL, 0004 on
+/// MySQL): while it stands no replica claims anything.
+#[derive(Clone, Debug, PartialEq, Eq, sqlx::FromRow)]
+pub struct FleetPause {
+    /// Who paused it (`autoapproval pause --all --as`, or the SQL function's `who`).
+    pub paused_by: String,
+    /// Why, as given; `None` when no reason was given.
+    pub reason: Option<String>,
+    /// When, in the database's clock.
+    pub paused_at: DateTime<Utc>,
+}
+
+impl FleetPause {
+    /// The pause in words, for a CR status, a log line or the CLI:
+    /// `fleet paused by ann since 2026-12-07T10:00:00Z: month-end close`.
+    pub fn describe(&self) -> String {
+        let since = self
+            .paused_at
+            .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        match &self.reason {
+            Some(reason) => format!("fleet paused by {} since {since}: {reason}", self.paused_by),
+            None => format!("fleet paused by {} since {since}", self.paused_by),
+        }
+    }
+}
+
+/// What a pause or resume of the fleet did: done, or refused and why
+/// (already paused, naming by whom; not paused).
+pub type FleetAnswer = Result<(), String>;
+
+interface! {
+    /// The fleet's pause: see the methods on [`Database`].
+    trait FleetPauses {
+        /// Pauses the whole fleet through `autoapproval_pause_fleet` (the
+        /// function people are granted), recording `who` and `reason`.
+        #[tracing::instrument(name = "store.pause_fleet", skip_all)]
+        fn pause_fleet(&self, who: &str, reason: Option<&str>) -> Result<FleetAnswer, DbError>;
+        /// Ends the fleet's pause through `autoapproval_resume_fleet`.
+        #[tracing::instrument(name = "store.resume_fleet", skip_all)]
+        fn resume_fleet(&self, who: &str) -> Result<FleetAnswer, DbError>;
+        /// The fleet's pause, if one stands (a read of its one-row table).
+        #[tracing::instrument(name = "store.fleet_pause", skip_all)]
+        fn fleet_pause(&self) -> Result<Option<FleetPause>, DbError>;
+    }
+}
+
+/// `impl FleetPauses` for a backend, given the calls of its two routines
+/// (`$pause` binds who and reason, `$resume` who; each answers one row of
+/// done and refusal) and the read of the table.
+macro_rules! impl_fleet_pauses {
+    ($store:ty, pause: $pause:expr, resume: $resume:expr, read: $read:expr $(,)?) => {
+        impl $crate::db::pause::FleetPauses for $store {
+            async fn pause_fleet(
+                &self,
+                who: &str,
+                reason: Option<&str>,
+            ) -> Result<$crate::db::pause::FleetAnswer, $crate::db::DbError> {
+                let (done, refusal): (bool, Option<String>) = sqlx::query_as($pause)
+                    .bind(who)
+                    .bind(reason)
+                    .fetch_one(&self.primary)
+                    .await
+                    .map_err(db("pause the fleet"))?;
+                Ok(if done {
+                    Ok(())
+                } else {
+                    Err(refusal.unwrap_or_default())
+                })
+            }
+
+            async fn resume_fleet(
+                &self,
+                who: &str,
+            ) -> Result<$crate::db::pause::FleetAnswer, $crate::db::DbError> {
+                let (done, refusal): (bool, Option<String>) = sqlx::query_as($resume)
+                    .bind(who)
+                    .fetch_one(&self.primary)
+                    .await
+                    .map_err(db("resume the fleet"))?;
+                Ok(if done {
+                    Ok(())
+                } else {
+                    Err(refusal.unwrap_or_default())
+                })
+            }
+
+            async fn fleet_pause(
+                &self,
+            ) -> Result<Option<$crate::db::FleetPause>, $crate::db::DbError> {
+                sqlx::query_as($read)
+                    .fetch_optional(&self.primary)
+                    .await
+                    .map_err(db("read the fleet's pause"))
+            }
+        }
+    };
+}
+pub(super) use impl_fleet_pauses;

@@ -191,6 +191,11 @@ pub(super) const READ_AND_UPDATE_PROBES: &[Probe] = &[
         sql: "SELECT contract_ref, status, synced_at FROM autoapproval_econtract LIMIT 0",
     },
     Probe {
+        needs: "SELECT on auto_approve_fleet_pause (the fleet's brake, which every claim reads; \
+                granted with the controller's other tables)",
+        sql: "SELECT paused_by, reason, paused_at FROM auto_approve_fleet_pause LIMIT 0",
+    },
+    Probe {
         needs: "SELECT on autoapproval_request_memo (id, request_id, created_at, author, message)",
         sql: "SELECT id, request_id, created_at, author, message FROM autoapproval_request_memo LIMIT 0",
     },

@@ -45,6 +45,13 @@ impl Metrics {
         self.backlog_age.clear();
     }
 
+    /// Shows the fleet's pause as last read (`None`: the fleet runs).
+    pub fn fleet_pause(&self, pause: Option<&crate::db::FleetPause>) {
+        self.fleet_paused.set(i64::from(pause.is_some()));
+        self.fleet_paused_since
+            .set(pause.map_or(0, |p| p.paused_at.timestamp()));
+    }
+
     /// Records whether the database behind `pool` answered the census ping.
     pub fn database_up(&self, pool: &str, up: bool) {
         self.database_up

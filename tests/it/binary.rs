@@ -287,7 +287,9 @@ fn help_lists_only_the_controllers_subcommands() {
         .collect();
     assert_eq!(
         commands,
-        ["migrate", "run", "check", "crd", "request", "help"],
+        [
+            "migrate", "run", "check", "crd", "request", "pause", "resume", "help"
+        ],
         "{help}"
     );
 }

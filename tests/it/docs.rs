@@ -265,6 +265,8 @@ fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
         &["check"],
         &["crd"],
         &["request"],
+        &["pause"],
+        &["resume"],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(command)

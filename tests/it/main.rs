@@ -19,6 +19,7 @@ mod docs;
 mod endpoints;
 mod external;
 mod fencing;
+mod fleet_pause;
 mod helm;
 mod image;
 mod inputs;

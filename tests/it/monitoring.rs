@@ -126,6 +126,7 @@ fn every_alert_passes_promtool_and_its_unit_tests_fire_it_and_keep_it_silent_whe
         "AutoApprovalRequestsExhausted",
         "AutoApprovalBacklogOld",
         "AutoApprovalDatabaseDown",
+        "AutoApprovalFleetPaused",
     ];
     let names: Vec<&str> = alerts.iter().filter_map(|a| a["alert"].as_str()).collect();
     assert_eq!(names, expected);
@@ -199,6 +200,10 @@ fn the_rule_selects_the_configured_job_and_passes_promtool_with_every_value_set(
     assert_eq!(
         threshold("AutoApprovalLeaseRenewFailures").as_deref(),
         Some("10")
+    );
+    assert_eq!(
+        threshold("AutoApprovalFleetPaused").as_deref(),
+        Some("7200")
     );
     assert_eq!(
         r.one("PrometheusRule")["metadata"]["labels"]["release"],

@@ -30,6 +30,15 @@ use crate::domain::{Candidate, Claim, Facts, Fence};
 
 type Tx<'a> = sqlx::Transaction<'a, MySql>;
 
+/// The fleet's pause, read in the claim's transaction to explain a
+/// refused claim (a plain read: READ COMMITTED locks nothing here).
+async fn fleet_pause_in(tx: &mut Tx<'_>) -> Result<Option<crate::db::FleetPause>, DbError> {
+    sqlx::query_as("SELECT paused_by, reason, paused_at FROM auto_approve_fleet_pause")
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db("claim: is the fleet paused"))
+}
+
 // === impl MysqlStore ===
 
 impl Claims for MysqlStore {
@@ -58,6 +67,7 @@ impl Claims for MysqlStore {
                              created_at, modified_at)
                      SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
                       WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
                         AND EXISTS (SELECT 1 FROM autoapproval_request r
                                      WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
                 )
@@ -81,7 +91,9 @@ impl Claims for MysqlStore {
                             .fetch_optional(&mut *tx)
                             .await
                             .map_err(db("claim new request: why refused"))?;
-                    let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()));
+                    let fleet = fleet_pause_in(&mut tx).await?;
+                    let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()))
+                        .or_fleet_paused(fleet);
                     return give_up(tx, "claim", outcome).await;
                 }
                 Some((inserted.last_insert_id() as i64, 0, 0, true))
@@ -93,7 +105,8 @@ impl Claims for MysqlStore {
                             modified_at = UTC_TIMESTAMP(6), woken_at = NULL
                       WHERE id = ? AND request_id = ? AND status = 'RETRY_WAITING'
                         AND next_retry_time <= ? AND retry_count < ?
-                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)",
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)",
                 )
                 .bind(&fence.holder)
                 .bind(fence.token)
@@ -121,7 +134,8 @@ impl Claims for MysqlStore {
             }
         };
         let Some((state_id, retry_count, transient_streak, new_request)) = won else {
-            return give_up(tx, "claim", ClaimOutcome::Lost).await;
+            let fleet = fleet_pause_in(&mut tx).await?;
+            return give_up(tx, "claim", ClaimOutcome::Lost.or_fleet_paused(fleet)).await;
         };
         // The chain reads the facts after this claim: the wakes recorded
         // before it are consumed here (PostgreSQL 0010), the new request's

@@ -10,3 +10,10 @@ impl_pauses! {
     end: "DELETE FROM auto_approve_pause WHERE request_id = ? AND cr_uid <=> ?",
     read: "SELECT paused_by, cr_uid, paused_at FROM auto_approve_pause WHERE request_id = ?",
 }
+
+crate::db::pause::impl_fleet_pauses! {
+    MysqlStore,
+    pause: "CALL autoapproval_pause_fleet(?, ?)",
+    resume: "CALL autoapproval_resume_fleet(?)",
+    read: "SELECT paused_by, reason, paused_at FROM auto_approve_fleet_pause",
+}

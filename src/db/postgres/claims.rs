@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 
 use super::{PgStore, db};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_keys, sent_result};
+use crate::db::pause::FleetPauses;
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
 use crate::domain::{Candidate, Claim, Facts, Fence};
 
@@ -37,6 +38,9 @@ impl Claims for PgStore {
                          WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
                            FOR SHARE))
                     AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
+                    -- The fleet's brake (migration 0005), in the statement
+                    -- itself: no claim is won once a pause is committed.
+                    AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
                     -- Only a known decision refuses: an unknown status is
                     -- claimed, and the chain's re-read reports it by name.
                     AND EXISTS (SELECT 1 FROM autoapproval_request r
@@ -71,6 +75,7 @@ impl Claims for PgStore {
                       WHERE id = $1 AND request_id = $2 AND status = 'RETRY_WAITING'
                         AND next_retry_time <= $5 AND retry_count < $6
                         AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $2)
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
                         AND ($7::int IS NULL OR EXISTS (
                             SELECT 1 FROM shard_fence f
                              WHERE f.shard_count = $7 AND f.shard = $2 % $7 AND f.token = $4
@@ -115,8 +120,9 @@ impl Claims for PgStore {
                         .await
                         .map_err(db("claim new request: why refused"))?;
                 ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()))
+                    .or_fleet_paused(FleetPauses::fleet_pause(self).await?)
             }
-            None => ClaimOutcome::Lost,
+            None => ClaimOutcome::Lost.or_fleet_paused(FleetPauses::fleet_pause(self).await?),
         })
     }
 

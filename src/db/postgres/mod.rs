@@ -31,6 +31,11 @@ autoapproval_manual_heartbeat(bigint, text, bigint), \
 autoapproval_manual_release(bigint, text, bigint), \
 autoapproval_manual_decide(bigint, text, bigint, text, text)";
 
+/// The fleet's brake of migration 0005 as `GRANT EXECUTE ON FUNCTION`
+/// names it: pause, resume and read the pause (docs/DATABASE.md).
+pub const FLEET_FUNCTIONS: &str = "autoapproval_pause_fleet(text, text), \
+autoapproval_resume_fleet(text), autoapproval_fleet_pause()";
+
 pub(super) fn db(operation: &'static str) -> impl FnOnce(sqlx::Error) -> DbError {
     move |source| match source.as_database_error().and_then(|e| e.code()) {
         // lock_not_available: a NOWAIT lock (or lock_timeout) found the row held.

@@ -12,3 +12,10 @@ impl_pauses! {
     end: "DELETE FROM auto_approve_pause WHERE request_id = $1 AND cr_uid IS NOT DISTINCT FROM $2",
     read: "SELECT paused_by, cr_uid, paused_at FROM auto_approve_pause WHERE request_id = $1",
 }
+
+crate::db::pause::impl_fleet_pauses! {
+    PgStore,
+    pause: "SELECT paused, refusal FROM autoapproval_pause_fleet($1, $2)",
+    resume: "SELECT resumed, refusal FROM autoapproval_resume_fleet($1)",
+    read: "SELECT paused_by, reason, paused_at FROM auto_approve_fleet_pause",
+}
