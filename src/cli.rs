@@ -33,6 +33,8 @@ pub enum Command {
     Crd,
     /// Show one request, or retry, pause or resume it, through the database.
     Request(crate::operator::RequestArgs),
+    /// Compare what shadow mode (`run --mode shadow`) would have done with what happened to each request.
+    ShadowReport(crate::shadow::ShadowReportArgs),
 }
 
 /// Arguments of `migrate`.
@@ -96,13 +98,16 @@ pub enum CliError {
     /// An operator's action was refused or failed.
     #[error(transparent)]
     Request(#[from] crate::operator::RequestError),
+    /// The shadow report could not be made.
+    #[error(transparent)]
+    ShadowReport(#[from] crate::shadow::ShadowReportError),
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     // An operator's command prints its answer; only warnings go beside it.
     let level = match cli.command {
-        Command::Request(_) => "warn",
+        Command::Request(_) | Command::ShadowReport(_) => "warn",
         _ => "info",
     };
     // The export is set up with the subscriber, so its settings are checked
@@ -134,6 +139,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Request(args) => {
             print!("{}", crate::operator::run(&args).await?);
+            Ok(())
+        }
+        Command::ShadowReport(args) => {
+            print!("{}", crate::shadow::run(&args).await?);
             Ok(())
         }
     }
