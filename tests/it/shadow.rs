@@ -21,11 +21,14 @@ fn shadow_settings() -> ControllerConfig {
     s
 }
 
-/// Waits until the CR of `request_id` shows shadow's would-decision `decision`.
+/// Waits until the CR of `request_id` shows shadow's would-decision `decision`; shadow
+/// must have created nothing meanwhile.
 async fn wait_would(cluster: &Cluster, request_id: i64, decision: &str) -> AutoApproval {
     eventually(
         &format!("request {request_id}'s CR to show wouldDecision {decision}"),
         || async {
+            // A creation let through fails here at once, not by a timeout.
+            assert_eq!(creations(cluster), (0, vec![]), "shadow sent a creation");
             let cr = cluster.cr(request_id).await?;
             let shown = cr.status.as_ref()?.would_decision.as_deref()?;
             (shown == decision).then_some(cr)
