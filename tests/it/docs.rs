@@ -258,7 +258,14 @@ fn flags_of(help: &str) -> BTreeSet<String> {
 fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
     let reference = std::fs::read_to_string(repo().join("docs/REFERENCE.md")).expect("REFERENCE");
     let mut missing = vec![];
-    for command in [&[][..], &["run"], &["migrate"], &["crd"], &["request"]] {
+    for command in [
+        &[][..],
+        &["run"],
+        &["migrate"],
+        &["crd"],
+        &["request"],
+        &["shadow-report"],
+    ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(command)
             .arg("--help")
