@@ -322,6 +322,26 @@ impl Metrics {
             "Would-decisions recorded in shadow mode, by decision (approve, hold) and the step whose gate held the request (the last step for approve)",
             shadow_decisions.clone(),
         );
+        // Every series it can have, at zero from the start: a switch to
+        // shadow shows its first decisions as increases, and the dashboard's
+        // queries name metrics every replica exports.
+        for system in ["owner", "store", "ad"] {
+            shadow_creations_skipped.get_or_create(&SystemLabel {
+                system: system.into(),
+            });
+        }
+        for (decision, step) in [
+            ("approve", "store"),
+            ("approve", "ad-campaign"),
+            ("hold", "owner"),
+            ("hold", "store"),
+            ("hold", "ad-campaign"),
+        ] {
+            shadow_decisions.get_or_create(&ShadowLabels {
+                decision: decision.into(),
+                step: step.into(),
+            });
+        }
         let recorded_bodies_resent = Counter::default();
         registry.register(
             "recorded_bodies_resent",
