@@ -326,7 +326,7 @@ impl Metrics {
         // shadow shows its first decisions as increases, and the dashboard's
         // queries name metrics every replica exports.
         for system in ["owner", "store", "ad"] {
-            shadow_creations_skipped.get_or_create(&SystemLabel {
+            let _ = shadow_creations_skipped.get_or_create(&SystemLabel {
                 system: system.into(),
             });
         }
@@ -337,7 +337,7 @@ impl Metrics {
             ("hold", "store"),
             ("hold", "ad-campaign"),
         ] {
-            shadow_decisions.get_or_create(&ShadowLabels {
+            let _ = shadow_decisions.get_or_create(&ShadowLabels {
                 decision: decision.into(),
                 step: step.into(),
             });

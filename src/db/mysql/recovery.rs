@@ -288,9 +288,9 @@ async fn lock_by_id(
     Ok(locked)
 }
 
-/// Puts the locked claims back to RETRY_WAITING, due at `now`, retry_count
-/// + 1, with a memo naming the replica they were interrupted on (`memos`;
-/// none in shadow mode).
+/// Puts the locked claims back to RETRY_WAITING, due at `now`, one more
+/// retry counted, with a memo naming the replica they were interrupted on
+/// when `memos` (none in shadow mode).
 async fn recover(
     tx: &mut Tx<'_>,
     locked: &[(i64, i64, String)],
