@@ -14,7 +14,8 @@ use tracing::{Instrument, debug, info, warn};
 
 use crate::clock::SharedClock;
 use crate::db::{
-    CandidateQuery, ClaimOutcome, Completion, Database, DbError, RetryWrite, ShardFilter,
+    CandidateQuery, ClaimOutcome, Completion, Database, DbError, RetryWrite, ShadowRecord,
+    ShardFilter, WouldDecision,
 };
 use crate::domain::{Candidate, Claim, Facts, Fence, RequestStatus, RequestType};
 use crate::external::ExternalSystems;
@@ -31,11 +32,26 @@ const STANDING_CHECK_EVERY: Duration = Duration::from_millis(100);
 pub const WOKEN_BEFORE_COMPLETION: &str =
     "a fact changed while the attempt ran; checked again before approving";
 
+/// The reason a request shadow mode would have approved waits under.
+pub const SHADOW_WOULD_APPROVE: &str =
+    "shadow mode: every gate passed; would approve (nothing created, the request untouched)";
+
 /// How an attempt ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AttemptOutcome {
     /// Approved by us: the request APPROVED, our state row gone.
     Approved,
+    /// Shadow mode: every gate passed, and it would have approved. Nothing
+    /// was created or written to the request; the would-decision is
+    /// recorded and the state row left waiting until the request changes.
+    WouldApprove {
+        /// The last step.
+        step: Step,
+        /// When it would first have approved (recorded once).
+        would_approve_at: DateTime<Utc>,
+        /// When it is looked at again unless the request changes first.
+        next_retry_time: DateTime<Utc>,
+    },
     /// Waiting for a retry.
     RetryScheduled {
         /// The step that stopped.
@@ -64,6 +80,7 @@ impl AttemptOutcome {
     pub fn label(&self) -> &'static str {
         match self {
             AttemptOutcome::Approved => "approved",
+            AttemptOutcome::WouldApprove { .. } => "would_approve",
             AttemptOutcome::RetryScheduled { .. } => "retry",
             AttemptOutcome::NotClaimed => "not_claimed",
             AttemptOutcome::Superseded(_) => "superseded",
@@ -74,6 +91,35 @@ impl AttemptOutcome {
     }
 }
 
+/// Whether the controller acts, or only records what it would do.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// Makes the external creations and writes the outcome to the request.
+    #[default]
+    Active,
+    /// Does everything else (discovery, CRs, claims, every gate against
+    /// fresh data) but creates nothing outside and writes nothing to the
+    /// business's tables: each request's would-decision is recorded
+    /// (`auto_approve_shadow`, the CR status, an Event, metrics).
+    Shadow,
+}
+
+impl Mode {
+    /// The spelling of `--mode`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Active => "active",
+            Mode::Shadow => "shadow",
+        }
+    }
+}
+
+/// How long a request shadow would have approved waits before it is
+/// evaluated again: in effect until it changes (a change of its facts makes
+/// its row due at once, as for any waiting request) or a start in active
+/// mode hands it over. Longer than any window a request is picked up in.
+pub const SHADOW_DECIDED_WAIT: Duration = Duration::from_secs(400 * 86_400);
+
 /// How one attempt runs: its retry policy, heartbeat and processing timeout.
 #[derive(Clone, Debug)]
 pub struct ApproverConfig {
@@ -83,6 +129,8 @@ pub struct ApproverConfig {
     pub heartbeat_interval: Duration,
     /// A chain running longer is stopped and retried as a transient failure.
     pub processing_timeout: Duration,
+    /// Acting, or only recording what it would do (`--mode`).
+    pub mode: Mode,
 }
 
 /// Runs attempts, one per request at a time in this process: for the
@@ -367,6 +415,7 @@ impl Approver {
             metrics: &self.metrics,
             held,
             seen: &Seen::default(),
+            shadow: self.config.mode == Mode::Shadow,
         };
         let on_step = |step: Step| *current.lock().unwrap_or_else(|e| e.into_inner()) = step;
         let chain = self.chain.run(&cx, &on_step);
@@ -411,6 +460,12 @@ impl Approver {
         let mut next = after_chain(outcome, self.clock.now());
         let result = loop {
             next = match next {
+                Settle::Approve(facts) if self.config.mode == Mode::Shadow => {
+                    self.would_complete(claim, &facts, step).await?
+                }
+                Settle::WouldApprove { step } => {
+                    break self.would_approve(claim, step).await?;
+                }
                 Settle::Approve(facts) => {
                     let completion = self.store.complete(claim, &facts).await?;
                     if completion == Completion::Woken {
@@ -456,6 +511,89 @@ impl Approver {
         Ok(result)
     }
 
+    /// Shadow mode's completion: the request read again, as the real one
+    /// locks it, approves nothing but says what would follow: a person
+    /// decided or the row went, a gate column changed since the gates read
+    /// it (due again at once), or it would approve.
+    async fn would_complete(
+        &self,
+        claim: &Claim,
+        facts: &Facts,
+        step: Step,
+    ) -> Result<Settle, DbError> {
+        let now = self.clock.now();
+        Ok(match self.store.request(claim.request_id).await? {
+            None => Settle::Drop(AttemptOutcome::Vanished),
+            Some(request) if !request.status.is_open() => {
+                Settle::Drop(AttemptOutcome::Superseded(request.status))
+            }
+            Some(request) => {
+                let read = Facts {
+                    econtract_status: facts.econtract_status.clone(),
+                    ..Facts::of(&request)
+                };
+                if read == *facts {
+                    Settle::WouldApprove { step }
+                } else {
+                    after_completion(Completion::Woken, step, now)
+                }
+            }
+        })
+    }
+
+    /// Records that shadow mode would have approved, and leaves the request
+    /// waiting until it changes (or an active start hands it over).
+    async fn would_approve(&self, claim: &Claim, step: Step) -> Result<AttemptOutcome, DbError> {
+        let now = self.clock.now();
+        let would_approve_at = self
+            .record_would(claim, WouldDecision::Approve, step, SHADOW_WOULD_APPROVE)
+            .await?
+            .unwrap_or(now);
+        let write = RetryWrite {
+            next_retry_time: crate::clock::after(now, SHADOW_DECIDED_WAIT),
+            transient: false,
+            counted: false,
+            reason: SHADOW_WOULD_APPROVE,
+            step: step.as_str(),
+        };
+        match self.store.schedule_retry(claim, &write, now).await? {
+            Some((_, next_retry_time)) => {
+                info!(request_id = claim.request_id, %step, %would_approve_at, "shadow mode: would approve");
+                Ok(AttemptOutcome::WouldApprove {
+                    step,
+                    would_approve_at,
+                    next_retry_time,
+                })
+            }
+            None => Ok(AttemptOutcome::FenceLost),
+        }
+    }
+
+    /// Records a would-decision of shadow mode and counts it.
+    async fn record_would(
+        &self,
+        claim: &Claim,
+        decision: WouldDecision,
+        step: Step,
+        reason: &str,
+    ) -> Result<Option<DateTime<Utc>>, DbError> {
+        let request_type = match self.store.request(claim.request_id).await? {
+            Some(request) => request.request_type,
+            None => return Ok(None),
+        };
+        let record = ShadowRecord {
+            request_id: claim.request_id,
+            request_type,
+            decision,
+            step: step.as_str(),
+            reason,
+        };
+        let at = self.store.record_shadow(&record, self.clock.now()).await?;
+        self.metrics
+            .shadow_decision(decision.label(), step.as_str());
+        Ok(at)
+    }
+
     async fn closed_status(&self, claim: &Claim) -> Result<RequestStatus, DbError> {
         Ok(self
             .store
@@ -489,6 +627,12 @@ impl Approver {
             reason: &reason.reason,
             step: step.as_str(),
         };
+        // Shadow mode records the hold; a retry due at once (a fact changed
+        // mid-attempt) is no decision, and the next attempt makes one.
+        if self.config.mode == Mode::Shadow && due.is_none() {
+            self.record_would(claim, WouldDecision::Hold, step, &reason.reason)
+                .await?;
+        }
         match self.store.schedule_retry(claim, &write, now).await? {
             // A change notified mid-chain makes it due at once.
             Some((retry_count, next_retry_time)) => {
@@ -553,6 +697,9 @@ impl TurnConfig {
 enum Settle {
     /// Every step passed: approve under the fence while the facts hold.
     Approve(Facts),
+    /// Shadow mode: every step passed and the facts still hold; record
+    /// that it would approve, `step` being the last.
+    WouldApprove { step: Step },
     /// The approval is written.
     Approved,
     /// Record a retry, due at `due`, or at the policy's time for its class.

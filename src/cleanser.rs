@@ -10,6 +10,22 @@ use crate::clock::SharedClock;
 use crate::db::{CleanseReport, Database, DbError};
 use crate::telemetry::Metrics;
 
+/// Makes every request shadow mode left waiting due at `now`, logging how
+/// many: the switch from shadow to active loses nothing.
+pub async fn hand_over_shadow(
+    store: &Database,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<u64, DbError> {
+    let handed = store.hand_over_shadow(now).await?;
+    if handed > 0 {
+        info!(
+            handed,
+            "requests shadow mode left waiting are due again: acting on them now"
+        );
+    }
+    Ok(handed)
+}
+
 /// Runs cleanser passes.
 pub struct Cleanser {
     store: Database,
@@ -69,9 +85,14 @@ impl Cleanser {
         Ok(recovered)
     }
 
-    /// One pass.
+    /// One pass. A controller that acts (its store not in shadow) also
+    /// hands over what replicas still in shadow mode left waiting, so a
+    /// rolling switch from shadow to active strands nothing.
     pub async fn run_once(&self) -> Result<CleanseReport, DbError> {
         let now = self.clock.now();
+        if !self.store.is_shadow() {
+            hand_over_shadow(&self.store, now).await?;
+        }
         let report = self.store.cleanse(self.stuck_threshold, now).await?;
         self.metrics
             .cleansed(report.recovered.len() as u64, report.deleted);

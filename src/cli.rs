@@ -39,6 +39,8 @@ pub enum Command {
     Pause(crate::operator::PauseArgs),
     /// End the fleet's pause (`--all`): every replica claims again at its next poll.
     Resume(crate::operator::ResumeArgs),
+    /// Compare what shadow mode (`run --mode shadow`) would have done with what happened to each request.
+    ShadowReport(crate::shadow::ShadowReportArgs),
 }
 
 /// Arguments of `migrate`.
@@ -116,13 +118,18 @@ pub enum CliError {
     /// An operator's action was refused or failed.
     #[error(transparent)]
     Request(#[from] crate::operator::RequestError),
+    /// The shadow report could not be made.
+    #[error(transparent)]
+    ShadowReport(#[from] crate::shadow::ShadowReportError),
 }
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<(), CliError> {
     // An operator's command prints its answer; only warnings go beside it.
     let level = match cli.command {
-        Command::Request(_) | Command::Pause(_) | Command::Resume(_) => "warn",
+        Command::Request(_) | Command::Pause(_) | Command::Resume(_) | Command::ShadowReport(_) => {
+            "warn"
+        }
         _ => "info",
     };
     // The export is set up with the subscriber, so its settings are checked
@@ -173,6 +180,10 @@ pub async fn run(cli: Cli) -> Result<(), CliError> {
         }
         Command::Resume(args) => {
             print!("{}", crate::operator::resume_fleet(&args).await?);
+            Ok(())
+        }
+        Command::ShadowReport(args) => {
+            print!("{}", crate::shadow::run(&args).await?);
             Ok(())
         }
     }

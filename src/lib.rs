@@ -1,6 +1,6 @@
 //! autoapproval: a Kubernetes-native controller that auto-approves contract
 //! requests kept in PostgreSQL or MySQL/MariaDB. This crate is what ships:
-//! the `autoapproval` binary (`run`, `migrate`, `crd`, `request`) and the
+//! the `autoapproval` binary (`run`, `migrate`, `crd`, `request`, `shadow-report`) and the
 //! library it is built from. The simulator, the lab and the test API server
 //! are crates of their own under `crates/`, never normal dependencies of
 //! this one.
@@ -23,6 +23,7 @@ pub mod operator;
 pub mod outage;
 pub mod processors;
 pub mod retry;
+pub mod shadow;
 pub mod shutdown;
 pub mod telemetry;
 pub mod traces;

@@ -93,6 +93,8 @@ pub struct Metrics {
     leadership_losses: Counter,
     crs_collected: Family<ReasonLabel, Counter>,
     creations_found: Family<SystemLabel, Counter>,
+    shadow_creations_skipped: Family<SystemLabel, Counter>,
+    shadow_decisions: Family<ShadowLabels, Counter>,
     recorded_bodies_resent: Counter,
     results_redone: Family<SystemLabel, Counter>,
     external_call_duration: Family<SystemLabel, Histogram>,
@@ -143,6 +145,12 @@ fn call_buckets() -> Histogram {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct SystemLabel {
     system: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ShadowLabels {
+    decision: String,
+    step: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -318,6 +326,38 @@ impl Metrics {
             "Creations an earlier attempt made (its answer lost), found by a lookup in a downstream without idempotency keys and taken instead of made again",
             creations_found.clone(),
         );
+        let shadow_creations_skipped = Family::<SystemLabel, Counter>::default();
+        registry.register(
+            "shadow_creations_skipped",
+            "Creations a controller in shadow mode would have made and did not send, taken as made for the next step's gates",
+            shadow_creations_skipped.clone(),
+        );
+        let shadow_decisions = Family::<ShadowLabels, Counter>::default();
+        registry.register(
+            "shadow_decisions",
+            "Would-decisions recorded in shadow mode, by decision (approve, hold) and the step whose gate held the request (the last step for approve)",
+            shadow_decisions.clone(),
+        );
+        // Every series it can have, at zero from the start: a switch to
+        // shadow shows its first decisions as increases, and the dashboard's
+        // queries name metrics every replica exports.
+        for system in ["owner", "store", "ad"] {
+            let _ = shadow_creations_skipped.get_or_create(&SystemLabel {
+                system: system.into(),
+            });
+        }
+        for (decision, step) in [
+            ("approve", "store"),
+            ("approve", "ad-campaign"),
+            ("hold", "owner"),
+            ("hold", "store"),
+            ("hold", "ad-campaign"),
+        ] {
+            let _ = shadow_decisions.get_or_create(&ShadowLabels {
+                decision: decision.into(),
+                step: step.into(),
+            });
+        }
         let recorded_bodies_resent = Counter::default();
         registry.register(
             "recorded_bodies_resent",
@@ -451,6 +491,8 @@ impl Metrics {
             leadership_losses,
             crs_collected,
             creations_found,
+            shadow_creations_skipped,
+            shadow_decisions,
             recorded_bodies_resent,
             results_redone,
             reconcile_duration,
@@ -653,6 +695,25 @@ impl Metrics {
         self.creations_found
             .get_or_create(&SystemLabel {
                 system: system.into(),
+            })
+            .inc();
+    }
+
+    /// Shadow mode took a creation in `system` as made without sending it.
+    pub fn shadow_creation_skipped(&self, system: &str) {
+        self.shadow_creations_skipped
+            .get_or_create(&SystemLabel {
+                system: system.into(),
+            })
+            .inc();
+    }
+
+    /// Shadow mode recorded a would-decision (`approve` or `hold`) at `step`.
+    pub fn shadow_decision(&self, decision: &str, step: &str) {
+        self.shadow_decisions
+            .get_or_create(&ShadowLabels {
+                decision: decision.into(),
+                step: step.into(),
             })
             .inc();
     }

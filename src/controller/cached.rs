@@ -72,6 +72,10 @@ pub struct CachedStatus {
     pub last_reason: Option<u64>,
     /// The retry request last acted on (echoed by every status write).
     pub last_retry_request: Option<Box<str>>,
+    /// Shadow mode's latest would-decision (kept by every status write).
+    pub would_decision: Option<Box<str>>,
+    /// Shadow mode's first would-approve time (kept by every status write).
+    pub would_approve_at: Option<DateTime<Utc>>,
     /// Ready, Approved and Stalled, as in [`CONDITION_TYPES`].
     pub conditions: [Option<Transition>; 3],
     /// Digest of the whole status, as [`digest`] computes it.
@@ -98,6 +102,8 @@ impl CachedStatus {
             observed_generation: status.observed_generation,
             last_reason: status.last_reason.as_deref().map(text_digest),
             last_retry_request: status.last_retry_request.as_deref().map(Into::into),
+            would_decision: status.would_decision.as_deref().map(Into::into),
+            would_approve_at: status.would_approve_at,
             conditions,
             digest: digest(status),
         }

@@ -53,6 +53,9 @@ pub struct ControllerArgs {
     /// The fleet this replica belongs to: the database records the first fleet's name, and a replica of another fleet refuses to start (one fleet per database; a DR cluster's replicas use the same name) [default: the namespace].
     #[arg(long, env = "AUTOAPPROVAL_FLEET")]
     pub fleet: Option<String>,
+    /// active: approve (create the owner, store and campaign, write the request); shadow: do everything else, beside the scheduler in place, and only record what would have been done (`autoapproval shadow-report` compares it with what happened). Switching needs no migration.
+    #[arg(long, env = "AUTOAPPROVAL_MODE", value_enum, default_value_t = crate::approval::Mode::Active)]
+    pub mode: crate::approval::Mode,
     /// Address of the /healthz, /readyz and /metrics endpoints.
     #[arg(long, env = "AUTOAPPROVAL_LISTEN", default_value = "0.0.0.0:8080")]
     pub listen: SocketAddr,
@@ -372,6 +375,7 @@ impl ControllerArgs {
                 },
                 heartbeat_interval: heartbeat,
                 processing_timeout,
+                mode: self.mode,
             },
             discovery: DiscoveryConfig {
                 poll_period: positive("--poll-period", self.poll_period)?,

@@ -115,6 +115,13 @@ pub struct AutoApprovalStatus {
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
+    /// Shadow mode's latest would-decision: `Approve` (every gate passed) or
+    /// `Hold` (the step and reason say which gate); absent when never run in shadow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_decision: Option<String>,
+    /// Shadow mode: when it would first have approved the request.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_approve_at: Option<DateTime<Utc>>,
     /// The value of the `autoapproval.io/retry-requested-at` annotation last acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_retry_request: Option<String>,

@@ -30,7 +30,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, error, info, warn};
 
-use crate::approval::Approver;
+use crate::approval::{Approver, Mode};
 use crate::census::Census;
 use crate::cleanser::Cleanser;
 use crate::clock::SharedClock;
@@ -112,6 +112,9 @@ pub enum ControllerError {
         /// When it was recorded.
         set_at: chrono::DateTime<chrono::Utc>,
     },
+    /// A start in active mode could not make due what shadow mode left waiting.
+    #[error("handing over the requests shadow mode left waiting (auto_approve_shadow): {0}")]
+    ShadowHandOver(#[source] DbError),
     /// The start-up check of the shard count could not read the database.
     #[error("checking the shard layout (fleet and number of shards): {0}")]
     Layout(#[source] DbError),
@@ -262,6 +265,12 @@ impl Replica {
             metrics,
             health,
         } = parts;
+        // Shadow mode writes nothing to the business's tables, down to the
+        // store's own statements (memos of recovered claims, say).
+        let store = match settings.approver.mode {
+            Mode::Shadow => store.in_shadow(),
+            Mode::Active => store,
+        };
         let shared = Arc::new(Shared {
             client,
             api_server,
@@ -274,6 +283,17 @@ impl Replica {
         let api: Api<AutoApproval> = shared.api();
         crd_installed(&api).await?;
         layout_agrees(&shared.store, settings).await?;
+        // Acting again after shadow mode: what it left waiting is due now,
+        // before the first discovery turn looks.
+        if settings.approver.mode == Mode::Active {
+            crate::cleanser::hand_over_shadow(&shared.store, shared.clock.now())
+                .await
+                .map_err(ControllerError::ShadowHandOver)?;
+        } else {
+            info!(
+                "shadow mode: every gate is evaluated and recorded; nothing is created outside and nothing is written to the business's tables"
+            );
+        }
         crate::coordination::refuse_a_live_namesake(
             &shared.api(),
             &settings.replica_name,

@@ -18,8 +18,8 @@ use super::cached::{CachedAutoApproval, CachedStatus, digest};
 use super::crd::{
     ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
 };
-use super::status::{Observed, project};
-use crate::approval::{Approver, AttemptOutcome};
+use super::status::{Observed, Would, project};
+use crate::approval::{Approver, AttemptOutcome, Mode, SHADOW_WOULD_APPROVE};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
 use crate::db::{DbError, Pause};
@@ -444,6 +444,7 @@ impl Reconcile<'_> {
                 next_retry_time,
                 retry_count,
             } => {
+                let shadow = self.ctx.approver.config().mode == Mode::Shadow;
                 let view = Observed {
                     phase: Phase::RetryWaiting,
                     step: Some(step.as_str().to_owned()),
@@ -451,14 +452,57 @@ impl Reconcile<'_> {
                     next_retry_time: Some(next_retry_time),
                     reason: Some(reason.clone()),
                     holder: Some(self.ctx.shards.identity().to_owned()),
+                    would: shadow.then_some(Would {
+                        decision: "Hold",
+                        approve_at: None,
+                    }),
                 };
                 self.write(view).await?;
                 let note = format!(
                     "{step}: {reason} (retry {retry_count} at {})",
                     next_retry_time.to_rfc3339()
                 );
-                self.event(EventType::Normal, "RetryScheduled", "Retry", note)
+                if shadow {
+                    let note = format!("shadow mode: would hold at {note}");
+                    self.event(EventType::Normal, "WouldHold", "Shadow", note)
+                        .await;
+                } else {
+                    self.event(EventType::Normal, "RetryScheduled", "Retry", note)
+                        .await;
+                }
+                Ok(Action::requeue(until(
+                    next_retry_time,
+                    self.ctx.clock.now(),
+                )))
+            }
+            Decision::WouldApprove {
+                step,
+                would_approve_at,
+                next_retry_time,
+                retry_count,
+            } => {
+                let view = Observed {
+                    phase: Phase::RetryWaiting,
+                    step: Some(step.as_str().to_owned()),
+                    retry_count,
+                    next_retry_time: Some(next_retry_time),
+                    reason: Some(SHADOW_WOULD_APPROVE.to_owned()),
+                    holder: Some(self.ctx.shards.identity().to_owned()),
+                    would: Some(Would {
+                        decision: "Approve",
+                        approve_at: Some(would_approve_at),
+                    }),
+                };
+                self.write(view).await?;
+                let note = format!(
+                    "shadow mode: every gate passed at {}; would approve (first at {})",
+                    self.ctx.clock.now().to_rfc3339(),
+                    would_approve_at.to_rfc3339()
+                );
+                self.event(EventType::Normal, "WouldApprove", "Shadow", note)
                     .await;
+                // Left alone until the request changes (its wake makes the
+                // row due, and the CR is reconciled again).
                 Ok(Action::requeue(until(
                     next_retry_time,
                     self.ctx.clock.now(),
@@ -476,6 +520,7 @@ impl Reconcile<'_> {
                     next_retry_time: None,
                     reason: Some(reason.clone()),
                     holder: Some(self.ctx.shards.identity().to_owned()),
+                    would: None,
                 };
                 self.write(view).await?;
                 let limit = self.ctx.approver.config().retry.limit;
@@ -750,6 +795,7 @@ fn waiting_view(phase: Phase, state: &State) -> Observed {
             .filter(|_| phase == Phase::RetryWaiting),
         reason: state.last_reason.clone(),
         holder: Some(state.holder.clone()),
+        would: None,
     }
 }
 
@@ -859,6 +905,13 @@ pub(crate) enum Decision {
     RetryScheduled {
         step: Step,
         reason: String,
+        next_retry_time: DateTime<Utc>,
+        retry_count: i32,
+    },
+    /// Shadow mode: the attempt would have approved; nothing was created.
+    WouldApprove {
+        step: Step,
+        would_approve_at: DateTime<Utc>,
         next_retry_time: DateTime<Utc>,
         retry_count: i32,
     },
@@ -1057,6 +1110,16 @@ pub(crate) fn after_attempt(
             reason: reason.reason,
             next_retry_time,
             retry_count,
+        },
+        AttemptOutcome::WouldApprove {
+            step,
+            would_approve_at,
+            next_retry_time,
+        } => Decision::WouldApprove {
+            step,
+            would_approve_at,
+            next_retry_time,
+            retry_count: before.map_or(0, |s| s.retry_count),
         },
         AttemptOutcome::Superseded(status) => Decision::Superseded(status),
         AttemptOutcome::Vanished => Decision::RequestNotFound,
@@ -1532,7 +1595,23 @@ mod tests {
                      `autoapproval resume --all` resumes"
                 .into(),
         };
-        let cases: [(&str, AttemptOutcome, Option<&State>, bool, Decision); 16] = [
+        let cases: [(&str, AttemptOutcome, Option<&State>, bool, Decision); 17] = [
+            (
+                "shadow mode would have approved: shown with its time, retries kept",
+                AttemptOutcome::WouldApprove {
+                    step: Step::Store,
+                    would_approve_at: at(3),
+                    next_retry_time: at(50),
+                },
+                Some(&before),
+                false,
+                Decision::WouldApprove {
+                    step: Step::Store,
+                    would_approve_at: at(3),
+                    next_retry_time: at(50),
+                    retry_count: 3,
+                },
+            ),
             (
                 "refused at once: read to say why",
                 AttemptOutcome::NotClaimed,

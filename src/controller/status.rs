@@ -30,6 +30,17 @@ pub struct Observed {
     pub reason: Option<String>,
     /// Who holds or last held the claim.
     pub holder: Option<String>,
+    /// Shadow mode's would-decision of this attempt, if it made one.
+    pub would: Option<Would>,
+}
+
+/// What shadow mode would have done, shown beside the phase.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Would {
+    /// `Approve` or `Hold`.
+    pub decision: &'static str,
+    /// When it would first have approved, if it would have.
+    pub approve_at: Option<DateTime<Utc>>,
 }
 
 impl Observed {
@@ -42,6 +53,7 @@ impl Observed {
             next_retry_time: None,
             reason: reason.into(),
             holder: None,
+            would: None,
         }
     }
 }
@@ -99,6 +111,17 @@ pub fn project(
         holder: observed.holder.clone(),
         observed_generation: generation,
         last_retry_request: previous.and_then(|p| p.last_retry_request.as_deref().map(Into::into)),
+        // A would-decision stays until the next one: a status written
+        // after a restart, or once active, still shows what shadow saw.
+        would_decision: match &observed.would {
+            Some(would) => Some(would.decision.to_owned()),
+            None => previous.and_then(|p| p.would_decision.as_deref().map(Into::into)),
+        },
+        would_approve_at: observed
+            .would
+            .as_ref()
+            .and_then(|w| w.approve_at)
+            .or_else(|| previous.and_then(|p| p.would_approve_at)),
         conditions,
     }
 }

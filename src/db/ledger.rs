@@ -74,6 +74,7 @@ macro_rules! ledger_statements {
             message: &str,
             now: chrono::DateTime<chrono::Utc>,
         ) -> Result<(), $crate::db::DbError> {
+            $crate::db::business_write(self.shadow, "add a memo")?;
             sqlx::query($add)
                 .bind(request_id)
                 .bind(now)

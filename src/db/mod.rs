@@ -66,6 +66,7 @@ pub mod postgres;
 mod recovery;
 mod rows;
 mod schema;
+mod shadow;
 
 use candidates::Candidates;
 use census::CensusQueries;
@@ -76,6 +77,7 @@ use notify::Wakes;
 use pause::Pauses;
 use recovery::Recovery;
 use rows::Rows;
+use shadow::Shadows;
 
 pub use candidates::{CandidateQuery, ShardFilter};
 pub use census::RequestCensus;
@@ -88,6 +90,7 @@ pub use pause::{FleetAnswer, FleetPause, Pause};
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 pub use schema::{MigrationSet, SchemaReport};
+pub use shadow::{ShadowOutcome, ShadowRecord, WouldDecision};
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
@@ -135,6 +138,13 @@ pub enum DbError {
         request_id: i64,
         /// What is wrong with it.
         error: UnknownValue,
+    },
+    /// A write to the business's tables asked of a store in shadow mode,
+    /// which writes none: refused before anything is sent.
+    #[error("{operation}: refused in shadow mode, which writes nothing to the business's tables")]
+    ShadowWrite {
+        /// The write refused.
+        operation: &'static str,
     },
     /// A setting is invalid.
     #[error("invalid database setting {setting}: {message}")]
@@ -251,9 +261,47 @@ impl RequestChanges {
     }
 }
 
+/// Refuses a write to the business's tables when `shadow` (the store is
+/// in shadow mode): the last line behind the chain's own checks.
+pub(crate) fn business_write(shadow: bool, operation: &'static str) -> Result<(), DbError> {
+    if shadow {
+        return Err(DbError::ShadowWrite { operation });
+    }
+    Ok(())
+}
+
 // === impl Store ===
 
 impl Database {
+    /// This store in shadow mode: it writes nothing to the business's
+    /// tables through the binding (no memo; an approval, a result or a
+    /// ledger sync is refused with [`DbError::ShadowWrite`]); its own
+    /// tables are written as ever.
+    pub fn in_shadow(self) -> Self {
+        match self.backend {
+            Backend::Postgres(mut b) => {
+                b.shadow = true;
+                Self {
+                    backend: Backend::Postgres(b),
+                }
+            }
+            Backend::Mysql(mut b) => {
+                b.shadow = true;
+                Self {
+                    backend: Backend::Mysql(b),
+                }
+            }
+        }
+    }
+
+    /// Whether this store is in shadow mode ([`Database::in_shadow`]).
+    pub fn is_shadow(&self) -> bool {
+        match &self.backend {
+            Backend::Postgres(b) => b.shadow,
+            Backend::Mysql(b) => b.shadow,
+        }
+    }
+
     /// Connects to the database the URL names, on the backend its scheme
     /// picks (PostgreSQL, or MySQL 8 / MariaDB), its primary and its read
     /// pool (the primary when no replica is set), reaching each once first so

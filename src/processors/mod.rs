@@ -152,6 +152,11 @@ pub struct ChainContext<'a> {
     /// Where the gates note what they passed on outside the request row;
     /// [`Chain::run`] starts it afresh and hands it to the completion.
     pub seen: &'a Seen,
+    /// Shadow mode: every gate runs, but no creation is sent and nothing
+    /// is written to the request or the ledger; a creation the step would
+    /// make is taken as made (counted), and the chain goes on to the next
+    /// step's gates as if it had succeeded.
+    pub shadow: bool,
 }
 
 /// What an attempt's gates passed on outside the request row, for the
@@ -181,6 +186,17 @@ impl Seen {
 }
 
 impl ChainContext<'_> {
+    /// Shadow mode: the creation in `system` the step would make now is
+    /// counted and taken as made, and nothing is sent.
+    pub(crate) fn would_create(&self, system: crate::external::System) {
+        self.metrics.shadow_creation_skipped(system.as_str());
+        tracing::info!(
+            request_id = self.claim.request_id,
+            %system,
+            "shadow mode: the creation is not sent; taken as made"
+        );
+    }
+
     /// Makes an external call, counting its result, once the claim's shard
     /// is seen still held and renewed; fails with [`ChainError::ShardLost`]
     /// otherwise, and nothing is sent (the call's future has not started).

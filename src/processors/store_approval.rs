@@ -41,6 +41,12 @@ impl Processor for StoreProcessor {
         if request.store_number.is_some() {
             return Ok(Transition::Success);
         }
+        // In shadow the owner step took its creation as made: the store
+        // would be made for it.
+        if cx.shadow {
+            cx.would_create(System::Store);
+            return Ok(Transition::Success);
+        }
         let Some(owner_number) = request.owner_number else {
             return Ok(Transition::Retry(RetryReason::condition(
                 "owner not created",

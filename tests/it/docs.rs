@@ -267,6 +267,7 @@ fn the_reference_lists_every_flag_of_every_command_of_the_binary() {
         &["request"],
         &["pause"],
         &["resume"],
+        &["shadow-report"],
     ] {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_autoapproval"))
             .args(command)

@@ -369,6 +369,7 @@ async fn an_external_call_after_the_shard_is_lost_is_never_started(db: Db) {
         metrics: &Metrics::new(),
         held: &lost,
         seen: &autoapproval::processors::Seen::default(),
+        shadow: false,
     };
     let started = std::sync::atomic::AtomicBool::new(false);
 

@@ -41,6 +41,7 @@ mod release;
 mod replica_lag;
 mod replicas;
 mod retry;
+mod shadow;
 mod shutdown;
 mod status;
 mod support;

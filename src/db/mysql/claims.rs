@@ -199,9 +199,11 @@ impl Claims for MysqlStore {
         if due.rows_affected() == 0 {
             return give_up(tx, "retry now", false).await;
         }
-        insert_memo(&mut tx, request_id, now, "autoapproval", note)
-            .await
-            .map_err(db("retry now: memo"))?;
+        if !self.shadow {
+            insert_memo(&mut tx, request_id, now, "autoapproval", note)
+                .await
+                .map_err(db("retry now: memo"))?;
+        }
         tx.commit().await.map_err(db("retry now: commit"))?;
         Ok(true)
     }
@@ -263,7 +265,7 @@ impl Claims for MysqlStore {
         .fetch_one(&mut *tx)
         .await
         .map_err(db("schedule retry: re-read"))?;
-        if old_reason.as_deref() != Some(retry.reason) {
+        if !self.shadow && old_reason.as_deref() != Some(retry.reason) {
             let memo = format!("auto-approval waits: {}", retry.reason);
             insert_memo(&mut tx, claim.request_id, now, "autoapproval", &memo)
                 .await
@@ -276,6 +278,7 @@ impl Claims for MysqlStore {
     // Our own approval wakes nobody: the connection names the request to
     // the trigger's procedure for the whole transaction.
     async fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError> {
+        crate::db::business_write(self.shadow, "approve the request")?;
         named_write(
             &self.primary,
             Named::WritingRequest,
@@ -367,6 +370,7 @@ impl Claims for MysqlStore {
 
     // A result is our own write too: it wakes nobody.
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
+        crate::db::business_write(self.shadow, "save a result on the request")?;
         named_write(
             &self.primary,
             Named::WritingRequest,

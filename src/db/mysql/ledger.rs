@@ -38,6 +38,7 @@ impl Ledger for MysqlStore {
         status: &str,
         now: DateTime<Utc>,
     ) -> Result<(), DbError> {
+        crate::db::business_write(self.shadow, "sync the e-contract ledger")?;
         // The e-contract trigger's procedure reads the session variable, so
         // it is set on this connection for the one statement and cleared
         // after it.

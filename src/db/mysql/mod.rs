@@ -44,6 +44,7 @@ mod pause;
 mod recovery;
 mod rows;
 mod schema;
+mod shadow;
 mod wake_cursor;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
@@ -69,6 +70,9 @@ pub(crate) struct MysqlStore {
     /// The lock wait and statement limits of `run`'s sessions (`None`:
     /// the server's), which `dedicated` pools set as well.
     limits: Option<Limits>,
+    /// Shadow mode: nothing is written to the business's tables (memos
+    /// skipped, request and ledger writes refused).
+    pub(super) shadow: bool,
 }
 
 /// A session's lock wait and statement limits (`SessionArgs`).
@@ -95,6 +99,7 @@ impl MysqlStore {
             wakes: Arc::new(WakeCursor::default()),
             poll_interval: DEFAULT_WAKE_POLL_INTERVAL,
             limits: None,
+            shadow: false,
         }
     }
 
@@ -139,6 +144,7 @@ impl MysqlStore {
             wakes: Arc::clone(&self.wakes),
             poll_interval: self.poll_interval,
             limits: self.limits,
+            shadow: self.shadow,
         }
     }
 

@@ -45,6 +45,7 @@ impl Recovery for MysqlStore {
                 &locked,
                 now,
                 "recovered: claim was stuck",
+                !self.shadow,
                 &mut recovered,
             )
             .await
@@ -246,7 +247,7 @@ impl Recovery for MysqlStore {
                 .await
                 .map_err(db("fence shard: lock orphaned claims"))?;
             let reason = format!("recovered: shard {shard} moved to {holder}");
-            recover(&mut tx, &locked, now, &reason, &mut recovered)
+            recover(&mut tx, &locked, now, &reason, !self.shadow, &mut recovered)
                 .await
                 .map_err(db("fence shard: recover orphaned claims"))?;
         }
@@ -287,13 +288,15 @@ async fn lock_by_id(
     Ok(locked)
 }
 
-/// Puts the locked claims back to RETRY_WAITING, due at `now`, retry_count
-/// + 1, with a memo naming the replica they were interrupted on.
+/// Puts the locked claims back to RETRY_WAITING, due at `now`, one more
+/// retry counted, with a memo naming the replica they were interrupted on
+/// when `memos` (none in shadow mode).
 async fn recover(
     tx: &mut Tx<'_>,
     locked: &[(i64, i64, String)],
     now: DateTime<Utc>,
     reason: &str,
+    memos: bool,
     recovered: &mut Vec<i64>,
 ) -> Result<(), sqlx::Error> {
     if locked.is_empty() {
@@ -314,8 +317,10 @@ async fn recover(
         q.execute(&mut **tx).await?;
     }
     for (_, request_id, holder) in locked {
-        let memo = format!("auto-approval was interrupted on {holder}; retrying");
-        insert_memo(tx, *request_id, now, "autoapproval-cleanser", &memo).await?;
+        if memos {
+            let memo = format!("auto-approval was interrupted on {holder}; retrying");
+            insert_memo(tx, *request_id, now, "autoapproval-cleanser", &memo).await?;
+        }
         recovered.push(*request_id);
     }
     Ok(())

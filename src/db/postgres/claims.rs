@@ -140,15 +140,17 @@ impl Claims for PgStore {
                         modified_at = now()
                   WHERE request_id = $1 AND status = 'RETRY_WAITING'
                  RETURNING request_id
+             ), memo AS (
+                 INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
+                 SELECT request_id, $3, 'autoapproval', $4 FROM due WHERE $5
              )
-             INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
-             SELECT request_id, $3, 'autoapproval', $4 FROM due
-             RETURNING request_id",
+             SELECT request_id FROM due",
         )
         .bind(request_id)
         .bind(retry_limit)
         .bind(now)
         .bind(note)
+        .bind(!self.shadow)
         .fetch_optional(&self.primary)
         .await
         .map_err(db("retry now"))?;
@@ -188,7 +190,7 @@ impl Claims for PgStore {
              ), memo AS (
                  INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $8, 'autoapproval', 'auto-approval waits: ' || $6
-                   FROM upd WHERE old_reason IS DISTINCT FROM $6
+                   FROM upd WHERE old_reason IS DISTINCT FROM $6 AND $11
              )
              SELECT retry_count, next_retry_time FROM upd",
         )
@@ -202,6 +204,7 @@ impl Claims for PgStore {
         .bind(now)
         .bind(retry.counted)
         .bind(claim.nonce)
+        .bind(!self.shadow)
         .fetch_optional(&self.primary)
         .await
         .map_err(db("schedule retry"))?;
@@ -209,6 +212,7 @@ impl Claims for PgStore {
     }
 
     async fn complete(&self, claim: &Claim, facts: &Facts) -> Result<Completion, DbError> {
+        crate::db::business_write(self.shadow, "approve the request")?;
         // One statement, no transaction (BEGIN, two writes and COMMIT were
         // four round trips per approval). Row locks in the order every
         // transaction takes them (migration 0010), so none deadlocks with
@@ -380,6 +384,7 @@ impl Claims for PgStore {
     }
 
     async fn save_result(&self, claim: &Claim, result: StepResult<'_>) -> Result<bool, DbError> {
+        crate::db::business_write(self.shadow, "save a result on the request")?;
         let sql = match result {
             StepResult::OwnerNumber(_) => SAVE_OWNER_NUMBER,
             StepResult::StoreNumber(_) => SAVE_STORE_NUMBER,

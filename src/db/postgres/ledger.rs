@@ -24,6 +24,7 @@ impl Ledger for PgStore {
         status: &str,
         now: DateTime<Utc>,
     ) -> Result<(), DbError> {
+        crate::db::business_write(self.shadow, "sync the e-contract ledger")?;
         // One statement, one round-trip: the transaction-local setting,
         // read by the econtract trigger (migration 0007), lasts until the
         // statement's implicit transaction ends, after the trigger fired.

@@ -18,6 +18,7 @@ mod pause;
 mod recovery;
 mod rows;
 mod schema;
+mod shadow;
 
 pub use candidates::{FRESH_CANDIDATES, candidate_sql};
 pub use census::BACKLOG_SQL;
@@ -52,6 +53,9 @@ pub(crate) struct PgStore {
     read: PgPool,
     /// The read pool reaches a replica of its own (--read-database-url).
     separate_read: bool,
+    /// Shadow mode: nothing is written to the business's tables (memos
+    /// skipped, request and ledger writes refused).
+    pub(super) shadow: bool,
 }
 
 impl PgStore {
@@ -60,6 +64,7 @@ impl PgStore {
             primary,
             read,
             separate_read: false,
+            shadow: false,
         }
     }
 
@@ -87,13 +92,17 @@ impl PgStore {
             primary,
             read,
             separate_read: config.read_database_url.is_some(),
+            shadow: false,
         })
     }
 
     pub(super) fn dedicated(&self, connections: u32) -> PgStore {
         let pool = connect::pool_options(connections)
             .connect_lazy_with(self.primary.connect_options().as_ref().clone());
-        PgStore::new(pool.clone(), pool)
+        PgStore {
+            shadow: self.shadow,
+            ..PgStore::new(pool.clone(), pool)
+        }
     }
 
     pub(super) fn primary(&self) -> &PgPool {

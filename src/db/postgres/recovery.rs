@@ -25,12 +25,13 @@ impl Recovery for PgStore {
                  INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $2, 'autoapproval-cleanser',
                         'auto-approval was interrupted on ' || holder || '; retrying'
-                   FROM stuck
+                   FROM stuck WHERE $3
              )
              SELECT request_id FROM stuck ORDER BY request_id",
         )
         .bind(stuck_for.as_secs_f64())
         .bind(now)
+        .bind(!self.shadow)
         .fetch_all(&self.primary)
         .await
         .map_err(db("cleanse stuck claims"))?;
@@ -131,7 +132,7 @@ impl Recovery for PgStore {
                  INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
                  SELECT request_id, $5, 'autoapproval-cleanser',
                         'auto-approval was interrupted on ' || holder || '; retrying'
-                   FROM orphaned
+                   FROM orphaned WHERE $6
              )
              SELECT request_id FROM orphaned ORDER BY request_id",
         )
@@ -140,6 +141,7 @@ impl Recovery for PgStore {
         .bind(token)
         .bind(holder)
         .bind(now)
+        .bind(!self.shadow)
         .fetch_all(&mut *tx)
         .await
         .map_err(db("fence shard: recover orphaned claims"))?;

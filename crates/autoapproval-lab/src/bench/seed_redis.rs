@@ -367,6 +367,7 @@ impl SeedWorker {
             metrics: &self.metrics,
             held: &|| true,
             seen: &Seen::default(),
+            shadow: false,
         };
         let outcome = match self.chain.run(&cx, &|_| {}).await {
             Ok(outcome) => outcome,
