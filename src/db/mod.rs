@@ -66,6 +66,7 @@ pub mod postgres;
 mod recovery;
 mod rows;
 mod schema;
+mod tls;
 
 use candidates::Candidates;
 use census::CensusQueries;
@@ -88,6 +89,7 @@ pub use pause::Pause;
 pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 pub use schema::{MigrationSet, SchemaReport};
+pub use tls::{TlsMode, TlsSettings};
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]
