@@ -438,31 +438,33 @@ pub(super) fn explain(reason: &str, tls: &TlsSettings) -> Option<String> {
         Some(ca) => format!("the CA file {ca} and the platform's roots"),
         None => "the platform's roots (no sslrootcert / ssl-ca given)".to_owned(),
     };
-    if reason.contains("UnknownIssuer") || reason.contains("UnknownCA") {
-        Some(format!(
-            "the server's certificate is not signed by a CA this client trusts ({trusted}; {})",
-            tls.spelled
-        ))
-    } else if reason.contains("expired") || reason.contains("Expired") {
-        Some(format!(
-            "the server's certificate has expired ({})",
-            tls.spelled
-        ))
+    let mode = &tls.spelled;
+    // rustls's words: "invalid peer certificate: …" is our verdict on the
+    // server's certificate, "received fatal alert: …" the server's on ours.
+    let words = if reason.contains("received fatal alert") {
+        "the server refused the TLS handshake: it does not accept this client's certificate \
+         (sslcert / ssl-cert), or wants one and none was given"
+            .to_owned()
+    } else if reason.contains("UnknownIssuer") {
+        format!(
+            "the server's certificate is not signed by a CA this client trusts ({trusted}; {mode})"
+        )
+    } else if reason.contains("certificate expired") || reason.contains("Expired") {
+        format!("the server's certificate has expired ({mode})")
+    } else if reason.contains("not valid yet") || reason.contains("NotValidYet") {
+        format!("the server's certificate is not valid yet ({mode})")
     } else if reason.contains("not valid for name") || reason.contains("NotValidForName") {
-        Some(format!(
-            "the server's certificate does not name the host of the URL ({}; verify-ca / VERIFY_CA checks the chain only)",
-            tls.spelled
-        ))
+        format!(
+            "the server's certificate does not name the host of the URL ({mode}; verify-ca / VERIFY_CA checks the chain only)"
+        )
     } else if reason.contains("server does not support TLS") {
-        Some(format!(
-            "the server offers no TLS and {} requires it",
-            tls.spelled
-        ))
-    } else if reason.contains("certificate required") || reason.contains("CertificateRequired") {
-        Some("the server requires a client certificate: give sslcert and sslkey (ssl-cert and ssl-key on MySQL)".to_owned())
+        format!("the server offers no TLS and {mode} requires it")
+    } else if reason.contains("invalid peer certificate") {
+        format!("the server's certificate is refused ({trusted}; {mode})")
     } else {
-        None
-    }
+        return None;
+    };
+    Some(words)
 }
 
 #[cfg(test)]

@@ -43,5 +43,6 @@ mod retry;
 mod shutdown;
 mod status;
 mod support;
+mod tls_database;
 mod traces;
 mod upgrade;

@@ -11,6 +11,8 @@
 //! - `kubelet`: the Job controller and kubelet the tests play, the replica as the pod's ServiceAccount;
 //! - `processes`: the real binary as a child process, signals, `/metrics`, a fresh directory and
 //!   kubeconfig for it;
+//! - `tls`: a CA the test makes, its certificates, and dedicated PostgreSQL and MariaDB servers that
+//!   speak only TLS;
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod chart;
@@ -21,6 +23,7 @@ pub mod engine;
 pub mod kubelet;
 pub mod processes;
 pub mod rows;
+pub mod tls;
 pub mod tools;
 
 pub use chart::*;
@@ -31,4 +34,5 @@ pub use engine::*;
 pub use kubelet::*;
 pub use processes::*;
 pub use rows::*;
+pub use tls::*;
 pub use tools::*;
