@@ -12,7 +12,7 @@ use std::time::Duration;
 use autoapproval::db::{Database, DatabaseArgs, SessionArgs};
 use sqlx::Connection;
 
-use crate::support::{CertFiles, PgTransport, Pki, TlsMariaDb, TlsPostgres, fresh_dir};
+use crate::support::{CertFiles, PgTransport, Pki, TlsDir, TlsMariaDb, TlsPostgres};
 
 fn args(url: &str) -> DatabaseArgs {
     DatabaseArgs {
@@ -89,7 +89,7 @@ fn query(ca: &std::path::Path, mode: &str, client: Option<&CertFiles>, mysql: bo
 #[tokio::test]
 async fn postgres_verify_full_with_the_servers_ca_migrates_passes_the_start_up_check_and_encrypts_every_connection()
  {
-    let dir = fresh_dir("tls-pg-ok");
+    let dir = TlsDir::new("tls-pg-ok");
     let pki = Pki::new(&dir, "test");
     let server = pki.server("server", &["localhost"], false);
     let pg = TlsPostgres::start(&dir, &pki.ca_file(), &server);
@@ -146,7 +146,7 @@ async fn postgres_verify_full_with_the_servers_ca_migrates_passes_the_start_up_c
 #[tokio::test]
 async fn postgres_a_wrong_ca_a_host_name_mismatch_an_expired_certificate_and_a_plaintext_server_each_stop_start_up_by_name()
  {
-    let dir = fresh_dir("tls-pg-refused");
+    let dir = TlsDir::new("tls-pg-refused");
     let pki = Pki::new(&dir, "test");
     let other = Pki::new(&dir, "other");
     let server = pki.server("server", &["localhost"], false);
@@ -225,7 +225,7 @@ async fn postgres_a_wrong_ca_a_host_name_mismatch_an_expired_certificate_and_a_p
 
 #[tokio::test]
 async fn postgres_a_client_certificate_the_server_requires_is_sent_from_sslcert_and_sslkey() {
-    let dir = fresh_dir("tls-pg-client");
+    let dir = TlsDir::new("tls-pg-client");
     let pki = Pki::new(&dir, "test");
     let other = Pki::new(&dir, "other");
     let server = pki.server("server", &["localhost"], false);
@@ -268,7 +268,7 @@ async fn postgres_a_client_certificate_the_server_requires_is_sent_from_sslcert_
 
 #[tokio::test]
 async fn mariadb_verify_identity_with_the_servers_ca_migrates_and_passes_the_start_up_check() {
-    let dir = fresh_dir("tls-my-ok");
+    let dir = TlsDir::new("tls-my-ok");
     let pki = Pki::new(&dir, "test");
     let server = pki.server("server", &["localhost"], false);
     let my = TlsMariaDb::start(&dir, &pki.ca_file(), &server).await;
@@ -310,7 +310,7 @@ async fn mariadb_verify_identity_with_the_servers_ca_migrates_and_passes_the_sta
 #[tokio::test]
 async fn mariadb_a_wrong_ca_a_host_name_mismatch_an_expired_certificate_and_a_plaintext_server_each_stop_start_up_by_name()
  {
-    let dir = fresh_dir("tls-my-refused");
+    let dir = TlsDir::new("tls-my-refused");
     let pki = Pki::new(&dir, "test");
     let other = Pki::new(&dir, "other");
     let server = pki.server("server", &["localhost"], false);
@@ -375,7 +375,7 @@ async fn mariadb_a_wrong_ca_a_host_name_mismatch_an_expired_certificate_and_a_pl
 
 #[tokio::test]
 async fn mariadb_a_client_certificate_the_server_requires_is_sent_from_ssl_cert_and_ssl_key() {
-    let dir = fresh_dir("tls-my-client");
+    let dir = TlsDir::new("tls-my-client");
     let pki = Pki::new(&dir, "test");
     let other = Pki::new(&dir, "other");
     let server = pki.server("server", &["localhost"], false);

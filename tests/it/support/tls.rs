@@ -12,6 +12,31 @@ use rcgen::{
     KeyUsagePurpose, date_time_ymd,
 };
 
+/// A fresh directory for one TLS test's certificates and servers, removed
+/// on drop: declared first, it outlives the servers kept in it.
+pub struct TlsDir(PathBuf);
+
+impl TlsDir {
+    /// `autoapproval-<tag>-<pid>-<n>` under the temporary directory.
+    pub fn new(tag: &str) -> TlsDir {
+        TlsDir(super::fresh_dir(tag))
+    }
+}
+
+impl std::ops::Deref for TlsDir {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TlsDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// A certificate and its key, as PEM files.
 #[derive(Clone, Debug)]
 pub struct CertFiles {
