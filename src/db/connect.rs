@@ -1,6 +1,7 @@
 //! Reaching the database: the flags that name it, a URL that never prints
 //! its password, and a start-up connection that fails at once, naming where
-//! it tried and why, instead of waiting out a pool timeout.
+//! it tried and why, instead of waiting out a pool timeout, and says
+//! whether it is encrypted and verified.
 
 use std::fmt;
 use std::str::FromStr;
@@ -10,6 +11,7 @@ use sqlx::pool::PoolOptions;
 use sqlx::{ConnectOptions, Database};
 
 use super::DbError;
+use super::tls::{self, TlsMode, TlsSettings, WithTls};
 use crate::flags::parse_duration;
 
 /// How long one start-up connection attempt may take before it is reported.
@@ -21,7 +23,7 @@ const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 /// The database flags of `run` and `migrate`.
 #[derive(clap::Args, Clone, Debug)]
 pub struct DatabaseArgs {
-    /// URL of the primary, postgres:// or mysql:// / mariadb:// (MySQL 8, MariaDB): re-reads, claims and every write [required, no default].
+    /// URL of the primary, postgres:// or mysql:// / mariadb:// (MySQL 8, MariaDB): re-reads, claims and every write; TLS as libpq (sslmode, sslrootcert, sslcert, sslkey) or the MySQL client (ssl-mode, ssl-ca, ssl-cert, ssl-key) read it, default prefer / PREFERRED [required, no default].
     #[arg(long, env = "AUTOAPPROVAL_DATABASE_URL", hide_env_values = true, value_parser = DatabaseUrlParser)]
     pub database_url: DatabaseUrl,
     /// URL of a read replica for the candidate queries, of the primary's kind [default: the primary].
@@ -51,26 +53,40 @@ pub struct SessionArgs {
 
 // === impl DatabaseUrl ===
 
-/// A `postgres://`, `mysql://` or `mariadb://` URL, checked when parsed; `Display` and `Debug` show it
-/// with the password replaced by `***`, so it can be logged and reported.
+/// A `postgres://`, `mysql://` or `mariadb://` URL, checked when parsed (its TLS settings
+/// too, see `db::tls`); `Display` and `Debug` show it with the password replaced by `***`, so it
+/// can be logged and reported.
 #[derive(Clone, PartialEq, Eq)]
 pub struct DatabaseUrl {
     url: String,
     shown: String,
+    /// The URL without its TLS parameters, for the driver's parser; the
+    /// settings go to the driver from `tls`.
+    connect: String,
+    /// The TLS settings it names, resolved.
+    tls: TlsSettings,
     /// The password as given, in the userinfo or the query: masked in any
     /// text about the URL (a driver's error may quote it).
     secrets: Vec<String>,
 }
 
 impl DatabaseUrl {
-    /// The URL itself, for the one place that connects with it.
+    /// The URL itself, as given.
+    #[cfg(test)]
     pub(super) fn expose(&self) -> &str {
         &self.url
     }
 
+    /// The TLS settings this URL names.
+    pub fn tls(&self) -> &TlsSettings {
+        &self.tls
+    }
+
     /// `text` (a driver's message about this URL) with its password masked.
     pub(super) fn redact(&self, text: &str) -> String {
-        let mut text = text.replace(&self.url, &self.shown);
+        let mut text = text
+            .replace(&self.url, &self.shown)
+            .replace(&self.connect, &self.shown);
         for secret in &self.secrets {
             text = text.replace(secret.as_str(), "***");
         }
@@ -98,6 +114,9 @@ impl FromStr for DatabaseUrl {
                 parsed.scheme()
             ));
         }
+        let is_mysql = matches!(parsed.scheme(), "mysql" | "mariadb");
+        let split = tls::split(&parsed, is_mysql, &|var| std::env::var(var).ok())
+            .map_err(|refused| refused.to_string())?;
         let mut secrets = Vec::new();
         if let Some(password) = parsed.password() {
             secrets.push(password.to_owned());
@@ -126,6 +145,8 @@ impl FromStr for DatabaseUrl {
         Ok(Self {
             url: s.to_owned(),
             shown: parsed.to_string(),
+            connect: split.rest,
+            tls: split.settings,
             secrets,
         })
     }
@@ -188,22 +209,45 @@ pub(super) fn pool_options<DB: Database>(max_connections: u32) -> PoolOptions<DB
         .acquire_timeout(ACQUIRE_TIMEOUT)
 }
 
+/// A session's transport as its server reports it (PostgreSQL's
+/// `pg_stat_ssl`, MySQL's `Ssl_version` and `Ssl_cipher`).
+pub(super) trait SessionTls {
+    /// The TLS version and cipher of this session; `None` when it is plaintext.
+    fn session_tls(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<(String, String)>, sqlx::Error>> + Send;
+}
+
 /// One connection to `url`, opened and closed: the options it was made
-/// with, or why it could not be made, in the driver's own words with the
-/// password masked.
-pub(super) async fn reach<O>(role: &'static str, url: &DatabaseUrl) -> Result<O, DbError>
+/// with (its TLS settings in force, see `db::tls`), or why it could not be
+/// made, in the driver's own words with the password masked. `uses` says
+/// what the connection serves, for the start-up log of its encryption.
+pub(super) async fn reach<O>(
+    role: &'static str,
+    uses: &'static str,
+    url: &DatabaseUrl,
+) -> Result<O, DbError>
 where
-    O: ConnectOptions + FromStr<Err = sqlx::Error>,
-    O::Connection: Sized,
+    O: ConnectOptions + FromStr<Err = sqlx::Error> + WithTls,
+    O::Connection: Sized + SessionTls,
 {
-    let refused = |reason: String| DbError::Connect {
-        role,
-        url: url.to_string(),
-        reason: url.redact(&reason),
+    let refused = |reason: String| {
+        let reason = match tls::explain(&reason, &url.tls) {
+            Some(words) => format!("{words}: {reason}"),
+            None => reason,
+        };
+        DbError::Connect {
+            role,
+            url: url.to_string(),
+            reason: url.redact(&reason),
+        }
     };
-    let options = O::from_str(url.expose()).map_err(|e| refused(e.to_string()))?;
+    let options = O::from_str(&url.connect)
+        .map_err(|e| refused(e.to_string()))?
+        .with_tls(&url.tls);
     match tokio::time::timeout(CONNECT_TIMEOUT, options.connect()).await {
-        Ok(Ok(connection)) => {
+        Ok(Ok(mut connection)) => {
+            report_tls(role, uses, url, connection.session_tls().await);
             // Closing is best effort: the pool opens its own connections.
             let _ = sqlx::Connection::close(connection).await;
             Ok(options)
@@ -213,6 +257,34 @@ where
             "no answer within {} s",
             CONNECT_TIMEOUT.as_secs()
         ))),
+    }
+}
+
+/// Logs whether the connection to `url` is encrypted and what of the
+/// server was verified: a warning when it is plaintext or unverified.
+fn report_tls(
+    role: &'static str,
+    uses: &'static str,
+    url: &DatabaseUrl,
+    session: Result<Option<(String, String)>, sqlx::Error>,
+) {
+    let settings = &url.tls;
+    let mode = settings.spelled.as_str();
+    let verified = settings.mode.verified();
+    match session {
+        Ok(Some((tls_version, cipher))) if settings.mode == TlsMode::VerifyFull => {
+            tracing::info!(connection = role, uses, %url, mode, encrypted = true, verified, tls_version, cipher, "database connection is encrypted and its server verified");
+        }
+        Ok(Some((tls_version, cipher))) => {
+            tracing::warn!(connection = role, uses, %url, mode, encrypted = true, verified, tls_version, cipher, "database connection is encrypted but its server is not fully verified: sslmode=verify-full (ssl-mode=VERIFY_IDENTITY) with the server's CA checks it");
+        }
+        Ok(None) => {
+            tracing::warn!(connection = role, uses, %url, mode, encrypted = false, verified, "database connection is NOT encrypted: the password and the data travel in clear");
+        }
+        Err(error) => {
+            let error = url.redact(&error.to_string());
+            tracing::warn!(connection = role, uses, %url, mode, verified, %error, "cannot read whether the database connection is encrypted");
+        }
     }
 }
 
@@ -254,13 +326,21 @@ mod tests {
     #[test]
     fn a_password_in_the_query_is_masked_too() {
         let url: DatabaseUrl =
-            "postgres://app@db:5432/x?sslmode=require&password=hunter2&sslpassword=s3cret"
+            "postgres://app@db:5432/x?sslmode=require&password=hunter2&passwd=s3cret"
                 .parse()
                 .unwrap();
         let shown = url.to_string();
         assert_eq!(
             shown,
-            "postgres://app@db:5432/x?sslmode=require&password=***&sslpassword=***"
+            "postgres://app@db:5432/x?sslmode=require&password=***&passwd=***"
+        );
+        // sslpassword is refused (no encrypted keys), naming it, not its value.
+        let refused = "postgres://app@db/x?sslpassword=s3cret"
+            .parse::<DatabaseUrl>()
+            .unwrap_err();
+        assert!(
+            refused.contains("sslpassword") && !refused.contains("s3cret"),
+            "{refused}"
         );
         assert_eq!(format!("{url:?}"), shown);
         let mysql: DatabaseUrl = "mysql://app:pw1@db/x?PASSWORD=pw2".parse().unwrap();

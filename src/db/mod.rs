@@ -67,6 +67,7 @@ mod recovery;
 mod rows;
 mod schema;
 mod shadow;
+mod tls;
 
 use candidates::Candidates;
 use census::CensusQueries;
@@ -91,6 +92,7 @@ pub use recovery::CleanseReport;
 pub use rows::RequestStatusRow;
 pub use schema::{MigrationSet, SchemaReport};
 pub use shadow::{ShadowOutcome, ShadowRecord, WouldDecision};
+pub use tls::{TlsMode, TlsSettings};
 
 /// Errors from the store.
 #[derive(Debug, thiserror::Error)]

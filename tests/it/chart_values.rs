@@ -1,9 +1,9 @@
 //! The chart's escape hatches an operator expects (issue 36): the image by digest, the log
 //! filter, extra env / envFrom / args, image pull Secrets, a PodMonitor or a ServiceMonitor only
 //! where its CRD is served, the CRD as a kept template, ClusterRoles aggregated into view / edit /
-//! admin, a NetworkPolicy egress preset and the `helm test` image pinned by digest. Each is
-//! rendered by the real helm and checked where an operator would look, and a bad value of each is
-//! refused by name.
+//! admin, a NetworkPolicy egress preset and the `helm test` image pinned by digest; the
+//! certificates of `tls.volumes` (issue 43). Each is rendered by the real helm and checked where an
+//! operator would look, and a bad value of each is refused by name.
 
 use std::process::{Command, Output};
 
@@ -54,6 +54,20 @@ fn every_new_value(namespace: &str) -> String {
             "networkPolicy.egressPreset.apiServer.to[0].ipBlock.cidr=172.18.0.2/32",
             "--set",
             "networkPolicy.egress[0].ports[0].port=4318",
+            "--set",
+            "tls.volumes[0].name=db",
+            "--set",
+            "tls.volumes[0].secret=db-tls",
+            "--set",
+            "tls.volumes[1].name=rds-ca",
+            "--set",
+            "tls.volumes[1].configMap=rds-ca-bundle",
+            "--set",
+            "tls.volumes[1].items[0].key=global-bundle.pem",
+            "--set",
+            "tls.volumes[1].items[0].path=ca.pem",
+            "--set",
+            "tls.volumes[1].defaultMode=292",
         ],
     );
     stdout_of(cmd, "helm template with every new value")
@@ -501,6 +515,126 @@ fn the_egress_preset_allows_dns_the_database_the_api_server_and_the_external_sys
     assert!(spec["egress"].is_null());
 }
 
+/// The volume mounts of `container`, by volume name: (mount path, read-only).
+fn mounts(container: &Value) -> Vec<(String, String, bool)> {
+    container["volumeMounts"]
+        .as_array()
+        .map(|mounts| {
+            mounts
+                .iter()
+                .map(|m| {
+                    (
+                        m["name"].as_str().unwrap_or_default().to_owned(),
+                        m["mountPath"].as_str().unwrap_or_default().to_owned(),
+                        m["readOnly"] == true,
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn tls_volumes_are_mounted_read_only_into_the_controller_the_migration_job_and_the_init_container()
+{
+    let tls = [
+        "--set",
+        "tls.volumes[0].name=db",
+        "--set",
+        "tls.volumes[0].secret=db-tls",
+        "--set",
+        "tls.volumes[1].name=rds-ca",
+        "--set",
+        "tls.volumes[1].configMap=rds-ca-bundle",
+        "--set",
+        "tls.volumes[1].items[0].key=global-bundle.pem",
+        "--set",
+        "tls.volumes[1].items[0].path=ca.pem",
+        "--set",
+        "extraVolumes[0].name=kubeconfig",
+        "--set",
+        "extraVolumes[0].secret.secretName=kc",
+        "--set",
+        "extraVolumeMounts[0].name=kubeconfig",
+        "--set",
+        "extraVolumeMounts[0].mountPath=/etc/kubeconfig",
+    ];
+    let expected = [
+        (
+            "tls-db".to_owned(),
+            "/etc/autoapproval/tls/db".to_owned(),
+            true,
+        ),
+        (
+            "tls-rds-ca".to_owned(),
+            "/etc/autoapproval/tls/rds-ca".to_owned(),
+            true,
+        ),
+    ];
+    let check_volumes = |spec: &Value, what: &str| {
+        let volumes = spec["volumes"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{what}: volumes"));
+        let by_name = |name: &str| {
+            volumes
+                .iter()
+                .find(|v| v["name"] == name)
+                .unwrap_or_else(|| panic!("{what}: volume {name}: {volumes:?}"))
+        };
+        assert_eq!(
+            by_name("tls-db")["secret"]["secretName"],
+            "db-tls",
+            "{what}"
+        );
+        let ca = by_name("tls-rds-ca");
+        assert_eq!(ca["configMap"]["name"], "rds-ca-bundle", "{what}");
+        assert_eq!(
+            ca["configMap"]["items"],
+            json!([{"key": "global-bundle.pem", "path": "ca.pem"}]),
+            "{what}"
+        );
+    };
+
+    // With Helm: the hook Job migrates; the controller pods mount the same folders.
+    let objects = render(&tls);
+    let controller = mounts(container(&objects, "Deployment"));
+    assert_eq!(
+        controller[..2],
+        expected,
+        "the controller mounts tls.volumes first"
+    );
+    assert!(
+        controller.iter().any(|(name, _, _)| name == "kubeconfig"),
+        "extraVolumeMounts stay: {controller:?}"
+    );
+    check_volumes(pod_spec(&objects, "Deployment"), "Deployment");
+    assert!(
+        pod_spec(&objects, "Deployment")["volumes"]
+            .as_array()
+            .is_some_and(|v| v.iter().any(|v| v["name"] == "kubeconfig")),
+        "extraVolumes stay"
+    );
+    assert_eq!(
+        mounts(container(&objects, "Job")),
+        expected,
+        "the migration Job"
+    );
+    check_volumes(pod_spec(&objects, "Job"), "Job");
+
+    // Without Helm's hooks, the init container migrates in the controller's pod.
+    let mut plain = tls.to_vec();
+    plain.extend(["--set", "helmHooks=false"]);
+    let objects = render(&plain);
+    let init = &pod_spec(&objects, "Deployment")["initContainers"][0];
+    assert_eq!(init["name"], "migrate");
+    assert_eq!(mounts(init), expected, "the init container");
+
+    // By default nothing is mounted.
+    let objects = render(&[]);
+    assert!(container(&objects, "Deployment")["volumeMounts"].is_null());
+    assert!(pod_spec(&objects, "Job")["volumes"].is_null());
+}
+
 #[test]
 fn the_helm_test_image_is_pinned_by_digest() {
     let objects = render(&[]);
@@ -587,6 +721,31 @@ fn a_bad_value_of_each_new_kind_is_refused_by_name() {
             "a test image by tag only",
             "tests.image=busybox:1.37",
             "at '/tests/image'",
+        ),
+        (
+            "a certificate volume without a source",
+            "tls.volumes[0].name=db",
+            "at '/tls/volumes/0'",
+        ),
+        (
+            "a certificate volume with two sources",
+            "tls.volumes[0].name=db,tls.volumes[0].secret=a,tls.volumes[0].configMap=b",
+            "at '/tls/volumes/0'",
+        ),
+        (
+            "a folder name that is not a DNS label",
+            "tls.volumes[0].name=Db_Ca,tls.volumes[0].secret=a",
+            "at '/tls/volumes/0/name'",
+        ),
+        (
+            "a misspelt certificate volume key",
+            "tls.volumes[0].name=db,tls.volumes[0].secret=a,tls.volumes[0].mountPath=/x",
+            "'mountPath' not allowed",
+        ),
+        (
+            "one folder twice",
+            "tls.volumes[0].name=db,tls.volumes[0].secret=a,tls.volumes[1].name=db,tls.volumes[1].configMap=b",
+            "tls.volumes: the name \"db\" is given twice",
         ),
     ];
     for (what, bad, named) in cases {

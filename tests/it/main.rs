@@ -45,6 +45,7 @@ mod shadow;
 mod shutdown;
 mod status;
 mod support;
+mod tls_database;
 mod tls_external;
 mod traces;
 mod upgrade;

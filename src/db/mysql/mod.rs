@@ -117,12 +117,16 @@ impl MysqlStore {
     ) -> Result<Self, DbError> {
         let max = config.db_max_connections;
         let primary = pool(
-            connect::reach("primary", &config.database_url).await?,
+            connect::reach("primary", PRIMARY_USES, &config.database_url).await?,
             max,
             session,
         );
         let read = match &config.read_database_url {
-            Some(url) => pool(connect::reach("read replica", url).await?, max, session),
+            Some(url) => pool(
+                connect::reach("read replica", "candidate queries", url).await?,
+                max,
+                session,
+            ),
             None => primary.clone(),
         };
         let mut store = Self::new(primary, read).with_poll_interval(config.wake_poll_interval);
@@ -159,6 +163,28 @@ impl MysqlStore {
 
     async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, MySql>, DbError> {
         self.primary.begin().await.map_err(db(operation))
+    }
+}
+
+/// What the primary's settings serve: every pool made from its options
+/// (`dedicated`) has the same TLS.
+const PRIMARY_USES: &str = "re-reads, claims, writes, migrations, the Lease loop, the wake poller";
+
+impl connect::SessionTls for sqlx::MySqlConnection {
+    async fn session_tls(&mut self) -> Result<Option<(String, String)>, sqlx::Error> {
+        // Empty values on a plaintext session; MySQL 8 and MariaDB alike.
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SHOW SESSION STATUS WHERE Variable_name IN ('Ssl_version', 'Ssl_cipher')",
+        )
+        .fetch_all(self)
+        .await?;
+        let value = |name: &str| {
+            rows.iter()
+                .find(|(n, _)| n.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.clone())
+                .filter(|v| !v.is_empty())
+        };
+        Ok(value("Ssl_version").zip(value("Ssl_cipher")))
     }
 }
 

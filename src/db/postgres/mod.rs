@@ -82,10 +82,12 @@ impl PgStore {
             None => options,
         };
         let primary = pool(limited(
-            connect::reach("primary", &config.database_url).await?,
+            connect::reach("primary", PRIMARY_USES, &config.database_url).await?,
         ));
         let read = match &config.read_database_url {
-            Some(url) => pool(limited(connect::reach("read replica", url).await?)),
+            Some(url) => pool(limited(
+                connect::reach("read replica", "candidate queries", url).await?,
+            )),
             None => primary.clone(),
         };
         Ok(Self {
@@ -116,6 +118,21 @@ impl PgStore {
 
     async fn begin(&self, operation: &'static str) -> Result<Transaction<'_, Postgres>, DbError> {
         self.primary.begin().await.map_err(db(operation))
+    }
+}
+
+/// What the primary's settings serve: every pool and connection made
+/// from its options (`dedicated`, the listener) has the same TLS.
+const PRIMARY_USES: &str =
+    "re-reads, claims, writes, migrations, the Lease loop, the NOTIFY listener";
+
+impl connect::SessionTls for sqlx::PgConnection {
+    async fn session_tls(&mut self) -> Result<Option<(String, String)>, sqlx::Error> {
+        sqlx::query_as(
+            "SELECT version, cipher FROM pg_stat_ssl WHERE pid = pg_backend_pid() AND ssl",
+        )
+        .fetch_optional(self)
+        .await
     }
 }
 

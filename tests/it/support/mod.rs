@@ -13,6 +13,8 @@
 //!   kubeconfig for it;
 //! - `tls`: a CA the test makes, certificates it signs, files written as the kubelet writes a
 //!   Secret's, and the simulator over HTTPS;
+//! - `tls_db`: a CA the test makes, its certificates, and dedicated PostgreSQL and MariaDB servers
+//!   that speak only TLS;
 //! - `tools`: the real kubectl and helm against one test API server.
 
 pub mod chart;
@@ -24,6 +26,7 @@ pub mod kubelet;
 pub mod processes;
 pub mod rows;
 pub mod tls;
+pub mod tls_db;
 pub mod tools;
 
 pub use chart::*;
@@ -34,4 +37,6 @@ pub use engine::*;
 pub use kubelet::*;
 pub use processes::*;
 pub use rows::*;
+pub use tls::*;
+pub use tls_db::*;
 pub use tools::*;

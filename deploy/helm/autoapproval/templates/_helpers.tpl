@@ -133,6 +133,50 @@ owns what migrate creates and the controller's role nothing (docs/INTEGRATING.md
     {{- toYaml .Values.migrations.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- with include "autoapproval.tlsVolumeMounts" . | trim }}
+  volumeMounts:
+    {{- . | nindent 4 }}
+  {{- end }}
+{{- end }}
+
+{{/*
+The certificates of tls.volumes (CA bundles, client certificates and keys): each Secret or
+ConfigMap a read-only volume `tls-<name>`, mounted at /etc/autoapproval/tls/<name>/ in every
+container that connects (the controller, the migration Job's migrate and check, the init container), its keys as
+files. The drivers read the files at each new connection, so a rotated Secret needs no restart.
+*/}}
+{{- define "autoapproval.tlsVolumes" -}}
+{{- $seen := dict }}
+{{- range .Values.tls.volumes }}
+{{- if hasKey $seen .name }}
+{{- fail (printf "tls.volumes: the name %q is given twice (each is a folder under /etc/autoapproval/tls/)" .name) }}
+{{- end }}
+{{- $_ := set $seen .name true }}
+- name: tls-{{ .name }}
+  {{- if .secret }}
+  secret:
+    secretName: {{ .secret | quote }}
+  {{- else }}
+  configMap:
+    name: {{ .configMap | quote }}
+  {{- end }}
+    {{- with .items }}
+    items:
+      {{- toYaml . | nindent 6 }}
+    {{- end }}
+    {{- if hasKey . "defaultMode" }}
+    defaultMode: {{ .defaultMode }}
+    {{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The mounts of tls.volumes: /etc/autoapproval/tls/<name>/, read-only. */}}
+{{- define "autoapproval.tlsVolumeMounts" -}}
+{{- range .Values.tls.volumes }}
+- name: tls-{{ .name }}
+  mountPath: /etc/autoapproval/tls/{{ .name }}
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{/*
@@ -168,6 +212,10 @@ lines become the pod's termination message, kept after the logs are gone.
     {{- toYaml .Values.migrations.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
+  {{- with include "autoapproval.tlsVolumeMounts" . | trim }}
+  volumeMounts:
+    {{- . | nindent 4 }}
+  {{- end }}
 {{- end }}
 
 {{/*
