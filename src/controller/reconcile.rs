@@ -14,11 +14,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::cached::{CachedAutoApproval, CachedStatus, digest};
+use super::cached::{CachedAutoApproval, CachedStatus};
 use super::crd::{
     ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
 };
-use super::status::{Observed, project};
+use super::status::{Observed, project, same_outcome};
 use crate::approval::{Approver, AttemptOutcome};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
@@ -450,13 +450,18 @@ impl Reconcile<'_> {
                     reason: Some(reason.clone()),
                     holder: Some(self.ctx.shards.identity().to_owned()),
                 };
-                self.write(view).await?;
-                let note = format!(
-                    "{step}: {reason} (retry {retry_count} at {})",
-                    next_retry_time.to_rfc3339()
-                );
-                self.event(EventType::Normal, "RetryScheduled", "Retry", note)
-                    .await;
+                // A retry with the outcome the CR shows writes nothing and
+                // publishes nothing: the write budget at rest.
+                if self.write(view).await? {
+                    let note = format!(
+                        "{step}: {reason} (retry {retry_count} at {})",
+                        next_retry_time.to_rfc3339()
+                    );
+                    self.event(EventType::Normal, "RetryScheduled", "Retry", note)
+                        .await;
+                } else {
+                    self.ctx.metrics.event_skipped("RetryScheduled");
+                }
                 Ok(Action::requeue(until(
                     next_retry_time,
                     self.ctx.clock.now(),
@@ -513,7 +518,11 @@ impl Reconcile<'_> {
         tokio::pin!(attempt);
         let outcome = tokio::select! {
             outcome = &mut attempt => outcome,
-            () = tokio::time::sleep(self.ctx.settings.in_progress_after) => {
+            // A retry of a waiting request is not shown InProgress: that
+            // would be two writes per retry at rest (InProgress, then the
+            // same RetryWaiting again). The CR keeps its last outcome.
+            () = tokio::time::sleep(self.ctx.settings.in_progress_after),
+                if self.cr.phase() != Some(Phase::RetryWaiting) => {
                 let view = Observed {
                     holder: Some(self.ctx.shards.identity().to_owned()),
                     ..Observed::phase(Phase::InProgress, None)
@@ -641,8 +650,8 @@ impl Reconcile<'_> {
         }
     }
 
-    /// Writes the status when it differs from what the CR shows; true when
-    /// it wrote. A CR deleted meanwhile is not an error: the DB has the
+    /// Writes the status when its outcome differs from what the CR shows
+    /// ([`same_outcome`]); true when it wrote. A CR deleted meanwhile is not an error: the DB has the
     /// outcome and discovery recreates the CR if there is work left.
     async fn write(&self, observed: Observed) -> Result<bool, ReconcileError> {
         let previous = self.cr.status.as_deref();
@@ -660,10 +669,12 @@ impl Reconcile<'_> {
         {
             status.last_retry_request = Some(ack);
         }
-        let (before, after) = (previous.map(|p| p.digest), digest(&status));
-        if before == Some(after) {
+        let phase = observed.phase.as_str();
+        if same_outcome(previous, &status) {
+            self.ctx.metrics.status_write(phase, "skipped");
             return Ok(false);
         }
+        let before = previous.map(|p| p.digest);
         let name = self.cr.name_any();
         let patch = serde_json::json!({
             "apiVersion": AutoApproval::api_version(&()),
@@ -678,6 +689,7 @@ impl Reconcile<'_> {
             .await
         {
             Ok(_) => {
+                self.ctx.metrics.status_write(phase, "written");
                 self.remember(before, &status);
                 Ok(true)
             }

@@ -64,6 +64,7 @@ mod notify;
 mod pause;
 pub mod postgres;
 mod recovery;
+mod retention;
 mod rows;
 mod schema;
 
@@ -86,6 +87,7 @@ pub use ledger::Memo;
 pub use notify::RequestChange;
 pub use pause::Pause;
 pub use recovery::CleanseReport;
+pub use retention::{AbandonedQuery, RowsCollected};
 pub use rows::RequestStatusRow;
 pub use schema::{MigrationSet, SchemaReport};
 
