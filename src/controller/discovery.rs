@@ -65,6 +65,8 @@ pub struct DiscoveryConfig {
     pub turn: TurnConfig,
     /// Retries at or beyond this are not selected.
     pub retry_limit: i32,
+    /// The CR of an abandoned request deleted is not put back.
+    pub abandoned: super::gc::Abandonment,
 }
 
 /// Errors that stop one discovery turn (the loop goes on).
@@ -418,12 +420,31 @@ impl Discovery {
         self.store.candidates_among(request_ids, &query).await
     }
 
+    /// The abandoned requests among `request_ids` (the garbage collector
+    /// deleted their CRs on purpose); none when the database cannot tell
+    /// (logged): a CR put back is collected again.
+    async fn abandoned_among(&self, request_ids: &[i64]) -> std::collections::HashSet<i64> {
+        let query = self.settings.abandoned.query(self.clock.now());
+        match self.store.abandoned_among(request_ids, &query).await {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(error) => {
+                warn!(%error, "cannot tell whether deleted AutoApprovals were abandoned");
+                std::collections::HashSet::new()
+            }
+        }
+    }
+
     /// Puts back the CRs of deleted AutoApprovals whose request is still
-    /// open; a finished or unknown request's CR stays deleted.
+    /// open and not abandoned; a finished, unknown or abandoned request's CR
+    /// stays deleted (an abandoned one comes back once it is a candidate).
     async fn restore(&self, request_ids: &[i64]) {
         let workable = self.workable();
+        let abandoned = self.abandoned_among(request_ids).await;
         for &request_id in request_ids {
-            if !workable(request_id) || self.cache.get(&self.key(request_id)).is_some() {
+            if !workable(request_id)
+                || self.cache.get(&self.key(request_id)).is_some()
+                || abandoned.contains(&request_id)
+            {
                 continue;
             }
             let request = match self.store.request(request_id).await {

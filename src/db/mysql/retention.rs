@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{CHUNK, MysqlStore, db, placeholders};
-use crate::db::retention::{AbandonedQuery, BATCH, Retention, RowsCollected};
 use crate::db::DbError;
+use crate::db::retention::{AbandonedQuery, BATCH, Retention, RowsCollected};
 
 /// A request still needed by a row of ours: open, or decided less than
 /// `?` microseconds ago. `{table}` is the row's table.

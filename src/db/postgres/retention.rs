@@ -4,8 +4,8 @@
 use std::time::Duration;
 
 use super::{PgStore, db};
-use crate::db::retention::{AbandonedQuery, BATCH, Retention, RowsCollected};
 use crate::db::DbError;
+use crate::db::retention::{AbandonedQuery, BATCH, Retention, RowsCollected};
 
 const ABANDONED: &str = "\
 SELECT r.id
