@@ -84,6 +84,9 @@ pub struct Metrics {
     notify_wakeups: Counter,
     crs_created: Counter,
     events: Family<ReasonLabel, Counter>,
+    events_skipped: Family<ReasonLabel, Counter>,
+    status_writes: Family<StatusWriteLabels, Counter>,
+    rows_collected: Family<TableLabel, Counter>,
     shards_held: Gauge,
     leader: Gauge,
     shard_acquisitions: Family<KindLabel, Counter>,
@@ -156,6 +159,17 @@ struct ShadowLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct KindLabel {
     kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StatusWriteLabels {
+    phase: String,
+    outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TableLabel {
+    table: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -289,6 +303,24 @@ impl Metrics {
             "events",
             "Kubernetes Events published by reason",
             events.clone(),
+        );
+        let events_skipped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "events_skipped",
+            "Kubernetes Events not published because they repeated the outcome the CR shows, by reason",
+            events_skipped.clone(),
+        );
+        let status_writes = Family::<StatusWriteLabels, Counter>::default();
+        registry.register(
+            "status_writes",
+            "AutoApproval status writes by phase: outcome=written, or skipped (the CR already showed that outcome)",
+            status_writes.clone(),
+        );
+        let rows_collected = Family::<TableLabel, Counter>::default();
+        registry.register(
+            "rows_collected",
+            "Rows of our tables deleted by the garbage collector's retention pass, by table",
+            rows_collected.clone(),
         );
         let shards_held = Gauge::default();
         registry.register(
@@ -501,6 +533,9 @@ impl Metrics {
             notify_wakeups,
             crs_created,
             events,
+            events_skipped,
+            status_writes,
+            rows_collected,
             candidates,
             claims,
             outcomes,
@@ -657,6 +692,34 @@ impl Metrics {
                 reason: reason.into(),
             })
             .inc();
+    }
+
+    /// Counts an Event not published: it repeated the outcome shown.
+    pub fn event_skipped(&self, reason: &str) {
+        self.events_skipped
+            .get_or_create(&ReasonLabel {
+                reason: reason.into(),
+            })
+            .inc();
+    }
+
+    /// Counts a status write of `phase`, `outcome` written or skipped.
+    pub fn status_write(&self, phase: &str, outcome: &str) {
+        self.status_writes
+            .get_or_create(&StatusWriteLabels {
+                phase: phase.into(),
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+
+    /// Counts rows of `table` deleted by the retention pass.
+    pub fn rows_collected(&self, table: &str, rows: u64) {
+        self.rows_collected
+            .get_or_create(&TableLabel {
+                table: table.into(),
+            })
+            .inc_by(rows);
     }
 
     /// Records the coordination state: shards held and leadership.

@@ -21,6 +21,7 @@ use serde::Deserialize;
 use super::crd::{
     AutoApproval, AutoApprovalSpec, AutoApprovalStatus, Phase, RETRY_ANNOTATION, annotation_field,
 };
+use super::status::outcome_digest;
 
 /// The conditions the controller writes, in the order it writes them.
 pub const CONDITION_TYPES: [&str; 3] = ["Ready", "Approved", "Stalled"];
@@ -80,6 +81,8 @@ pub struct CachedStatus {
     pub conditions: [Option<Transition>; 3],
     /// Digest of the whole status, as [`digest`] computes it.
     pub digest: u64,
+    /// Digest of its outcome, as [`outcome_digest`] computes it.
+    pub outcome: u64,
 }
 
 impl CachedStatus {
@@ -106,6 +109,7 @@ impl CachedStatus {
             would_approve_at: status.would_approve_at,
             conditions,
             digest: digest(status),
+            outcome: outcome_digest(status),
         }
     }
 

@@ -13,7 +13,7 @@ use crate::flags::{format_duration, parse_duration};
 use crate::retry::RetryPolicy;
 
 use super::discovery::DiscoveryConfig;
-use super::gc::GcConfig;
+use super::gc::{Abandonment, GcConfig};
 use super::reconcile::ReconcileConfig;
 use crate::census::CensusConfig;
 use crate::coordination::CoordinationConfig;
@@ -125,6 +125,9 @@ pub struct ControllerArgs {
     /// How long the CR of a finished request stays before it is deleted.
     #[arg(long, env = "AUTOAPPROVAL_FINISHED_TTL", default_value = "1h", value_parser = parse_duration)]
     pub finished_ttl: Duration,
+    /// The CR of an open request no longer worked (Exhausted, or sorted out of --window) and unchanged this long is deleted: its state stays in the database and the CR comes back once the request is a candidate again. The recorded bodies and pauses of a request decided this long ago are deleted too.
+    #[arg(long, env = "AUTOAPPROVAL_ABANDONED_AFTER", default_value = "7d", value_parser = parse_duration)]
+    pub abandoned_after: Duration,
     /// A chain running longer than this shows InProgress on its CR.
     #[arg(long, env = "AUTOAPPROVAL_IN_PROGRESS_AFTER", default_value = "1s", value_parser = parse_duration)]
     pub in_progress_after: Duration,
@@ -349,6 +352,11 @@ impl ControllerArgs {
             ));
         }
         let window = positive("--window", self.window)?;
+        let abandonment = Abandonment {
+            after: bounded("--abandoned-after", self.abandoned_after)?,
+            window,
+            retry_limit: self.retry_limit,
+        };
         let fleet = match &self.fleet {
             Some(fleet) => checked_fleet(fleet)?,
             None => namespace.clone(),
@@ -389,6 +397,7 @@ impl ControllerArgs {
                     concurrency: usize::from(self.concurrency),
                 },
                 retry_limit: self.retry_limit,
+                abandoned: abandonment.clone(),
             },
             reconcile: ReconcileConfig::new(bounded(
                 "--in-progress-after",
@@ -403,6 +412,7 @@ impl ControllerArgs {
             gc: GcConfig {
                 interval: positive("--gc-interval", self.gc_interval)?,
                 finished_ttl: bounded("--finished-ttl", self.finished_ttl)?,
+                abandoned: abandonment.clone(),
             },
             census: CensusConfig {
                 interval: census_interval,
@@ -449,6 +459,7 @@ mod tests {
         assert_eq!(d.coordination.renew_deadline, Duration::from_secs(10));
         assert_eq!(d.coordination.retry_period, Duration::from_secs(2));
         assert_eq!(d.gc.finished_ttl, Duration::from_secs(3600));
+        assert_eq!(d.gc.abandoned.after, Duration::from_secs(7 * 86_400));
         assert_eq!(d.approver.processing_timeout, Duration::from_secs(120));
         assert_eq!(d.census.interval, Duration::from_secs(15));
         let parsed = settings(&[]).unwrap();
@@ -500,6 +511,7 @@ mod tests {
             (&["--window", "99999999d"], "--window"),
             (&["--api-liveness-timeout", "10s"], "--api-liveness-timeout"),
             (&["--finished-ttl", "36501d"], "--finished-ttl"),
+            (&["--abandoned-after", "36501d"], "--abandoned-after"),
             (&["--census-interval", "0"], "--census-interval"),
             (&["--census-interval", "500ms"], "--census-interval"),
             (&["--fleet", ""], "--fleet"),

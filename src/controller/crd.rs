@@ -38,10 +38,9 @@ pub const FIELD_MANAGER: &str = "autoapproval";
     printcolumn = r#"{"name":"Request","type":"integer","jsonPath":".spec.requestId"}"#,
     printcolumn = r#"{"name":"Type","type":"string","jsonPath":".spec.requestType"}"#,
     printcolumn = r#"{"name":"Phase","type":"string","jsonPath":".status.phase"}"#,
-    printcolumn = r#"{"name":"Retries","type":"integer","jsonPath":".status.retryCount"}"#,
+    printcolumn = r#"{"name":"Since","type":"date","jsonPath":".status.since"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#,
     printcolumn = r#"{"name":"Step","type":"string","priority":1,"jsonPath":".status.step"}"#,
-    printcolumn = r#"{"name":"Next Retry","type":"string","priority":1,"jsonPath":".status.nextRetryTime"}"#,
     printcolumn = r#"{"name":"Holder","type":"string","priority":1,"jsonPath":".status.holder"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.lastReason"}"#,
     printcolumn = r#"{"name":"Retry Asked","type":"string","priority":1,"jsonPath":".status.lastRetryRequest"}"#
@@ -100,18 +99,26 @@ pub struct AutoApprovalStatus {
     /// The processor the request last reached.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub step: Option<String>,
-    /// Retries so far.
+    /// Retries when the outcome last changed (`since`); retries with the
+    /// same outcome are not written: the database keeps the live count
+    /// (`autoapproval request show ID`).
     #[serde(default)]
     pub retry_count: i32,
-    /// When a waiting request is due again.
+    /// The retry scheduled when the outcome last changed (`since`); later
+    /// retries with the same outcome are not written: the database keeps the
+    /// schedule (`autoapproval request show ID`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub next_retry_time: Option<DateTime<Utc>>,
     /// Why the request last had to wait, or why it ended.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_reason: Option<String>,
-    /// The replica that holds or last held the claim.
+    /// The replica that made the last change of outcome.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<String>,
+    /// When the outcome (phase, step, reason, conditions) last changed:
+    /// what this status shows is true since then, retried or not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<DateTime<Utc>>,
     /// The generation this status describes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

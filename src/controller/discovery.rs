@@ -65,6 +65,8 @@ pub struct DiscoveryConfig {
     pub turn: TurnConfig,
     /// Retries at or beyond this are not selected.
     pub retry_limit: i32,
+    /// The CR of an abandoned request deleted is not put back.
+    pub abandoned: super::gc::Abandonment,
 }
 
 /// Errors that stop one discovery turn (the loop goes on).
@@ -428,12 +430,39 @@ impl Discovery {
         self.store.candidates_among(request_ids, &query).await
     }
 
+    /// The abandoned requests among `request_ids` (the garbage collector
+    /// deleted their CRs on purpose); none when the database cannot tell
+    /// (logged): a CR put back is collected again.
+    async fn abandoned_among(&self, request_ids: &[i64]) -> std::collections::HashSet<i64> {
+        let query = self.settings.abandoned.query(self.clock.now());
+        match self.store.abandoned_among(request_ids, &query).await {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(error) => {
+                warn!(%error, "cannot tell whether deleted AutoApprovals were abandoned");
+                std::collections::HashSet::new()
+            }
+        }
+    }
+
     /// Puts back the CRs of deleted AutoApprovals whose request is still
-    /// open; a finished or unknown request's CR stays deleted.
+    /// open and not abandoned; a finished, unknown or abandoned request's CR
+    /// stays deleted (an abandoned one comes back once it is a candidate).
     async fn restore(&self, request_ids: &[i64]) {
+        // Deleted: creating their CR again is no duplicate of ours (an
+        // abandoned one's, once it is a candidate again).
+        {
+            let mut created = self.created_list();
+            for id in request_ids {
+                created.remove(id);
+            }
+        }
         let workable = self.workable();
+        let abandoned = self.abandoned_among(request_ids).await;
         for &request_id in request_ids {
-            if !workable(request_id) || self.cache.get(&self.key(request_id)).is_some() {
+            if !workable(request_id)
+                || self.cache.get(&self.key(request_id)).is_some()
+                || abandoned.contains(&request_id)
+            {
                 continue;
             }
             let request = match self.store.request(request_id).await {
@@ -554,7 +583,16 @@ impl Discovery {
     /// The notified requests alone, by the candidate queries' conditions in
     /// one statement: a CR for each that is a candidate.
     async fn look_at(&self, request_ids: &[i64]) -> Result<TurnSummary, DiscoveryError> {
-        let found = self.take(self.candidates_among(request_ids).await?);
+        let mut found = self.take(self.candidates_among(request_ids).await?);
+        // A request without a CR may still have a state row: an abandoned
+        // one, its CR collected. Its change revives it once its wake is
+        // applied (one statement, only when some notified request is not a
+        // candidate).
+        if found.taken.len() + found.left.len() < request_ids.len()
+            && self.revived_among(request_ids).await?
+        {
+            found = self.take(self.candidates_among(request_ids).await?);
+        }
         let mut summary = TurnSummary {
             // More than a turn takes: the next turn, soon, takes the rest.
             full: !found.left.is_empty(),
@@ -571,6 +609,20 @@ impl Discovery {
             "looked at notified new requests"
         );
         Ok(summary)
+    }
+
+    /// Applies the wakes of the held shards (as a turn does first); true
+    /// when one of `request_ids` was made due by it.
+    async fn revived_among(&self, request_ids: &[i64]) -> Result<bool, DiscoveryError> {
+        let filter = ShardFilter {
+            shard_count: i64::from(self.shards.shard_count()),
+            shards: self.shards.workable().into_iter().map(i64::from).collect(),
+        };
+        let woken = self
+            .store
+            .apply_wakes(Some(&filter), self.clock.now(), self.settings.retry_limit)
+            .await?;
+        Ok(woken.iter().any(|id| request_ids.contains(id)))
     }
 
     /// One turn: a CR for each new candidate, a reconcile for each one

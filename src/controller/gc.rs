@@ -1,10 +1,14 @@
 //! The CR garbage collector, run by the leader: the CR of a finished
 //! request goes after a TTL, the CR of a request that no longer exists goes
-//! at the first pass after it is one interval old. Deleting loses nothing:
-//! the DB is the truth, and discovery puts back the CR of any request that
-//! is still open.
+//! at the first pass after it is one interval old, the CR of an open request
+//! no longer worked (abandoned) goes once it is idle for
+//! `--abandoned-after`. Deleting loses nothing: the DB is the truth, and
+//! discovery puts back the CR of any request that is still open and not
+//! abandoned, and creates it again when an abandoned one is a candidate
+//! again. Each pass also deletes the rows of our tables nothing needs any
+//! more (`Database::collect_rows`).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use kube::api::Api;
@@ -14,7 +18,7 @@ use tracing::{info, warn};
 use super::cached::CachedAutoApproval;
 use super::crd::{self, AutoApproval};
 use crate::clock::SharedClock;
-use crate::db::{Database, DbError};
+use crate::db::{AbandonedQuery, Database, DbError, RowsCollected};
 use crate::telemetry::Metrics;
 
 /// When the leader's garbage collector runs and how long a finished CR stays.
@@ -24,6 +28,33 @@ pub struct GcConfig {
     pub interval: Duration,
     /// How long the CR of a finished request stays.
     pub finished_ttl: Duration,
+    /// When an open request's CR counts as abandoned, and how long the rows
+    /// of a decided request stay.
+    pub abandoned: Abandonment,
+}
+
+/// When the CR of an open request is abandoned (`--abandoned-after`):
+/// Exhausted, or out of the candidate window, and idle that long. The same
+/// period bounds the rows kept for a decided request.
+#[derive(Clone, Debug)]
+pub struct Abandonment {
+    /// Idle this long (request and state row unchanged).
+    pub after: Duration,
+    /// The candidate window (`--window`).
+    pub window: Duration,
+    /// The retry limit (`--retry-limit`): a request at it is Exhausted.
+    pub retry_limit: i32,
+}
+
+impl Abandonment {
+    /// The query of abandoned requests at `now`.
+    pub fn query(&self, now: chrono::DateTime<chrono::Utc>) -> AbandonedQuery {
+        AbandonedQuery {
+            window_start: crate::clock::before(now, self.window),
+            retry_limit: self.retry_limit,
+            idle_for: self.after,
+        }
+    }
 }
 
 /// What one pass deleted.
@@ -33,6 +64,10 @@ pub struct GcReport {
     pub finished: Vec<i64>,
     /// CRs of requests that do not exist.
     pub vanished: Vec<i64>,
+    /// CRs of open requests no longer worked.
+    pub abandoned: Vec<i64>,
+    /// Rows of our tables nothing needs any more.
+    pub rows: RowsCollected,
 }
 
 /// The garbage collector.
@@ -56,7 +91,10 @@ impl Collector {
     pub async fn run_once(&self) -> Result<GcReport, DbError> {
         let crs = self.cache.state();
         let ids: Vec<i64> = crs.iter().map(|cr| cr.spec.request_id).collect();
-        let mut report = GcReport::default();
+        let mut report = GcReport {
+            rows: self.collect_rows().await?,
+            ..GcReport::default()
+        };
         if ids.is_empty() {
             return Ok(report);
         }
@@ -68,6 +106,7 @@ impl Collector {
             .map(|row| (row.request_id, row))
             .collect();
         let now = self.clock.now();
+        let abandoned = self.abandoned(&rows, now).await;
         for cr in &crs {
             let id = cr.spec.request_id;
             let reason = match rows.get(&id) {
@@ -82,6 +121,7 @@ impl Collector {
                     {
                         "finished"
                     }
+                    Ok(_) if abandoned.contains(&id) => "abandoned",
                     Ok(_) => continue,
                     Err(error) => {
                         warn!(request_id = id, %error, "cannot tell whether the request is finished; CR kept");
@@ -97,11 +137,56 @@ impl Collector {
                 );
                 match reason {
                     "vanished" => report.vanished.push(id),
+                    "abandoned" => report.abandoned.push(id),
                     _ => report.finished.push(id),
                 }
             }
         }
         Ok(report)
+    }
+
+    /// The open requests among `rows` whose CR may go as abandoned; none
+    /// when the database cannot tell (logged): a CR kept costs little.
+    async fn abandoned(
+        &self,
+        rows: &HashMap<i64, crate::db::RequestStatusRow>,
+        now: chrono::DateTime<chrono::Utc>,
+    ) -> HashSet<i64> {
+        let open: Vec<i64> = rows
+            .values()
+            .filter(|row| matches!(&row.status, Ok(status) if status.is_open()))
+            .map(|row| row.request_id)
+            .collect();
+        let query = self.settings.abandoned.query(now);
+        match self.store.abandoned_among(&open, &query).await {
+            Ok(ids) => ids.into_iter().collect(),
+            Err(error) => {
+                warn!(%error, "cannot tell which requests are abandoned; their CRs kept");
+                HashSet::new()
+            }
+        }
+    }
+
+    /// Deletes the rows of our tables nothing needs any more: the bodies
+    /// and pauses of requests decided (or gone) `--abandoned-after` ago,
+    /// and what else [`RowsCollected`] names.
+    async fn collect_rows(&self) -> Result<RowsCollected, DbError> {
+        let rows = self
+            .store
+            .collect_rows(self.settings.abandoned.after)
+            .await?;
+        for (table, n) in [
+            ("auto_approve_sent", rows.sent),
+            ("auto_approve_pause", rows.pauses),
+            ("shard_fence", rows.fences),
+            ("autoapproval_manual_token", rows.manual_tokens),
+        ] {
+            if n > 0 {
+                self.metrics.rows_collected(table, n);
+                info!(table, rows = n, "rows collected");
+            }
+        }
+        Ok(rows)
     }
 
     fn age(&self, cr: &CachedAutoApproval, now: chrono::DateTime<chrono::Utc>) -> Duration {

@@ -14,11 +14,11 @@ use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use super::cached::{CachedAutoApproval, CachedStatus, digest};
+use super::cached::{CachedAutoApproval, CachedStatus};
 use super::crd::{
     ApprovalType, AutoApproval, AutoApprovalStatus, FIELD_MANAGER, Phase, RETRY_ANNOTATION, cr_name,
 };
-use super::status::{Observed, Would, project};
+use super::status::{Observed, Would, project, same_outcome};
 use crate::approval::{Approver, AttemptOutcome, Mode, SHADOW_WOULD_APPROVE};
 use crate::clock::SharedClock;
 use crate::coordination::{ShardGuard, Shards};
@@ -457,18 +457,28 @@ impl Reconcile<'_> {
                         approve_at: None,
                     }),
                 };
-                self.write(view).await?;
-                let note = format!(
-                    "{step}: {reason} (retry {retry_count} at {})",
-                    next_retry_time.to_rfc3339()
-                );
-                if shadow {
-                    let note = format!("shadow mode: would hold at {note}");
-                    self.event(EventType::Normal, "WouldHold", "Shadow", note)
-                        .await;
+                // A retry with the outcome the CR shows writes nothing and
+                // publishes nothing: the write budget at rest.
+                let reason_name = if shadow {
+                    "WouldHold"
                 } else {
-                    self.event(EventType::Normal, "RetryScheduled", "Retry", note)
-                        .await;
+                    "RetryScheduled"
+                };
+                if self.write(view).await? {
+                    let note = format!(
+                        "{step}: {reason} (retry {retry_count} at {})",
+                        next_retry_time.to_rfc3339()
+                    );
+                    if shadow {
+                        let note = format!("shadow mode: would hold at {note}");
+                        self.event(EventType::Normal, reason_name, "Shadow", note)
+                            .await;
+                    } else {
+                        self.event(EventType::Normal, reason_name, "Retry", note)
+                            .await;
+                    }
+                } else {
+                    self.ctx.metrics.event_skipped(reason_name);
                 }
                 Ok(Action::requeue(until(
                     next_retry_time,
@@ -493,14 +503,17 @@ impl Reconcile<'_> {
                         approve_at: Some(would_approve_at),
                     }),
                 };
-                self.write(view).await?;
-                let note = format!(
-                    "shadow mode: every gate passed at {}; would approve (first at {})",
-                    self.ctx.clock.now().to_rfc3339(),
-                    would_approve_at.to_rfc3339()
-                );
-                self.event(EventType::Normal, "WouldApprove", "Shadow", note)
-                    .await;
+                if self.write(view).await? {
+                    let note = format!(
+                        "shadow mode: every gate passed at {}; would approve (first at {})",
+                        self.ctx.clock.now().to_rfc3339(),
+                        would_approve_at.to_rfc3339()
+                    );
+                    self.event(EventType::Normal, "WouldApprove", "Shadow", note)
+                        .await;
+                } else {
+                    self.ctx.metrics.event_skipped("WouldApprove");
+                }
                 // Left alone until the request changes (its wake makes the
                 // row due, and the CR is reconciled again).
                 Ok(Action::requeue(until(
@@ -566,7 +579,11 @@ impl Reconcile<'_> {
         tokio::pin!(attempt);
         let outcome = tokio::select! {
             outcome = &mut attempt => outcome,
-            () = tokio::time::sleep(self.ctx.settings.in_progress_after) => {
+            // A retry of a waiting request is not shown InProgress: that
+            // would be two writes per retry at rest (InProgress, then the
+            // same RetryWaiting again). The CR keeps its last outcome.
+            () = tokio::time::sleep(self.ctx.settings.in_progress_after),
+                if self.cr.phase() != Some(Phase::RetryWaiting) => {
                 let view = Observed {
                     holder: Some(self.ctx.shards.identity().to_owned()),
                     ..Observed::phase(Phase::InProgress, None)
@@ -694,8 +711,8 @@ impl Reconcile<'_> {
         }
     }
 
-    /// Writes the status when it differs from what the CR shows; true when
-    /// it wrote. A CR deleted meanwhile is not an error: the DB has the
+    /// Writes the status when its outcome differs from what the CR shows
+    /// ([`same_outcome`]); true when it wrote. A CR deleted meanwhile is not an error: the DB has the
     /// outcome and discovery recreates the CR if there is work left.
     async fn write(&self, observed: Observed) -> Result<bool, ReconcileError> {
         let previous = self.cr.status.as_deref();
@@ -713,10 +730,12 @@ impl Reconcile<'_> {
         {
             status.last_retry_request = Some(ack);
         }
-        let (before, after) = (previous.map(|p| p.digest), digest(&status));
-        if before == Some(after) {
+        let phase = observed.phase.as_str();
+        if same_outcome(previous, &status) {
+            self.ctx.metrics.status_write(phase, "skipped");
             return Ok(false);
         }
+        let before = previous.map(|p| p.digest);
         let name = self.cr.name_any();
         let patch = serde_json::json!({
             "apiVersion": AutoApproval::api_version(&()),
@@ -731,6 +750,7 @@ impl Reconcile<'_> {
             .await
         {
             Ok(_) => {
+                self.ctx.metrics.status_write(phase, "written");
                 self.remember(before, &status);
                 Ok(true)
             }

@@ -59,7 +59,8 @@ impl Observed {
 }
 
 /// The status to write for `observed`, keeping each condition's
-/// lastTransitionTime while its status does not change.
+/// lastTransitionTime while its status does not change. `since` is `now`:
+/// a status is written only when its outcome changed ([`same_outcome`]).
 pub fn project(
     previous: Option<&CachedStatus>,
     observed: &Observed,
@@ -110,6 +111,7 @@ pub fn project(
         last_reason: observed.reason.clone(),
         holder: observed.holder.clone(),
         observed_generation: generation,
+        since: DateTime::from_timestamp(now.timestamp(), 0),
         last_retry_request: previous.and_then(|p| p.last_retry_request.as_deref().map(Into::into)),
         // A would-decision stays until the next one: a status written
         // after a restart, or once active, still shows what shadow saw.
@@ -124,6 +126,30 @@ pub fn project(
             .or_else(|| previous.and_then(|p| p.would_approve_at)),
         conditions,
     }
+}
+
+/// Whether `status` shows the same outcome as the one the CR shows: same
+/// phase, step, reason, conditions, generation and retry request echoed.
+/// Then nothing is written and no Event published, whatever moved in the
+/// retry count, the schedule or the holder: those are the database's, and
+/// the status shows them as of the last change (`since`). This keeps a
+/// waiting request's retries from writing to the API server at all.
+pub fn same_outcome(shown: Option<&CachedStatus>, status: &AutoApprovalStatus) -> bool {
+    shown.is_some_and(|shown| shown.outcome == outcome_digest(status))
+}
+
+/// A digest of what [`same_outcome`] compares: the status without the
+/// fields that only describe the last change (retry count, schedule,
+/// holder, `since`).
+pub fn outcome_digest(status: &AutoApprovalStatus) -> u64 {
+    let outcome = AutoApprovalStatus {
+        retry_count: 0,
+        next_retry_time: None,
+        holder: None,
+        since: None,
+        ..status.clone()
+    };
+    super::cached::digest(&outcome)
 }
 
 #[cfg(test)]
@@ -156,10 +182,11 @@ mod tests {
         );
 
         let again = project(Some(&CachedStatus::of(&first)), &waiting, Some(1), at(5));
-        assert_eq!(
-            again, first,
-            "same observation, same status: nothing to write"
+        assert!(
+            same_outcome(Some(&CachedStatus::of(&first)), &again),
+            "same observation, same outcome: nothing to write"
         );
+        assert_eq!(again.conditions, first.conditions);
 
         let done = project(
             Some(&CachedStatus::of(&again)),
@@ -177,6 +204,77 @@ mod tests {
             api_time(at(0))
         );
         assert_eq!(done.next_retry_time, None);
+    }
+
+    #[test]
+    fn a_retry_with_the_same_outcome_is_the_same_status_and_a_new_reason_is_not() {
+        let waiting = |retry_count, due, reason: &str, holder: &str| Observed {
+            retry_count,
+            next_retry_time: Some(at(due)),
+            holder: Some(holder.into()),
+            step: Some("owner".into()),
+            ..Observed::phase(Phase::RetryWaiting, Some(reason.to_owned()))
+        };
+        let first = project(
+            None,
+            &waiting(1, 10, "documents not released", "r1"),
+            Some(1),
+            at(0),
+        );
+        let shown = CachedStatus::of(&first);
+        assert!(
+            !same_outcome(None, &first),
+            "a CR without status shows nothing yet"
+        );
+
+        let retried = project(
+            Some(&shown),
+            &waiting(2, 20, "documents not released", "r2"),
+            Some(1),
+            at(10),
+        );
+        assert!(
+            same_outcome(Some(&shown), &retried),
+            "another retry, another holder, the same outcome: nothing to write"
+        );
+
+        let other_reason = project(
+            Some(&shown),
+            &waiting(3, 30, "e-contract not signed", "r1"),
+            Some(1),
+            at(20),
+        );
+        assert!(
+            !same_outcome(Some(&shown), &other_reason),
+            "a new reason is written"
+        );
+        assert_eq!(other_reason.since, Some(at(20)));
+
+        let exhausted = project(
+            Some(&shown),
+            &Observed {
+                phase: Phase::Exhausted,
+                next_retry_time: None,
+                ..waiting(300, 10, "documents not released", "r1")
+            },
+            Some(1),
+            at(30),
+        );
+        assert!(
+            !same_outcome(Some(&shown), &exhausted),
+            "a new phase is written"
+        );
+
+        let respec = project(
+            Some(&shown),
+            &waiting(2, 20, "documents not released", "r1"),
+            Some(2),
+            at(10),
+        );
+        assert!(
+            !same_outcome(Some(&shown), &respec),
+            "a new generation is acknowledged"
+        );
     }
 
     #[test]

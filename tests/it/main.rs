@@ -1,6 +1,7 @@
 //! The integration tests, one binary: a module per area.
 
 mod approvals;
+mod at_rest;
 mod binary;
 mod business;
 mod candidates;

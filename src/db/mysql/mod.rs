@@ -42,6 +42,7 @@ mod naming;
 mod notify;
 mod pause;
 mod recovery;
+mod retention;
 mod rows;
 mod schema;
 mod shadow;

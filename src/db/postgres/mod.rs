@@ -16,6 +16,7 @@ mod ledger;
 mod notify;
 mod pause;
 mod recovery;
+mod retention;
 mod rows;
 mod schema;
 mod shadow;

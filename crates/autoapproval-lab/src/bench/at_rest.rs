@@ -14,10 +14,6 @@ use crate::stack::{Program, Stack, StackError, WORKER_ROLE};
 use autoapproval::shutdown::Termination;
 use autoapproval_sim::SimConfig;
 
-/// The replicas' `--condition-retry-interval` at rest: no waiting request
-/// comes due while a run lasts.
-const AT_REST_RETRY_INTERVAL: Duration = Duration::from_secs(3 * 3600);
-
 /// What `--at-rest` measured.
 #[derive(Debug, Serialize)]
 pub struct AtRestReport {
@@ -91,11 +87,14 @@ pub struct Restart {
 /// Runs `--at-rest` on a stack of its own, removed afterwards.
 pub async fn run(args: &BenchArgs, interrupt: &mut Termination) -> Result<(), BenchError> {
     println!(
-        "at rest: {} replicas, {} shards, {} requests waiting (--condition-retry-interval {} s), measured for {} s",
+        "at rest: {} replicas, {} shards, {} requests waiting (--condition-retry-interval {}), measured for {} s",
         args.replicas,
         args.shards,
         args.waiting,
-        AT_REST_RETRY_INTERVAL.as_secs(),
+        args.condition_retry_interval.map_or_else(
+            || "the controller's default".to_owned(),
+            |d| format!("{} s", d.as_secs())
+        ),
         args.window.as_secs_f64()
     );
     let mut stack = Stack::start(&args.stack, "at-rest", SimConfig::default()).await?;
@@ -204,15 +203,17 @@ async fn first_approval(
 }
 
 async fn measure(stack: &mut Stack, args: &BenchArgs) -> Result<AtRestReport, BenchError> {
-    // Waiting requests must stay waiting while they are inserted, measured
-    // and restarted over: at 100,000 that takes longer than the 10-minute
-    // default, after which every one would be attempted again.
+    // The controller's retry policy unless --condition-retry-interval says
+    // otherwise: the retries of waiting requests are what a cluster pays at
+    // rest, so they run during the window (their writes are measured).
     let replica_args = |stack: &Stack, name: &str| {
         let mut argv = super::ours_argv(stack, args, name, args.poll_period);
-        argv.extend([
-            "--condition-retry-interval".to_owned(),
-            format!("{}s", AT_REST_RETRY_INTERVAL.as_secs()),
-        ]);
+        if let Some(interval) = args.condition_retry_interval {
+            argv.extend([
+                "--condition-retry-interval".to_owned(),
+                format!("{}ms", interval.as_millis()),
+            ]);
+        }
         argv
     };
     let names: Vec<String> = (0..args.replicas).map(|i| format!("ours-{i}")).collect();

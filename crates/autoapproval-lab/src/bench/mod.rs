@@ -106,6 +106,11 @@ pub struct BenchArgs {
     /// With --at-rest: requests waiting (documents not released, so each waits its 10-minute retry).
     #[arg(long, env = "AUTOAPPROVAL_BENCH_WAITING", default_value_t = 5000)]
     pub waiting: u32,
+    /// With --at-rest: the replicas' --condition-retry-interval; unset, the controller's default
+    /// (10m). A short one compresses a long run: 3,000 waiting at 60s retry as many per second
+    /// as 30,000 at 10m.
+    #[arg(long, env = "AUTOAPPROVAL_BENCH_CONDITION_RETRY_INTERVAL", value_parser = parse_duration)]
+    pub condition_retry_interval: Option<Duration>,
     /// With --at-rest: how long the replicas are measured at rest.
     #[arg(long, env = "AUTOAPPROVAL_BENCH_WINDOW", default_value = "60s", value_parser = parse_duration)]
     pub window: Duration,
