@@ -288,7 +288,15 @@ fn help_lists_only_the_controllers_subcommands() {
     assert_eq!(
         commands,
         [
-            "migrate", "run", "check", "crd", "request", "pause", "resume", "help"
+            "migrate",
+            "run",
+            "check",
+            "crd",
+            "request",
+            "pause",
+            "resume",
+            "shadow-report",
+            "help"
         ],
         "{help}"
     );
