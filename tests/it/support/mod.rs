@@ -37,6 +37,5 @@ pub use engine::*;
 pub use kubelet::*;
 pub use processes::*;
 pub use rows::*;
-pub use tls::*;
 pub use tls_db::*;
 pub use tools::*;
