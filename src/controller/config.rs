@@ -387,10 +387,10 @@ impl ControllerArgs {
                 retry_limit: self.retry_limit,
                 api_timeout: api_liveness_timeout,
             },
-            reconcile: ReconcileConfig::new(bounded(
-                "--in-progress-after",
-                self.in_progress_after,
-            )?),
+            reconcile: ReconcileConfig {
+                api_timeout: api_liveness_timeout,
+                ..ReconcileConfig::new(bounded("--in-progress-after", self.in_progress_after)?)
+            },
             coordination: CoordinationConfig {
                 shard_count: self.shards,
                 lease_duration,
