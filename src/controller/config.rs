@@ -134,7 +134,7 @@ pub struct ControllerArgs {
     /// Delay between censuses: each replica pings the database (autoapproval_database_up), and the leader counts requests by state and the backlog's age (autoapproval_requests, autoapproval_backlog_age_seconds); at least 1s.
     #[arg(long, env = "AUTOAPPROVAL_CENSUS_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub census_interval: Duration,
-    /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; at least --lease-duration.
+    /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; also how long a CR create, status write or Event may go unanswered before it is given up; at least --lease-duration.
     #[arg(long, env = "AUTOAPPROVAL_API_LIVENESS_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
     pub api_liveness_timeout: Duration,
 }
@@ -398,11 +398,12 @@ impl ControllerArgs {
                 },
                 retry_limit: self.retry_limit,
                 abandoned: abandonment.clone(),
+                api_timeout: api_liveness_timeout,
             },
-            reconcile: ReconcileConfig::new(bounded(
-                "--in-progress-after",
-                self.in_progress_after,
-            )?),
+            reconcile: ReconcileConfig {
+                api_timeout: api_liveness_timeout,
+                ..ReconcileConfig::new(bounded("--in-progress-after", self.in_progress_after)?)
+            },
             coordination: CoordinationConfig {
                 shard_count: self.shards,
                 lease_duration,

@@ -67,6 +67,30 @@ pub struct DiscoveryConfig {
     pub retry_limit: i32,
     /// The CR of an abandoned request deleted is not put back.
     pub abandoned: super::gc::Abandonment,
+    /// A CR create the API server has not answered after this long is
+    /// given up (a later turn creates it again): the kube client waits for
+    /// an answer without limit, and one create left unanswered would hold
+    /// the loop, and every request of the held shards with it, while the
+    /// Leases are renewed.
+    pub api_timeout: Duration,
+}
+
+/// Why a CR create failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CreateError {
+    /// The API server answered with an error, or the call failed.
+    #[error(transparent)]
+    Api(#[from] kube::Error),
+    /// The API server did not answer within the discovery's API timeout.
+    #[error("no answer from the API server within {0:?}")]
+    Unanswered(Duration),
+}
+
+impl CreateError {
+    /// The CR is there already (409 AlreadyExists).
+    fn exists(&self) -> bool {
+        matches!(self, Self::Api(kube::Error::Api(s)) if s.code == 409)
+    }
 }
 
 /// Errors that stop one discovery turn (the loop goes on).
@@ -524,7 +548,7 @@ impl Discovery {
             let created = match self.post(request_id, approval_type, false).await {
                 Ok(created) => created,
                 // There already: its reconcile comes with the sync.
-                Err(kube::Error::Api(s)) if s.code == 409 => continue,
+                Err(error) if error.exists() => continue,
                 Err(error) => {
                     warn!(request_id, %error, "could not create AutoApproval");
                     continue;
@@ -870,7 +894,7 @@ impl Discovery {
                 debug!(request_id, "AutoApproval created");
                 Creation::Created
             }
-            Err(kube::Error::Api(s)) if s.code == 409 => {
+            Err(error) if error.exists() => {
                 self.reconcile(self.key(request_id)).await;
                 Creation::Existed
             }
@@ -881,20 +905,25 @@ impl Discovery {
         }
     }
 
-    /// The create call of a request's CR.
+    /// The create call of a request's CR, bounded by the API timeout (a
+    /// create that lands after all is found by the next attempt's 409).
     async fn post(
         &self,
         request_id: i64,
         approval_type: ApprovalType,
         paused: bool,
-    ) -> Result<AutoApproval, kube::Error> {
+    ) -> Result<AutoApproval, CreateError> {
         let mut cr = crd::for_request(request_id, approval_type, self.settings.shard_count);
         cr.spec.paused = paused;
         let params = PostParams {
             field_manager: Some(FIELD_MANAGER.to_owned()),
             ..PostParams::default()
         };
-        self.api.create(&params, &cr).await
+        let limit = self.settings.api_timeout;
+        match tokio::time::timeout(limit, self.api.create(&params, &cr)).await {
+            Ok(created) => Ok(created?),
+            Err(_) => Err(CreateError::Unanswered(limit)),
+        }
     }
 
     fn key(&self, request_id: i64) -> ObjectRef<CachedAutoApproval> {

@@ -60,6 +60,16 @@ pub enum ReconcileError {
         #[source]
         source: kube::Error,
     },
+    /// The API server did not answer a status write in time.
+    #[error(
+        "request {request_id}: writing the status: no answer from the API server within {after:?}"
+    )]
+    StatusUnanswered {
+        /// Whose CR is backed off.
+        request_id: i64,
+        /// The API timeout.
+        after: Duration,
+    },
 }
 
 /// How soon reconcile looks again, and when a slow chain shows InProgress.
@@ -76,6 +86,10 @@ pub struct ReconcileConfig {
     pub error_backoff_base: Duration,
     /// Longest backoff after errors.
     pub error_backoff_max: Duration,
+    /// A status write or Event the API server has not answered after this
+    /// long is given up: the kube client waits without limit, and a
+    /// reconcile waiting holds one of the Controller's `--concurrency` slots.
+    pub api_timeout: Duration,
 }
 
 impl ReconcileConfig {
@@ -87,6 +101,7 @@ impl ReconcileConfig {
             malformed_recheck: Duration::from_secs(600),
             error_backoff_base: Duration::from_millis(500),
             error_backoff_max: Duration::from_secs(300),
+            api_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -743,12 +758,16 @@ impl Reconcile<'_> {
             "status": status,
         });
         let params = PatchParams::apply(FIELD_MANAGER).force();
-        match self
-            .ctx
-            .api
-            .patch_status(&name, &params, &Patch::Apply(&patch))
-            .await
-        {
+        let limit = self.ctx.settings.api_timeout;
+        let apply = Patch::Apply(&patch);
+        let written = self.ctx.api.patch_status(&name, &params, &apply);
+        let Ok(written) = tokio::time::timeout(limit, written).await else {
+            return Err(ReconcileError::StatusUnanswered {
+                request_id: self.request_id(),
+                after: limit,
+            });
+        };
+        match written {
             Ok(_) => {
                 self.ctx.metrics.status_write(phase, "written");
                 self.remember(before, &status);
@@ -796,10 +815,15 @@ impl Reconcile<'_> {
             secondary: None,
         };
         let reference = self.cr.object_ref(&());
-        match self.ctx.events.publish(&event, &reference).await {
-            Ok(()) => self.ctx.metrics.event(reason),
-            Err(error) => {
+        let limit = self.ctx.settings.api_timeout;
+        let published = self.ctx.events.publish(&event, &reference);
+        match tokio::time::timeout(limit, published).await {
+            Ok(Ok(())) => self.ctx.metrics.event(reason),
+            Ok(Err(error)) => {
                 warn!(request_id = self.request_id(), reason, %error, "could not publish Event");
+            }
+            Err(_) => {
+                warn!(request_id = self.request_id(), reason, after = ?limit, "could not publish Event: no answer from the API server");
             }
         }
     }

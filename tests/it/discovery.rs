@@ -10,7 +10,7 @@ use autoapproval::telemetry::Metrics;
 use chrono::Utc;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube_testserver::Match;
+use kube_testserver::{FaultRule, Match};
 
 use crate::support::{
     Cluster, Db, NS, On, eventually, metric_sum, on_both, on_both_servers, owner_now, quick_leases,
@@ -341,5 +341,36 @@ async fn a_new_request_is_looked_at_alone_and_a_waiting_ones_change_gets_a_whole
         turns(&cluster) > before,
         "a whole turn for a waiting request's change"
     );
+    cluster.stop().await;
+}
+
+on_both!(a_cr_create_the_api_server_leaves_unanswered_strands_no_request);
+/// The kube client waits for an answer without limit: one CR create the
+/// API server left unanswered (as a just-restarted one can) held the
+/// discovery loop, and with it every request of the replica's shards (no
+/// CR, no reconcile of a shard resumed or acquired), while its Leases were
+/// renewed so nobody else took them (DESIGN §4a, guarantee 4). The create
+/// is given up after the API timeout, and a later turn creates the CR.
+async fn a_cr_create_the_api_server_leaves_unanswered_strands_no_request(db: Db) {
+    let mut settings = test_settings();
+    settings.discovery.poll_period = Duration::from_secs(1);
+    settings.discovery.api_timeout = Duration::from_secs(2);
+    let mut cluster = Cluster::with(db.clone(), settings).await;
+    cluster.wait_listening().await;
+    // The first create of an AutoApproval is answered long after the test.
+    cluster.server.faults().add(FaultRule {
+        matcher: Match::any().verb("create").resource("autoapprovals"),
+        latency_ms: 600_000,
+        count: Some(1),
+        ..FaultRule::default()
+    });
+    for id in 1..=5 {
+        owner_now(id).insert(&db).await;
+    }
+    // The others first: they were stranded behind request 1's create.
+    for id in [2, 3, 4, 5, 1] {
+        cluster.wait_phase(id, Phase::Approved).await;
+        assert_eq!(request_status(&db, id).await, "APPROVED");
+    }
     cluster.stop().await;
 }

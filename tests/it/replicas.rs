@@ -436,7 +436,11 @@ impl Fleet {
             .env("AUTOAPPROVAL_OWNER_DEDUP", dedup)
             .env("AUTOAPPROVAL_STORE_DEDUP", dedup)
             .env("AUTOAPPROVAL_AD_DEDUP", dedup)
-            .env("RUST_LOG", "info")
+            // IT_REPLICA_RUST_LOG (e.g. "info,kube_runtime=debug") to look into a replica.
+            .env(
+                "RUST_LOG",
+                std::env::var("IT_REPLICA_RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdout(Stdio::null())
             .stderr(Stdio::from(log))
             .kill_on_drop(true)

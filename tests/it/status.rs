@@ -6,7 +6,7 @@ use std::time::Duration;
 use autoapproval::controller::crd::{self, Phase};
 use autoapproval_sim::Faults;
 use kube::api::{Patch, PatchParams};
-use kube_testserver::Match;
+use kube_testserver::{FaultRule, Match};
 
 use crate::support::{
     Cluster, Db, eventually, on_both, owner_now, reconciles_done, request_status, status_patches,
@@ -163,5 +163,40 @@ async fn an_approval_writes_its_status_once(db: Db) {
         .and_then(|cr| cr.status)
         .expect("status");
     assert_eq!(status.holder.as_deref(), Some("replica-1"), "{status:?}");
+    cluster.stop().await;
+}
+
+on_both!(a_status_write_the_api_server_leaves_unanswered_holds_no_reconcile_slot);
+/// The kube client waits for an answer without limit: a status write the
+/// API server left unanswered held its reconcile, and with it one of the
+/// Controller's `--concurrency` slots, for good; at one slot, every other
+/// request of the replica's shards waited behind it. The write is given
+/// up after the API timeout, and its reconcile backs off and writes again.
+async fn a_status_write_the_api_server_leaves_unanswered_holds_no_reconcile_slot(db: Db) {
+    let mut settings = test_settings();
+    settings.concurrency = 1;
+    settings.reconcile.api_timeout = Duration::from_secs(2);
+    settings.reconcile.in_progress_after = Duration::from_secs(3600);
+    let mut cluster = Cluster::with(db.clone(), settings).await;
+    cluster.wait_listening().await;
+    // The first status write is answered long after the test.
+    cluster.server.faults().add(FaultRule {
+        matcher: Match::any()
+            .verb("patch")
+            .resource("autoapprovals")
+            .path_contains("/status"),
+        latency_ms: 600_000,
+        count: Some(1),
+        ..FaultRule::default()
+    });
+    owner_now(1).insert(&db).await;
+    eventually(
+        "request 1 to be approved (its status write hangs)",
+        || async { (request_status(&db, 1).await == "APPROVED").then_some(()) },
+    )
+    .await;
+    owner_now(2).insert(&db).await;
+    cluster.wait_phase(2, Phase::Approved).await;
+    cluster.wait_phase(1, Phase::Approved).await;
     cluster.stop().await;
 }
