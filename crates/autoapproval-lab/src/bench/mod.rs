@@ -12,6 +12,7 @@ pub mod plot;
 pub mod report;
 pub mod seed_designs;
 pub mod seed_redis;
+pub mod shadow_run;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -103,6 +104,14 @@ pub struct BenchArgs {
         conflicts_with = "compare"
     )]
     pub at_rest: bool,
+    /// Instead of approvals: seed-new as the scheduler in place beside ours in --mode shadow on 3/4 of --requests (the report's figures, ours' creations and business writes, both zero), then seed-new stops and ours in --mode active approves the rest; PostgreSQL only [default: off].
+    #[arg(
+        long,
+        env = "AUTOAPPROVAL_BENCH_SHADOW",
+        default_value_t = false,
+        conflicts_with_all = ["compare", "at_rest"]
+    )]
+    pub shadow: bool,
     /// With --at-rest: requests waiting (documents not released, so each waits its 10-minute retry).
     #[arg(long, env = "AUTOAPPROVAL_BENCH_WAITING", default_value_t = 5000)]
     pub waiting: u32,
@@ -274,6 +283,9 @@ pub async fn run(args: BenchArgs) -> Result<(), BenchError> {
     let mut interrupt = install_termination()?;
     if args.at_rest {
         return at_rest::run(&args, &mut interrupt).await;
+    }
+    if args.shadow {
+        return shadow_run::run(&args, &mut interrupt).await;
     }
     if args.stack.database == Database::Mysql {
         println!("{MYSQL_NOTE}");

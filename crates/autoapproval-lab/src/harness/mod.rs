@@ -131,6 +131,38 @@ impl Harness {
         on_db!(&self.db, insert_request(request))
     }
 
+    /// PostgreSQL only: `bench --shadow`'s baseline role, its own state
+    /// tables, its `decided_by`, and the business-write audit.
+    pub async fn install_baseline(
+        &self,
+        worker_role: &str,
+        baseline_role: &str,
+        baseline_decided_by: &str,
+    ) -> Result<(), DbError> {
+        match &self.db {
+            Db::Postgres(pool) => {
+                postgres::install_baseline(pool, worker_role, baseline_role, baseline_decided_by)
+                    .await
+            }
+            Db::Mysql(_) => Err(DbError::Config {
+                setting: "--database",
+                message: "bench --shadow runs on PostgreSQL only".into(),
+            }),
+        }
+    }
+
+    /// PostgreSQL only: writes to the business's tables by `role`'s
+    /// sessions, by table and operation.
+    pub async fn business_writes_by(&self, role: &str) -> Result<Vec<(String, i64)>, DbError> {
+        match &self.db {
+            Db::Postgres(pool) => postgres::business_writes_by(pool, role).await,
+            Db::Mysql(_) => Err(DbError::Config {
+                setting: "--database",
+                message: "bench --shadow runs on PostgreSQL only".into(),
+            }),
+        }
+    }
+
     /// Releases the documents of `ids` (the change wakes the replicas) and
     /// records them as eligible from now.
     pub async fn release_documents(&self, ids: &[i64]) -> Result<(), DbError> {

@@ -350,3 +350,94 @@ pub(super) async fn done(pool: &PgPool, id: i64) -> Result<(), DbError> {
         .map_err(db("mark a queue row done"))?;
     Ok(())
 }
+
+/// Sets up `bench --shadow`'s baseline beside ours: a login role
+/// `baseline_role` with the worker's grants whose claims go to its own copy
+/// of our state tables (schema `baseline`, first on its search path), as
+/// the scheduler in place has its own; a trigger that records its approvals
+/// as `decided_by = baseline_decided_by`, as that scheduler's are; and
+/// `lab_business_write`, one row per write to the business's tables with
+/// the session's role, so what ours wrote is counted by the database.
+pub(super) async fn install_baseline(
+    pool: &PgPool,
+    worker_role: &str,
+    baseline_role: &str,
+    baseline_decided_by: &str,
+) -> Result<(), DbError> {
+    let mut statements = vec![
+        format!("CREATE ROLE \"{baseline_role}\" LOGIN IN ROLE \"{worker_role}\""),
+        format!("CREATE SCHEMA baseline AUTHORIZATION \"{baseline_role}\""),
+        format!("ALTER ROLE \"{baseline_role}\" SET search_path = baseline, public"),
+    ];
+    for table in [
+        "auto_approve_state",
+        "auto_approve_sent",
+        "auto_approve_wake",
+        "auto_approve_pause",
+        "auto_approve_fleet_pause",
+    ] {
+        statements.push(format!(
+            "CREATE TABLE baseline.{table} (LIKE public.{table} INCLUDING ALL)"
+        ));
+        statements.push(format!(
+            "ALTER TABLE baseline.{table} OWNER TO \"{baseline_role}\""
+        ));
+    }
+    statements.extend([
+        format!(
+            "CREATE FUNCTION lab_baseline_decided_by() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN
+                 IF session_user = '{baseline_role}' AND NEW.decided_by = 'autoapproval' THEN
+                     NEW.decided_by := '{baseline_decided_by}';
+                 END IF;
+                 RETURN NEW;
+             END $$"
+        ),
+        "CREATE TRIGGER lab_baseline_decided_by BEFORE UPDATE ON approval_request
+             FOR EACH ROW EXECUTE FUNCTION lab_baseline_decided_by()"
+            .into(),
+        "CREATE TABLE lab_business_write (
+             by_role    TEXT NOT NULL,
+             table_name TEXT NOT NULL,
+             operation  TEXT NOT NULL,
+             at         TIMESTAMPTZ NOT NULL DEFAULT clock_timestamp())"
+            .into(),
+        "CREATE FUNCTION lab_record_business_write() RETURNS trigger
+             LANGUAGE plpgsql SECURITY DEFINER AS $$
+         BEGIN
+             INSERT INTO lab_business_write (by_role, table_name, operation)
+                  VALUES (session_user, TG_TABLE_NAME, TG_OP);
+             RETURN NULL;
+         END $$"
+            .into(),
+    ]);
+    for table in ["approval_request", "approval_request_memo", "econtract"] {
+        statements.push(format!(
+            "CREATE TRIGGER lab_business_write AFTER INSERT OR UPDATE OR DELETE ON {table}
+                 FOR EACH ROW EXECUTE FUNCTION lab_record_business_write()"
+        ));
+    }
+    for sql in statements {
+        sqlx::query(sqlx::AssertSqlSafe(sql))
+            .execute(pool)
+            .await
+            .map_err(db("install the shadow run's baseline"))?;
+    }
+    Ok(())
+}
+
+/// Writes to the business's tables by sessions of `role` so far, by table
+/// and operation (`approval_request UPDATE: 3`).
+pub(super) async fn business_writes_by(
+    pool: &PgPool,
+    role: &str,
+) -> Result<Vec<(String, i64)>, DbError> {
+    sqlx::query_as(
+        "SELECT table_name || ' ' || operation, count(*) FROM lab_business_write
+          WHERE by_role = $1 GROUP BY 1 ORDER BY 1",
+    )
+    .bind(role)
+    .fetch_all(pool)
+    .await
+    .map_err(db("count the business writes"))
+}

@@ -398,6 +398,11 @@ impl Stack {
         self.sim.as_ref()
     }
 
+    /// The controller binary the replicas of "ours" run.
+    pub fn controller_bin(&self) -> &Path {
+        &self.controller_bin
+    }
+
     /// The harness's database access (superuser).
     pub fn harness(&self) -> Result<&Harness, StackError> {
         self.harness

@@ -438,6 +438,11 @@ async fn bad_demo_and_bench_settings_stop_before_anything_starts() {
         (&["bench", "--rate", "0"][..], "--rate"),
         (&["bench", "--time-scale", "0.5"][..], "--time-scale"),
         (&["bench", "--at-rest", "--waiting", "0"][..], "--waiting"),
+        (
+            &["bench", "--shadow", "--database", "mysql"][..],
+            "--shadow",
+        ),
+        (&["bench", "--shadow", "--requests", "1"][..], "--requests"),
     ] {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_autoapproval-lab"))
             .args(args)

@@ -5,6 +5,7 @@
 mod demo;
 mod outages;
 mod seed_redis;
+mod shadow_run;
 
 /// Sends `SIG<name>` to `pid`.
 pub fn signal(pid: u32, name: &str) {
