@@ -21,7 +21,6 @@ use serde::Deserialize;
 use super::crd::{
     AutoApproval, AutoApprovalSpec, AutoApprovalStatus, Phase, RETRY_ANNOTATION, annotation_field,
 };
-use super::status::outcome_digest;
 
 /// The conditions the controller writes, in the order it writes them.
 pub const CONDITION_TYPES: [&str; 3] = ["Ready", "Approved", "Stalled"];
@@ -321,6 +320,20 @@ impl From<Wire> for CachedAutoApproval {
             status: status.map(|s| Box::new(CachedStatus::of(&s))),
         }
     }
+}
+
+/// A digest of what [`super::status::same_outcome`] compares: the status without the
+/// fields that only describe the last change (retry count, schedule,
+/// holder, `since`).
+pub fn outcome_digest(status: &AutoApprovalStatus) -> u64 {
+    let outcome = AutoApprovalStatus {
+        retry_count: 0,
+        next_retry_time: None,
+        holder: None,
+        since: None,
+        ..status.clone()
+    };
+    digest(&outcome)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use super::cached::CachedStatus;
+use super::cached::{CachedStatus, outcome_digest};
 use super::crd::{AutoApprovalStatus, Condition, Phase};
 
 /// `t` as a metav1 Time, to the second as the API server keeps it, so a
@@ -136,20 +136,6 @@ pub fn project(
 /// waiting request's retries from writing to the API server at all.
 pub fn same_outcome(shown: Option<&CachedStatus>, status: &AutoApprovalStatus) -> bool {
     shown.is_some_and(|shown| shown.outcome == outcome_digest(status))
-}
-
-/// A digest of what [`same_outcome`] compares: the status without the
-/// fields that only describe the last change (retry count, schedule,
-/// holder, `since`).
-pub fn outcome_digest(status: &AutoApprovalStatus) -> u64 {
-    let outcome = AutoApprovalStatus {
-        retry_count: 0,
-        next_retry_time: None,
-        holder: None,
-        since: None,
-        ..status.clone()
-    };
-    super::cached::digest(&outcome)
 }
 
 #[cfg(test)]
