@@ -1,6 +1,7 @@
 //! The controller's HTTP endpoints: `/healthz` (the process serves and has
 //! heard from the API server recently), `/readyz` (the database and the API
-//! server answer and the CR cache has synced) and `/metrics` (Prometheus text).
+//! server answer, the CR cache has synced, and the replica's Lease calls have
+//! not kept it from holding any shard) and `/metrics` (Prometheus text).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -29,6 +30,14 @@ pub struct Health {
     synced: Arc<AtomicBool>,
     metrics: Metrics,
     api: Arc<OnceLock<ApiContact>>,
+    holding: Arc<OnceLock<Holding>>,
+}
+
+/// Since when the replica has been unable to hold any shard, and how long readiness
+/// tolerates it.
+struct Holding {
+    stuck: watch::Receiver<Option<crate::coordination::Stuck>>,
+    timeout: Duration,
 }
 
 /// When the Lease loop last heard from the API server, and how long
@@ -48,6 +57,7 @@ impl Health {
             synced: Arc::default(),
             metrics,
             api: Arc::default(),
+            holding: Arc::default(),
         }
     }
 
@@ -59,6 +69,34 @@ impl Health {
             address: address.to_owned(),
             timeout,
         });
+    }
+
+    /// From now on `/readyz` fails once the replica has held no shard it may claim in,
+    /// because its Lease calls fail, for longer than `timeout` (`stuck`, from the Lease loop).
+    /// A replica holding no shard because others hold them all stays ready.
+    pub fn watch_holding(
+        &self,
+        stuck: watch::Receiver<Option<crate::coordination::Stuck>>,
+        timeout: Duration,
+    ) {
+        let _ = self.holding.set(Holding { stuck, timeout });
+    }
+
+    /// `Err` once the replica has been unable to hold any shard for the timeout.
+    fn holds_shards(&self) -> Result<(), String> {
+        let Some(holding) = self.holding.get() else {
+            return Ok(());
+        };
+        let stuck = holding.stuck.borrow();
+        match stuck.as_ref() {
+            Some(stuck) if stuck.since.elapsed() > holding.timeout => Err(format!(
+                "no shard can be held for {} s (--api-liveness-timeout {} s): {}",
+                stuck.since.elapsed().as_secs(),
+                holding.timeout.as_secs(),
+                stuck.why
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// `Ok` while alive, else why the kubelet should restart this replica.
@@ -88,6 +126,7 @@ impl Health {
         if !self.synced.load(Ordering::Acquire) {
             return Err("AutoApproval cache not synced yet".into());
         }
+        self.holds_shards()?;
         match tokio::time::timeout(CHECK_TIMEOUT, self.store.ping()).await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(format!("database: {e}")),

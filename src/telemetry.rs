@@ -88,6 +88,7 @@ pub struct Metrics {
     status_writes: Family<StatusWriteLabels, Counter>,
     rows_collected: Family<TableLabel, Counter>,
     shards_held: Gauge,
+    cannot_hold_shards: Gauge,
     leader: Gauge,
     shard_acquisitions: Family<KindLabel, Counter>,
     shard_losses: Counter,
@@ -328,6 +329,12 @@ impl Metrics {
             "Shard Leases this replica holds",
             shards_held.clone(),
         );
+        let cannot_hold_shards = Gauge::default();
+        registry.register(
+            "cannot_hold_shards",
+            "1 while this replica holds no shard it may claim in because its Lease calls fail (the log names the Lease, the verb and the API server's answer); 0 when it can hold shards, even if others hold them all",
+            cannot_hold_shards.clone(),
+        );
         let leader = Gauge::default();
         registry.register(
             "leader",
@@ -515,6 +522,7 @@ impl Metrics {
             kube_requests,
             kube_request_duration,
             shards_held,
+            cannot_hold_shards,
             leader,
             shard_acquisitions,
             shard_losses,
@@ -726,6 +734,11 @@ impl Metrics {
     pub fn coordination(&self, shards_held: usize, leader: bool) {
         self.shards_held.set(shards_held as i64);
         self.leader.set(i64::from(leader));
+    }
+
+    /// Records whether this replica cannot hold any shard because its Lease calls fail.
+    pub fn cannot_hold_shards(&self, stuck: bool) {
+        self.cannot_hold_shards.set(i64::from(stuck));
     }
 
     /// Counts a shard acquired; `failover` when taken from an expired holder.

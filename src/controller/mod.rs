@@ -388,6 +388,7 @@ impl Replica {
                 &shared.api_server,
                 settings.api_liveness_timeout,
             );
+            health.watch_holding(coordination.stuck.clone(), settings.api_liveness_timeout);
             let cache = cache.clone();
             tokio::spawn(async move {
                 discovery::wait_ready(&cache).await;

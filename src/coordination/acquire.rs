@@ -108,11 +108,12 @@ impl Coordinator {
     /// Lease found naming another replica is lost.
     pub(super) async fn renew_shard_leases(&mut self, now: DateTime<Utc>) {
         for shard in self.shards.held() {
-            match self.renew(&shard_lease_name(shard), now).await {
+            let name = shard_lease_name(shard);
+            match self.renew(&name, now).await {
                 Ok(true) => {}
                 Ok(false) => self.lose(shard, "another replica"),
                 Err(error) => {
-                    self.metrics.lease_renew_failure();
+                    self.lease_call_failed(&name, "update", &error);
                     warn!(shard, %error, "could not renew the shard's Lease for a replica of the previous protocol");
                 }
             }

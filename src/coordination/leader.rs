@@ -33,8 +33,7 @@ impl Coordinator {
                 }
                 Ok(false) => self.evicted(),
                 Err(error) => {
-                    self.metrics.lease_renew_failure();
-                    debug!(%error, "member Lease renew failed");
+                    self.lease_call_failed(&name, "update", &error);
                     return;
                 }
             }
@@ -42,8 +41,7 @@ impl Coordinator {
         let existing = match self.api.get_opt(&name).await {
             Ok(existing) => existing,
             Err(error) => {
-                self.metrics.lease_renew_failure();
-                debug!(%error, "cannot read the member Lease");
+                self.lease_call_failed(&name, "get", &error);
                 return;
             }
         };
@@ -109,8 +107,7 @@ impl Coordinator {
                 false
             }
             Err(error) => {
-                self.metrics.lease_renew_failure();
-                debug!(lease = %name, %error, "could not write the expired member Lease");
+                self.lease_call_failed(&name, "update", &error);
                 false
             }
         }
@@ -135,10 +132,7 @@ impl Coordinator {
                     self.metrics.leadership_lost();
                     warn!("leadership lost");
                 }
-                Err(error) => {
-                    self.metrics.lease_renew_failure();
-                    debug!(%error, "leader Lease renew failed");
-                }
+                Err(error) => self.lease_call_failed(LEADER_LEASE, "update", &error),
             }
             return;
         }

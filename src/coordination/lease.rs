@@ -33,6 +33,11 @@ impl Coordinator {
             lease_transitions: Some(i32::try_from(generation).unwrap_or(i32::MAX)),
             ..LeaseSpec::default()
         };
+        let verb = if existing.is_some() {
+            "update"
+        } else {
+            "create"
+        };
         let result = match existing {
             Some(mut lease) => {
                 lease.spec = Some(spec);
@@ -59,8 +64,7 @@ impl Coordinator {
                 None
             }
             Err(error) => {
-                self.metrics.lease_renew_failure();
-                debug!(lease = name, %error, "could not take the Lease");
+                self.lease_call_failed(name, verb, &error);
                 None
             }
         }

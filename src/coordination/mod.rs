@@ -24,6 +24,7 @@
 mod acquire;
 mod balance;
 mod fence;
+mod holding;
 mod leader;
 mod lease;
 mod shards;
@@ -38,6 +39,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+pub use self::holding::Stuck;
 pub use self::lease::{
     NameInUse, PROTOCOL_ANNOTATION, delete_unchanged, member_lease_name, refuse_a_live_namesake,
     shard_lease_name,
@@ -179,6 +181,8 @@ pub(crate) struct Coordinator {
     withdrawn: bool,
     /// Publishes Events on Leases: leadership taken, a shard failed over.
     recorder: crate::events::Publisher,
+    /// Lease calls refused: reported by name, and to readiness.
+    holding: holding::Holding,
 }
 
 /// What the rest of the replica observes of the coordination.
@@ -191,6 +195,9 @@ pub(crate) struct Handles {
     pub acquired: Arc<Acquired>,
     /// When the API server last answered a Lease list (start-up until then).
     pub api_ok: watch::Receiver<Instant>,
+    /// Since when this replica has held no shard it may claim in because its Lease calls
+    /// fail (`None` while it can hold shards): readiness reads it.
+    pub stuck: watch::Receiver<Option<Stuck>>,
 }
 
 // === impl Coordinator ===
@@ -212,6 +219,7 @@ impl Coordinator {
         let (leader, leader_rx) = watch::channel(false);
         let acquired = Arc::new(Acquired::default());
         let (api_ok, api_ok_rx) = watch::channel(Instant::now());
+        let (stuck, stuck_rx) = watch::channel(None);
         let coordinator = Self {
             api,
             shards: shards.clone(),
@@ -239,12 +247,14 @@ impl Coordinator {
             db_outage: Outage::new(OUTAGE_REPORT_EVERY),
             withdrawn: false,
             recorder,
+            holding: holding::Holding::new(stuck),
         };
         let handles = Handles {
             shards,
             leader: leader_rx,
             acquired,
             api_ok: api_ok_rx,
+            stuck: stuck_rx,
         };
         (coordinator, handles)
     }
@@ -377,6 +387,7 @@ impl Coordinator {
         self.leader
             .send_if_modified(|l| std::mem::replace(l, leading) != leading);
         self.metrics.coordination(self.shards.held().len(), leading);
+        self.report_holding(sent);
     }
 
     /// Pings the database (bounded by a retry period); false once it has

@@ -129,34 +129,11 @@ async fn leases_cannot_be_narrowed_to_the_leader_and_shard_names(db: Db) {
     );
 }
 
-/// The chart's Role less `verb` on `resource`.
-fn without_verb(role: &mut Role, resource: &str, verb: &str) {
-    let rule = role
-        .rules
-        .as_mut()
-        .expect("rules")
-        .iter_mut()
-        .find(|r| {
-            r.resources
-                .as_deref()
-                .is_some_and(|rs| rs.iter().any(|x| x == resource))
-        })
-        .unwrap_or_else(|| panic!("a rule on {resource}"));
-    let before = rule.verbs.len();
-    rule.verbs.retain(|v| v != verb);
-    assert_eq!(
-        rule.verbs.len() + 1,
-        before,
-        "{verb} on {resource} is granted"
-    );
-}
-
 on_both!(each_verb_missing_from_the_role_is_named_in_the_log);
 /// Finer than `real_server::each_rule_missing_from_the_role_is_named_in_the_log`: the chart's
 /// Role less one verb, on the real kube-apiserver, and the replica's log names the refused
-/// call as the ServiceAccount's. The verbs a refusal of which is logged below info (Lease
-/// create and update: the coordination logs a failed take or renew at debug) are shown called by
-/// `every_verb_the_role_grants_is_called_in_a_replicas_life`.
+/// call as the ServiceAccount's. A refused Lease create or update keeps the replica from
+/// holding any shard: `real_server::a_lease_verb_the_role_refuses_is_named_and_the_replica_is_not_ready_until_granted`.
 async fn each_verb_missing_from_the_role_is_named_in_the_log(db: Db) {
     // A short TTL, so the leader collects the approved request's CR at once.
     let collect: &[&str] = &["--finished-ttl", "1s", "--gc-interval", "1s"];

@@ -118,6 +118,28 @@ pub fn without_rule(role: &mut Role, resource: &str) {
     assert_eq!(rules.len() + 1, before, "one rule on {resource}");
 }
 
+/// The chart's Role less `verb` on `resource`.
+pub fn without_verb(role: &mut Role, resource: &str, verb: &str) {
+    let rule = role
+        .rules
+        .as_mut()
+        .expect("rules")
+        .iter_mut()
+        .find(|r| {
+            r.resources
+                .as_deref()
+                .is_some_and(|rs| rs.iter().any(|x| x == resource))
+        })
+        .unwrap_or_else(|| panic!("a rule on {resource}"));
+    let before = rule.verbs.len();
+    rule.verbs.retain(|v| v != verb);
+    assert_eq!(
+        rule.verbs.len() + 1,
+        before,
+        "{verb} on {resource} is granted"
+    );
+}
+
 /// `autoapproval run --replica-name rbac-1 <args>` as the chart's ServiceAccount under the
 /// chart's Role changed by `edit`, with request `id` waiting, until its log holds the line
 /// `until(the ServiceAccount's user name)`; then stopped with SIGTERM: its whole log.
