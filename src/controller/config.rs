@@ -134,7 +134,7 @@ pub struct ControllerArgs {
     /// Delay between censuses: each replica pings the database (autoapproval_database_up), and the leader counts requests by state and the backlog's age (autoapproval_requests, autoapproval_backlog_age_seconds); at least 1s.
     #[arg(long, env = "AUTOAPPROVAL_CENSUS_INTERVAL", default_value = "15s", value_parser = parse_duration)]
     pub census_interval: Duration,
-    /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; also how long a CR create, status write or Event may go unanswered before it is given up; at least --lease-duration.
+    /// /healthz fails once the API server has not answered a Lease list for this long, so a liveness probe restarts a replica cut off from it; /readyz fails once refused Lease calls (a missing namespace, a verb the Role lacks) have kept the replica from holding any shard for this long; also how long a CR create, status write or Event may go unanswered before it is given up; at least --lease-duration.
     #[arg(long, env = "AUTOAPPROVAL_API_LIVENESS_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
     pub api_liveness_timeout: Duration,
 }

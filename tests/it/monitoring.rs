@@ -120,6 +120,7 @@ fn every_alert_passes_promtool_and_its_unit_tests_fire_it_and_keep_it_silent_whe
         .collect();
     let expected = [
         "AutoApprovalShardUnheld",
+        "AutoApprovalReplicaCannotHoldShards",
         "AutoApprovalNoLeader",
         "AutoApprovalLeaseRenewFailures",
         "AutoApprovalPickupSlow",
