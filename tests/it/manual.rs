@@ -385,6 +385,45 @@ const MANUAL_PROCEDURES: [&str; 4] = [
     "autoapproval_manual_decide",
 ];
 
+/// The grants of the manual functions in docs/DATABASE.md ("Working alongside people"), as
+/// statements: PostgreSQL's, then MySQL's (after the comment naming MySQL).
+fn documented_manual_grants() -> (Vec<String>, Vec<String>) {
+    let doc = std::fs::read_to_string(crate::support::repo().join("docs/DATABASE.md"))
+        .expect("docs/DATABASE.md");
+    let section = doc
+        .split("\n## Working alongside people\n")
+        .nth(1)
+        .expect("the section");
+    let block = section
+        .split("```sql\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("its SQL block");
+    let (mut postgres, mut mysql) = (vec![], vec![]);
+    let mut in_mysql = false;
+    let mut statement = String::new();
+    for line in block.lines() {
+        if line.starts_with("--") {
+            in_mysql |= line.contains("MySQL");
+            continue;
+        }
+        statement.push_str(line);
+        statement.push('\n');
+        if line.trim_end().ends_with(';') {
+            let done = std::mem::take(&mut statement).trim().to_owned();
+            if in_mysql { &mut mysql } else { &mut postgres }.push(done);
+        }
+    }
+    assert!(
+        postgres
+            .iter()
+            .any(|g| g.starts_with("GRANT USAGE ON SCHEMA"))
+            && mysql.len() == MANUAL_PROCEDURES.len(),
+        "{postgres:?} {mysql:?}"
+    );
+    (postgres, mysql)
+}
+
 on_both!(a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more);
 /// The functions are the only door a separate role needs: granted EXECUTE
 /// on them (the README's statement), it claims and decides; it cannot
@@ -393,32 +432,46 @@ async fn a_role_granted_only_the_functions_can_claim_and_decide_and_nothing_more
     let role = format!("aa_manual_{}", rand::rng().random::<u32>());
     let outsider = format!("{role}_outsider");
     // PostgreSQL's roles and MySQL's users are both server-wide, so both
-    // are dropped at the end; MySQL grants one procedure at a time.
+    // are dropped at the end. The grants are docs/DATABASE.md's block as it
+    // is, its names replaced by the test's.
+    let (postgres_grants, mysql_grants) = documented_manual_grants();
     let (setup, teardown) = match &db {
-        Db::Postgres(_) => (
-            vec![
+        Db::Postgres(_) => {
+            // The block's USAGE must be what lets the role in: PUBLIC's is taken away (the
+            // outsider, which is refused EXECUTE below, gets USAGE of its own).
+            let mut setup = vec![
+                "REVOKE ALL ON SCHEMA public FROM PUBLIC".to_owned(),
                 format!("CREATE ROLE {role} LOGIN"),
                 format!("CREATE ROLE {outsider} LOGIN"),
-                format!(
-                    "GRANT EXECUTE ON FUNCTION {} TO {role}",
-                    autoapproval::db::postgres::MANUAL_FUNCTIONS
-                ),
-            ],
-            vec![
-                format!("DROP OWNED BY {role}, {outsider}"),
-                format!("DROP ROLE {role}, {outsider}"),
-            ],
-        ),
-        Db::Mysql(_) => {
+                format!("GRANT USAGE ON SCHEMA public TO {outsider}"),
+            ];
+            setup.extend(
+                postgres_grants
+                    .iter()
+                    .map(|g| g.replace("manual_approver", &role)),
+            );
+            (
+                setup,
+                vec![
+                    format!("DROP OWNED BY {role}, {outsider}"),
+                    format!("DROP ROLE {role}, {outsider}"),
+                ],
+            )
+        }
+        Db::Mysql(pool) => {
+            let database = pool
+                .connect_options()
+                .get_database()
+                .expect("a scratch database")
+                .to_owned();
             let mut setup = vec![
                 format!("CREATE USER '{role}'@'%'"),
                 format!("CREATE USER '{outsider}'@'%'"),
             ];
-            setup.extend(
-                MANUAL_PROCEDURES
-                    .iter()
-                    .map(|p| format!("GRANT EXECUTE ON PROCEDURE {p} TO '{role}'@'%'")),
-            );
+            setup.extend(mysql_grants.iter().map(|g| {
+                g.replace("'manual_approver'", &format!("'{role}'"))
+                    .replace(" autoapproval.", &format!(" `{database}`."))
+            }));
             (
                 setup,
                 vec![format!("DROP USER '{role}'@'%', '{outsider}'@'%'")],
