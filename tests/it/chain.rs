@@ -114,6 +114,77 @@ async fn an_unsigned_econtract_waits_and_the_sync_records_it(db: Db) {
     );
 }
 
+/// Sets what the simulator's e-sign system answers for `contract`, through its admin API
+/// (`PUT /admin/esign/{ref}`, docs/REFERENCE.md).
+async fn esign_says(env: &Env, contract: &str, status: &str) {
+    let response = reqwest::Client::new()
+        .put(format!("{}/admin/esign/{contract}", env.sim.base_url()))
+        .json(&serde_json::json!({ "status": status }))
+        .send()
+        .await
+        .expect("PUT /admin/esign");
+    assert_eq!(
+        response.status().as_u16(),
+        204,
+        "PUT /admin/esign/{contract}"
+    );
+}
+
+on_both!(a_ledger_not_signed_is_overwritten_by_the_esign_systems_signed);
+/// docs/INTEGRATING.md, "Which says the contract is signed": a status of the ledger other
+/// than SIGNED is not trusted. The e-sign system is asked; its SIGNED is written over the
+/// ledger's PENDING, and the request is approved.
+async fn a_ledger_not_signed_is_overwritten_by_the_esign_systems_signed(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(6).insert(&db).await;
+    db.exec(
+        "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ('EC-6', 'PENDING', now())",
+    )
+    .await;
+    // Applied, as the discovery turn that finds the request would: the ledger's row is older.
+    db.exec("DELETE FROM auto_approve_wake").await;
+    esign_says(&env, "EC-6", "SIGNED").await;
+    let outcome = env.attempt(&owner(6)).await;
+    assert_eq!(outcome, AttemptOutcome::Approved);
+    assert_eq!(
+        env.sim.stats().calls_to("GET /esign/contracts/{ref}"),
+        1,
+        "the e-sign system was asked"
+    );
+    assert_eq!(
+        env.store.econtract_status("EC-6").await.unwrap().as_deref(),
+        Some("SIGNED"),
+        "the ledger's PENDING was overwritten"
+    );
+}
+
+on_both!(a_ledger_signed_passes_without_asking_the_esign_system);
+/// docs/INTEGRATING.md, "Which says the contract is signed": the ledger's SIGNED wins. The
+/// request is approved while the e-sign system would say PENDING: it is not asked, and the
+/// ledger keeps its SIGNED.
+async fn a_ledger_signed_passes_without_asking_the_esign_system(db: Db) {
+    let env = Env::start(db.clone()).await;
+    NewRequest::ready_owner(7).insert(&db).await;
+    db.exec(
+        "INSERT INTO econtract (contract_ref, status, synced_at) VALUES ('EC-7', 'SIGNED', now())",
+    )
+    .await;
+    // Applied, as the discovery turn that finds the request would: the ledger's row is older.
+    db.exec("DELETE FROM auto_approve_wake").await;
+    esign_says(&env, "EC-7", "PENDING").await;
+    let outcome = env.attempt(&owner(7)).await;
+    assert_eq!(outcome, AttemptOutcome::Approved);
+    assert_eq!(
+        env.sim.stats().calls_to("GET /esign/contracts/{ref}"),
+        0,
+        "the e-sign system was not asked"
+    );
+    assert_eq!(
+        env.store.econtract_status("EC-7").await.unwrap().as_deref(),
+        Some("SIGNED")
+    );
+}
+
 on_both!(a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key);
 async fn a_crash_after_the_external_creation_gets_the_same_owner_from_the_idempotency_key(db: Db) {
     let env = Env::start(db.clone()).await;

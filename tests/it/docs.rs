@@ -1,6 +1,8 @@
 //! The documentation holds together: every relative link of README.md, docs/*.md and the
 //! crates' and the chart's READMEs reaches a file that exists and, with a `#fragment`, a
-//! heading of it (GitHub's anchor rules); and docs/INSTALL.md's install is the README's tested one.
+//! heading of it (GitHub's anchor rules); docs/INSTALL.md's install is the README's tested one;
+//! the integration guide's request types are the code's; and every flag a string of src/ names
+//! is one the binary has.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -497,4 +499,186 @@ fn command_checks_catch_a_wrong_subcommand_or_flag() {
         code_of("a `wrapped\nspan` and\n```sh\nx \\\n  y # note\n```\n"),
         ["x   y", "wrapped span"]
     );
+}
+
+/// The string literals of a Rust source, comments left out: what its messages can say. Plain
+/// and raw strings; char literals (`'"'`) and lifetimes do not open one.
+fn string_literals(source: &str) -> Vec<String> {
+    let mut found = vec![];
+    let mut rest = source;
+    while let Some(at) = rest.find(['/', '"', '\'', 'r']) {
+        let (before, from) = rest.split_at(at);
+        let after_ident = before
+            .chars()
+            .last()
+            .is_some_and(|c| c.is_ascii_alphanumeric() || c == '_');
+        if let Some(comment) = from.strip_prefix("//") {
+            rest = comment.find('\n').map_or("", |end| &comment[end..]);
+        } else if let Some(comment) = from.strip_prefix("/*") {
+            rest = comment.find("*/").map_or("", |end| &comment[end + 2..]);
+        } else if from.starts_with('r') && !after_ident {
+            let hashes = from[1..].chars().take_while(|c| *c == '#').count();
+            let open = format!("{}\"", "#".repeat(hashes));
+            if from[1..].starts_with(&open) {
+                let body = &from[1 + open.len()..];
+                let close = format!("\"{}", "#".repeat(hashes));
+                let end = body.find(&close).unwrap_or(body.len());
+                found.push(body[..end].to_owned());
+                rest = body.get(end + close.len()..).unwrap_or("");
+            } else {
+                rest = &from[1..];
+            }
+        } else if let Some(body) = from.strip_prefix('"') {
+            let mut text = String::new();
+            let mut chars = body.char_indices();
+            let mut end = body.len();
+            while let Some((i, c)) = chars.next() {
+                match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '"' => {
+                        end = i;
+                        break;
+                    }
+                    c => text.push(c),
+                }
+            }
+            found.push(text);
+            rest = body.get(end + 1..).unwrap_or("");
+        } else if let Some(body) = from.strip_prefix('\'') {
+            // A char literal ('x', '\n', '\u{..}') is skipped whole; a lifetime is not one.
+            let len = if body.starts_with('\\') {
+                body.find('\'').map_or(0, |end| end + 1)
+            } else {
+                let mut chars = body.chars();
+                match (chars.next(), chars.next()) {
+                    (Some(c), Some('\'')) => c.len_utf8() + 1,
+                    _ => 0,
+                }
+            };
+            rest = &body[len..];
+        } else {
+            rest = &from[1..];
+        }
+    }
+    found
+}
+
+/// The `--flag` words in `text`.
+fn flag_words(text: &str) -> Vec<String> {
+    let mut words = vec![];
+    let mut rest = text;
+    while let Some(at) = rest.find("--") {
+        let before = rest[..at].chars().last();
+        let after = &rest[at + 2..];
+        let len = after
+            .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'))
+            .unwrap_or(after.len());
+        let word = after[..len].trim_end_matches('-');
+        if !before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            && word.starts_with(|c: char| c.is_ascii_lowercase())
+        {
+            words.push(format!("--{word}"));
+        }
+        rest = &after[len..];
+    }
+    words
+}
+
+#[test]
+fn string_literals_and_their_flags_are_read_as_rust_has_them() {
+    let source = r####"
+        // "--in-a-comment"
+        let c = '"'; let l: &'a str = "a message names (--poll-interval) and --x-y";
+        /* "--in-a-block" */ let raw = r#"raw "--raw-flag""#; let e = "say \"--quoted\" -- not";
+    "####;
+    let literals = string_literals(source);
+    let flags: Vec<String> = literals.iter().flat_map(|l| flag_words(l)).collect();
+    assert_eq!(
+        flags,
+        ["--poll-interval", "--x-y", "--raw-flag", "--quoted"],
+        "{literals:?}"
+    );
+}
+
+/// Issue 44: the MySQL wake warning named `--poll-interval`, a flag no command has (it is
+/// `--poll-period`). Every `--flag` a string of src/ names (a message, an error, a help text;
+/// not its unit tests) is a flag of some command of the binary.
+#[test]
+fn every_flag_a_message_of_the_binary_names_is_one_of_its_flags() {
+    let mut known = BTreeSet::new();
+    let mut commands: Vec<Vec<String>> = vec![vec![]];
+    while let Some(path) = commands.pop() {
+        let words: Vec<&str> = path.iter().map(String::as_str).collect();
+        let Some(text) = help(&words) else { continue };
+        known.extend(flags_of(&text));
+        for sub in subcommands_of(&text).into_iter().filter(|s| s != "help") {
+            commands.push([path.clone(), vec![sub]].concat());
+        }
+    }
+    assert!(known.contains("--poll-period"), "{known:?}");
+    let mut files = vec![repo().join("src")];
+    let mut unknown = BTreeSet::new();
+    while let Some(path) = files.pop() {
+        if path.is_dir() {
+            files.extend(
+                std::fs::read_dir(&path)
+                    .expect("a source directory")
+                    .map(|e| e.expect("an entry").path()),
+            );
+            continue;
+        }
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("a source file");
+        // Unit tests make up flags of their own.
+        let source = source.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for literal in string_literals(source) {
+            for flag in flag_words(&literal) {
+                if !known.contains(&flag) {
+                    unknown.insert(format!(
+                        "{flag} in {}",
+                        path.strip_prefix(repo()).unwrap_or(&path).display()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        unknown.is_empty(),
+        "strings of src/ name flags no command has: {unknown:?}"
+    );
+}
+
+/// docs/INTEGRATING.md's table of request types: every type the code knows, in its order,
+/// and "yes" exactly for the two it approves.
+#[test]
+fn the_integration_guide_lists_the_request_types_the_code_knows() {
+    use autoapproval::domain::RequestType;
+
+    let guide = std::fs::read_to_string(repo().join("docs/INTEGRATING.md")).expect("the guide");
+    let section = guide
+        .split("\n### Request types\n")
+        .nth(1)
+        .expect("a section `### Request types`");
+    let listed: Vec<(String, bool)> = section
+        .lines()
+        .skip_while(|l| !l.starts_with('|'))
+        .take_while(|l| l.starts_with('|'))
+        .skip(2)
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            (
+                cells[1].trim_matches('`').to_owned(),
+                cells[2].starts_with("yes"),
+            )
+        })
+        .collect();
+    let known: Vec<(String, bool)> = RequestType::ALL
+        .iter()
+        .map(|t| (t.as_str().to_owned(), t.is_auto_approvable()))
+        .collect();
+    assert_eq!(listed, known);
 }

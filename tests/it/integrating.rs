@@ -859,6 +859,68 @@ async fn a_role_creating_in_our_schema_runs_nothing_as_our_functions_owner(bound
     bound.finish().await;
 }
 
+/// Issue 44: on MySQL the business role could create its views but not replace them (`CREATE
+/// OR REPLACE VIEW` needs DROP on the view too). With the guide's grants it replaces each of
+/// the three, as it would to change a column, and the controller still reads through them.
+async fn the_business_role_replaces_its_views_with_the_guides_grants(bound: Bound) {
+    let database = match bound.backend {
+        "postgres" => format!("\"{}\"", bound.business_database),
+        _ => bound.business_database.clone(),
+    };
+    let names = [
+        ("imr_owner", bound.business_role.clone()),
+        ("autoapproval_owner", bound.owner_role.clone()),
+        ("autoapproval", bound.controller_role.clone()),
+        ("contracts", database),
+    ];
+    let views = blocks(bound.backend)
+        .into_iter()
+        .find(|b| b.step == "views")
+        .expect("the views step");
+    let text = names.iter().fold(views.text, |sql, (word, with)| {
+        replace_word(&sql, word, with)
+    });
+    let mut replaced = 0;
+    for statement in text.split(";\n").map(str::trim) {
+        let Some(view) = statement
+            .strip_prefix("CREATE ALGORITHM")
+            .map(|rest| format!("CREATE OR REPLACE ALGORITHM{rest}"))
+            .or_else(|| {
+                statement
+                    .strip_prefix("CREATE VIEW")
+                    .map(|rest| format!("CREATE OR REPLACE VIEW{rest}"))
+            })
+        else {
+            continue;
+        };
+        execute(&bound.business, "replace a view", &view).await;
+        replaced += 1;
+    }
+    assert_eq!(replaced, 3, "the three views replaced");
+    let read = with_pool!(&bound.controller, pool => sqlx::query(
+        "SELECT id, status FROM autoapproval_request LIMIT 1"
+    )
+    .fetch_all(pool)
+    .await
+    .map(|_| ()));
+    assert!(read.is_ok(), "{read:?}");
+    bound.finish().await;
+}
+
+mod the_business_role_replaces_its_views_with_the_guides_grants {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::the_business_role_replaces_its_views_with_the_guides_grants(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::the_business_role_replaces_its_views_with_the_guides_grants(bound).await
+    }
+}
+
 mod the_controllers_role_is_refused_what_the_guide_does_not_grant {
     #[sqlx::test(migrations = false)]
     async fn postgres(admin: sqlx::PgPool) {
