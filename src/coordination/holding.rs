@@ -38,6 +38,8 @@ pub struct Stuck {
 pub(super) struct Holding {
     /// The first refusal of the current turn.
     failure: Option<LeaseFailure>,
+    /// A Lease call of the current turn got no answer: the turn says nothing either way.
+    unanswered: bool,
     outage: Outage,
     stuck: tokio::sync::watch::Sender<Option<Stuck>>,
 }
@@ -47,6 +49,7 @@ impl Holding {
     pub(super) fn new(stuck: tokio::sync::watch::Sender<Option<Stuck>>) -> Self {
         Self {
             failure: None,
+            unanswered: false,
             outage: Outage::new(REPORT_EVERY),
             stuck,
         }
@@ -69,8 +72,9 @@ fn hint(verb: &str, code: Option<u16>, namespace: &str) -> String {
 // === impl Coordinator ===
 
 impl Coordinator {
-    /// Records a Lease call that failed (not a 409): counted, and kept as the turn's
-    /// refusal when it is the first.
+    /// Records a Lease call that failed (not a 409): counted, and, when the API server
+    /// answered it, kept as the turn's refusal if it is the first. A call left unanswered is
+    /// an outage of the API server, which the Lease list reports and liveness acts on.
     pub(super) fn lease_call_failed(
         &mut self,
         lease: &str,
@@ -78,11 +82,12 @@ impl Coordinator {
         error: &kube::Error,
     ) {
         self.metrics.lease_renew_failure();
-        let code = match error {
-            kube::Error::Api(status) => Some(status.code),
-            _ => None,
-        };
         debug!(lease, verb, %error, "Lease call failed");
+        let kube::Error::Api(status) = error else {
+            self.holding.unanswered = true;
+            return;
+        };
+        let code = Some(status.code);
         self.holding.failure.get_or_insert_with(|| LeaseFailure {
             lease: lease.to_owned(),
             verb,
@@ -97,7 +102,12 @@ impl Coordinator {
     pub(super) fn report_holding(&mut self, sent: Instant) {
         let namespace = self.api.namespace().unwrap_or("default").to_owned();
         let failure = self.holding.failure.take();
+        let unanswered = std::mem::take(&mut self.holding.unanswered);
         let workable = self.shards.workable().len();
+        if failure.is_none() && unanswered {
+            // Neither refused nor proven able: the API server's outage is reported as such.
+            return;
+        }
         match &failure {
             Some(f) => {
                 let hint = hint(f.verb, f.code, &namespace);
