@@ -401,9 +401,7 @@ pub(super) fn pg_trigger_refused(
     said: &str,
 ) -> Probed {
     let named = pg_functions_in(context);
-    let culprit = triggers
-        .iter()
-        .find(|t| named.iter().any(|f| *f == t.function_name));
+    let culprit = triggers.iter().find(|t| named.contains(&t.function_name));
     let first = context.lines().last().unwrap_or(context);
     let grant = pg_grant_for(said, role)
         .unwrap_or_else(|| format!("grant {role} the right the message names"));
@@ -575,5 +573,80 @@ impl super::Database {
             tracing::info!(%note, "schema");
         }
         report.into_result()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_functions_of_an_error_context_are_read_without_schema_or_arguments() {
+        let context = "SQL statement \"INSERT INTO biz.audit VALUES (1)\"\n\
+                       PL/pgSQL function biz.imr_audit() line 3 at SQL statement\n\
+                       SQL function \"helper\" statement 1";
+        assert_eq!(pg_functions_in(context), ["imr_audit", "helper"]);
+        assert!(pg_functions_in("").is_empty());
+    }
+
+    #[test]
+    fn a_permission_refused_inside_a_trigger_is_given_its_grant() {
+        assert_eq!(
+            pg_grant_for("permission denied for schema biz", "ctl").as_deref(),
+            Some("GRANT USAGE ON SCHEMA biz TO ctl")
+        );
+        assert_eq!(
+            pg_grant_for("permission denied for sequence s", "ctl").as_deref(),
+            Some("GRANT USAGE ON SEQUENCE s TO ctl")
+        );
+        assert_eq!(pg_grant_for("division by zero", "ctl"), None);
+    }
+
+    #[test]
+    fn a_trigger_refusal_names_the_trigger_its_function_and_the_fix_not_the_servers_line() {
+        let triggers = [
+            TableTrigger {
+                table: "imr".into(),
+                name: "imr_stamp".into(),
+                function: "imr_stamp()".into(),
+                function_name: "imr_stamp".into(),
+            },
+            TableTrigger {
+                table: "imr".into(),
+                name: "imr_audited".into(),
+                function: "biz.imr_audit()".into(),
+                function_name: "imr_audit".into(),
+            },
+        ];
+        let Probed::Refused(said) = pg_trigger_refused(
+            Write::Request,
+            &triggers,
+            "PL/pgSQL function biz.imr_audit() line 3 at SQL statement",
+            "ctl",
+            "permission denied for schema biz",
+        ) else {
+            panic!("refused");
+        };
+        for named in [
+            "trigger imr_audited on imr",
+            "biz.imr_audit()",
+            "ALTER FUNCTION biz.imr_audit() SECURITY DEFINER",
+            "GRANT USAGE ON SCHEMA biz TO ctl",
+            "line 3",
+        ] {
+            assert!(said.contains(named), "{named}: {said}");
+        }
+        assert!(!said.contains("imr_stamp"), "{said}");
+        // No trigger matched by name: every trigger of the table is listed.
+        let Probed::Refused(said) = pg_trigger_refused(
+            Write::Request,
+            &triggers,
+            "PL/pgSQL function biz.other() line 1 at PERFORM",
+            "ctl",
+            "permission denied for table t",
+        ) else {
+            panic!("refused");
+        };
+        assert!(said.contains("imr_stamp calls imr_stamp()") && said.contains("imr_audited"));
     }
 }

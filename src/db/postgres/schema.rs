@@ -296,26 +296,27 @@ impl PgStore {
                 )));
             }
         }
-        if code == "42501" {
-            if let Some(name) = said.strip_prefix("permission denied for sequence ") {
-                let sequence: Option<String> = sqlx::query_scalar(
-                    "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
-                      WHERE c.relkind = 'S' AND c.relname = $1
-                      ORDER BY pg_catalog.pg_table_is_visible(c.oid) DESC LIMIT 1",
-                )
-                .bind(name)
-                .fetch_optional(&self.primary)
-                .await
-                .map_err(db(OPERATION))?;
-                let sequence = sequence.unwrap_or_else(|| name.to_owned());
-                return Ok(sequence_refused(
-                    write,
-                    &sequence,
-                    role,
-                    &format!("GRANT USAGE ON SEQUENCE {sequence} TO {role}"),
-                    &said,
-                ));
-            }
+        if let Some(name) = said
+            .strip_prefix("permission denied for sequence ")
+            .filter(|_| code == "42501")
+        {
+            let sequence: Option<String> = sqlx::query_scalar(
+                "SELECT c.oid::regclass::text FROM pg_catalog.pg_class c
+                  WHERE c.relkind = 'S' AND c.relname = $1
+                  ORDER BY pg_catalog.pg_table_is_visible(c.oid) DESC LIMIT 1",
+            )
+            .bind(name)
+            .fetch_optional(&self.primary)
+            .await
+            .map_err(db(OPERATION))?;
+            let sequence = sequence.unwrap_or_else(|| name.to_owned());
+            return Ok(sequence_refused(
+                write,
+                &sequence,
+                role,
+                &format!("GRANT USAGE ON SEQUENCE {sequence} TO {role}"),
+                &said,
+            ));
         }
         if let Some(context) = context.filter(|c| c.contains("function")) {
             let triggers: Vec<(String, String, String, String)> = sqlx::query_as(TRIGGERS_BEHIND)
@@ -525,10 +526,10 @@ fn scans(
             serde_json::Value::Object(fields) => {
                 let kind = fields.get("Node Type").and_then(|v| v.as_str());
                 let table = fields.get("Relation Name").and_then(|v| v.as_str());
-                if let (Some(kind), Some(table)) = (kind, table) {
-                    if !ours(table) {
-                        found.push((kind, table, fields));
-                    }
+                if let (Some(kind), Some(table)) = (kind, table)
+                    && !ours(table)
+                {
+                    found.push((kind, table, fields));
                 }
                 stack.extend(fields.values());
             }
