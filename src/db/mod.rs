@@ -92,7 +92,7 @@ pub use pause::{FleetAnswer, FleetPause, Pause};
 pub use recovery::CleanseReport;
 pub use retention::{AbandonedQuery, RowsCollected};
 pub use rows::RequestStatusRow;
-pub use schema::{MigrationSet, SchemaReport};
+pub use schema::{MigrationSet, SchemaReport, WriteProbes};
 pub use shadow::{ShadowOutcome, ShadowRecord, WouldDecision};
 pub use tls::{TlsMode, TlsSettings};
 

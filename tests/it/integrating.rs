@@ -971,6 +971,366 @@ mod a_revoked_grant_or_a_dropped_view_of_the_binding_stops_run_naming_it {
     }
 }
 
+// === Issue 44: start-up probes that match run time ===
+//
+// Each run-time write of `run` (the memo insert, the e-contract upsert, a request's update) is
+// made at start-up for real, as the controller's role, in a transaction rolled back: what only
+// a real write shows (a key default drawing from a sequence, a business trigger that runs as
+// the writer, ON CONFLICT through a trigger-written view) stops `run`, named with its fix.
+
+/// `run`'s start-up check as the controller's role of `bound`: its refusal, or its warnings.
+async fn check_as_controller(bound: &Bound) -> Result<Vec<String>, String> {
+    bound
+        .controller
+        .database()
+        .check_schema()
+        .await
+        .map_err(|e| e.to_string())
+}
+
+/// The business role replaces the memo view by one over `table` (its own columns `note_id`,
+/// `imr_id`, `reg_dt`, `writer`, `memo`), granted as the guide grants the memo view.
+async fn memo_view_over(bound: &Bound, table: &str) {
+    let controller = &bound.controller_role;
+    match bound.backend {
+        "postgres" => {
+            let owner = &bound.owner_role;
+            for sql in [
+                "DROP VIEW autoapproval_request_memo".to_owned(),
+                format!(
+                    "CREATE VIEW autoapproval_request_memo AS
+                     SELECT note_id AS id, imr_id AS request_id, reg_dt AS created_at,
+                            writer AS author, memo AS message FROM {table}"
+                ),
+                format!(
+                    "GRANT SELECT, INSERT (request_id, created_at, author, message)
+                        ON autoapproval_request_memo TO {controller}, {owner}"
+                ),
+            ] {
+                bound.business.exec(&sql).await;
+            }
+        }
+        _ => {
+            // The business role may create views in the controller's database, not drop them;
+            // the grants on the name outlive the view.
+            bound
+                .admin
+                .exec(&format!("DROP VIEW {controller}.autoapproval_request_memo"))
+                .await;
+            bound
+                .business
+                .exec(&format!(
+                    "CREATE ALGORITHM = MERGE SQL SECURITY DEFINER VIEW \
+                     {controller}.autoapproval_request_memo AS
+                     SELECT note_id AS id, imr_id AS request_id, reg_dt AS created_at,
+                            writer AS author, memo AS message FROM {}.{table}",
+                    bound.business_database
+                ))
+                .await;
+            bound
+                .admin
+                .exec(&format!(
+                    "GRANT SELECT, INSERT (request_id, created_at, author, message)
+                        ON {controller}.autoapproval_request_memo TO '{controller}'@'%'"
+                ))
+                .await;
+        }
+    }
+}
+
+/// The memo table with a `bigserial` key (PostgreSQL), or one drawing from a sequence (MariaDB
+/// `DEFAULT NEXTVAL`): the default runs as the writer, and the controller's role, granted the
+/// view only, may not use the sequence. The memo insert refuses at every wait and recovery;
+/// `run` stops at start-up naming the view, the sequence and the grant, and starts once given.
+async fn a_memo_key_drawing_from_a_sequence_the_controller_may_not_use_stops_run(bound: Bound) {
+    let (sequence, grant) = match bound.backend {
+        "postgres" => {
+            bound
+                .business
+                .exec(
+                    "CREATE TABLE imr_note (note_id BIGSERIAL PRIMARY KEY,
+                         imr_id BIGINT NOT NULL REFERENCES imr (imr_id),
+                         reg_dt TIMESTAMPTZ NOT NULL DEFAULT now(),
+                         writer TEXT NOT NULL, memo TEXT NOT NULL)",
+                )
+                .await;
+            (
+                "imr_note_note_id_seq",
+                format!(
+                    "GRANT USAGE ON SEQUENCE imr_note_note_id_seq TO {}",
+                    bound.controller_role
+                ),
+            )
+        }
+        _ => {
+            bound.business.exec("CREATE SEQUENCE imr_note_seq").await;
+            bound
+                .business
+                .exec(
+                    "CREATE TABLE imr_note (note_id BIGINT NOT NULL DEFAULT NEXTVAL(imr_note_seq)
+                         PRIMARY KEY, imr_id BIGINT NOT NULL,
+                         reg_dt DATETIME(6) NOT NULL DEFAULT (UTC_TIMESTAMP(6)),
+                         writer VARCHAR(255) NOT NULL, memo TEXT NOT NULL)",
+                )
+                .await;
+            (
+                "imr_note_seq",
+                format!(
+                    "GRANT SELECT, INSERT ON {}.imr_note_seq TO '{}'@'%'",
+                    bound.business_database, bound.controller_role
+                ),
+            )
+        }
+    };
+    memo_view_over(&bound, "imr_note").await;
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    let refused = check_as_controller(&bound)
+        .await
+        .expect_err("the memo insert is refused");
+    eprintln!("{}: {refused}", bound.backend);
+    for named in [
+        "binding to the business tables",
+        "memo insert",
+        "autoapproval_request_memo",
+        sequence,
+        "GRANT",
+        bound.controller_role.as_str(),
+    ] {
+        assert!(
+            refused.contains(named),
+            "{}: names {named}: {refused}",
+            bound.backend
+        );
+    }
+    // The fix the message names, by whoever may give it (the sequence's owner; on MySQL an
+    // administrator), and `run` starts.
+    match bound.backend {
+        "postgres" => bound.business.exec(&grant).await,
+        _ => bound.admin.exec(&grant).await,
+    };
+    check_as_controller(&bound)
+        .await
+        .unwrap_or_else(|e| panic!("{}: the check passes once granted: {e}", bound.backend));
+    let notes = bound
+        .business
+        .fetch_i64("SELECT count(*) FROM imr_note")
+        .await;
+    assert_eq!(notes, 0, "the probe's memo is rolled back");
+    bound.finish().await;
+}
+
+mod a_memo_key_drawing_from_a_sequence_the_controller_may_not_use_stops_run {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::a_memo_key_drawing_from_a_sequence_the_controller_may_not_use_stops_run(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::a_memo_key_drawing_from_a_sequence_the_controller_may_not_use_stops_run(bound).await
+    }
+}
+
+/// A business trigger on `imr` that fails as the controller's role: on PostgreSQL an AFTER
+/// UPDATE trigger whose function (SECURITY INVOKER, the default) writes an audit table in a
+/// schema the controller may not use; on MariaDB a BEFORE UPDATE trigger that refuses every
+/// account but the business's (a trigger runs as its definer there, and USER() is the writer).
+/// With no request yet the update is not probed (said, not refused); with one, `run` stops
+/// naming the table, the trigger (PostgreSQL lists it from the catalog; MySQL's controller may
+/// not see triggers, and is told so) and the fix; mended, it starts, and the probe left nothing.
+async fn a_business_trigger_failing_as_the_controller_stops_run_naming_it(bound: Bound) {
+    let business = &bound.business_role;
+    match bound.backend {
+        "postgres" => {
+            bound
+                .admin
+                .exec(&format!("CREATE SCHEMA biz AUTHORIZATION {business}"))
+                .await;
+            for sql in [
+                "CREATE TABLE biz.imr_audit (imr_id BIGINT NOT NULL, changed_by TEXT NOT NULL)",
+                "CREATE FUNCTION imr_audit() RETURNS trigger LANGUAGE plpgsql AS $$
+                 BEGIN
+                     INSERT INTO biz.imr_audit (imr_id, changed_by) VALUES (NEW.imr_id, current_user);
+                     RETURN NULL;
+                 END $$",
+                "CREATE TRIGGER imr_audited AFTER UPDATE ON imr
+                     FOR EACH ROW EXECUTE FUNCTION imr_audit()",
+            ] {
+                execute(&bound.business, "business trigger", sql).await;
+            }
+        }
+        _ => {
+            execute(
+                &bound.business,
+                "business trigger",
+                &format!(
+                    "CREATE TRIGGER imr_writers_only BEFORE UPDATE ON imr FOR EACH ROW
+                     BEGIN
+                         IF SUBSTRING_INDEX(USER(), '@', 1) <> '{business}' THEN
+                             SIGNAL SQLSTATE '45000'
+                                 SET MESSAGE_TEXT = 'imr is written by the business application only';
+                         END IF;
+                     END"
+                ),
+            )
+            .await;
+        }
+    }
+    // No request to try the update on: not probed, and said so.
+    let report = bound
+        .controller
+        .database()
+        .schema_report()
+        .await
+        .expect("the report");
+    assert!(report.binding.is_empty(), "{:?}", report.binding);
+    assert!(
+        report
+            .unprobed
+            .iter()
+            .any(|n| n.contains("update of a request") && n.contains("not probed")),
+        "{}: {:?}",
+        bound.backend,
+        report.unprobed
+    );
+
+    insert_request(&bound, 1, "OWNER_CONTRACT", None).await;
+    let written = match bound.backend {
+        "postgres" => "SELECT mod_dt::text FROM imr WHERE imr_id = 1",
+        _ => "SELECT CAST(mod_dt AS CHAR) FROM imr WHERE imr_id = 1",
+    };
+    let before = bound.business.fetch_strings(written).await;
+    let refused = check_as_controller(&bound)
+        .await
+        .expect_err("the update is refused by the trigger");
+    eprintln!("{}: {refused}", bound.backend);
+    let named: &[&str] = match bound.backend {
+        "postgres" => &[
+            "update of a request",
+            "trigger imr_audited on imr",
+            "imr_audit()",
+            "permission denied for schema biz",
+            "SECURITY DEFINER",
+            "GRANT USAGE ON SCHEMA biz TO",
+        ],
+        _ => &[
+            "update of a request",
+            "imr is written by the business application only",
+            "UPDATE trigger",
+            "cannot list them",
+        ],
+    };
+    for name in named {
+        assert!(
+            refused.contains(name),
+            "{}: names {name}: {refused}",
+            bound.backend
+        );
+    }
+    assert!(
+        !refused.contains("3655"),
+        "PostgreSQL's own line: {refused}"
+    );
+
+    // Mended as the message says: the function runs as its owner (PostgreSQL); the trigger lets
+    // the controller's account write (MariaDB).
+    match bound.backend {
+        "postgres" => {
+            bound
+                .business
+                .exec("ALTER FUNCTION imr_audit() SECURITY DEFINER SET search_path = public")
+                .await;
+        }
+        _ => {
+            bound.business.exec("DROP TRIGGER imr_writers_only").await;
+        }
+    }
+    let warnings = check_as_controller(&bound)
+        .await
+        .unwrap_or_else(|e| panic!("{}: the check passes once mended: {e}", bound.backend));
+    eprintln!("{}: {warnings:?}", bound.backend);
+    let after = bound.business.fetch_strings(written).await;
+    assert_eq!(before, after, "the probe's update is rolled back");
+    if bound.backend == "postgres" {
+        let audited = bound
+            .business
+            .fetch_i64("SELECT count(*) FROM biz.imr_audit")
+            .await;
+        assert_eq!(audited, 0, "the probe's trigger row is rolled back");
+        bound.admin.exec("DROP SCHEMA biz CASCADE").await;
+    }
+    bound.finish().await;
+}
+
+mod a_business_trigger_failing_as_the_controller_stops_run_naming_it {
+    #[sqlx::test(migrations = false)]
+    async fn postgres(admin: sqlx::PgPool) {
+        let bound = super::Bound::postgres(admin).await;
+        super::a_business_trigger_failing_as_the_controller_stops_run_naming_it(bound).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql() {
+        let bound = super::Bound::mysql().await;
+        super::a_business_trigger_failing_as_the_controller_stops_run_naming_it(bound).await
+    }
+}
+
+/// PostgreSQL: the ledger's view with an expression for `status`, written through an INSTEAD
+/// OF trigger (what an integrator does to map codes). ON CONFLICT cannot pass through it, and
+/// PostgreSQL says no unique key matches, though `esign_version` has one: `run` stops saying
+/// what is wrong, the view, and that it must be a plain column rename. (MySQL has no INSTEAD OF
+/// trigger.)
+#[sqlx::test(migrations = false)]
+async fn a_ledger_view_written_through_an_instead_of_trigger_stops_run_saying_why_postgres(
+    admin: sqlx::PgPool,
+) {
+    let bound = Bound::postgres(admin).await;
+    let (controller, owner) = (&bound.controller_role, &bound.owner_role);
+    for sql in [
+        "DROP VIEW autoapproval_econtract".to_owned(),
+        "CREATE VIEW autoapproval_econtract AS
+         SELECT contract_no AS contract_ref, upper(esign_status) AS status, synced_at
+           FROM esign_version"
+            .to_owned(),
+        "CREATE FUNCTION autoapproval_econtract_write() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO esign_version (contract_no, esign_status, synced_at)
+             VALUES (NEW.contract_ref, lower(NEW.status), NEW.synced_at)
+             ON CONFLICT (contract_no) DO UPDATE
+                SET esign_status = EXCLUDED.esign_status, synced_at = EXCLUDED.synced_at;
+             RETURN NEW;
+         END $$"
+            .to_owned(),
+        "CREATE TRIGGER autoapproval_econtract_write INSTEAD OF INSERT OR UPDATE
+             ON autoapproval_econtract FOR EACH ROW EXECUTE FUNCTION autoapproval_econtract_write()"
+            .to_owned(),
+        format!(
+            "GRANT SELECT, INSERT (contract_ref, status, synced_at), UPDATE (status, synced_at)
+                ON autoapproval_econtract TO {controller}, {owner}"
+        ),
+    ] {
+        bound.business.exec(&sql).await;
+    }
+    let refused = check_as_controller(&bound)
+        .await
+        .expect_err("the upsert is refused");
+    eprintln!("postgres: {refused}");
+    for named in [
+        "e-contract upsert",
+        "autoapproval_econtract",
+        "INSTEAD OF trigger autoapproval_econtract_write",
+        "column status is an expression",
+        "ON CONFLICT (contract_ref)",
+        "plain column rename",
+    ] {
+        assert!(refused.contains(named), "names {named}: {refused}");
+    }
+    bound.finish().await;
+}
+
 #[test]
 fn replace_word_leaves_longer_identifiers_alone() {
     assert_eq!(

@@ -361,6 +361,67 @@ async fn start_up_warns_of_a_whole_table_candidate_read_and_of_no_wake_trigger(d
     );
 }
 
+on_both!(start_up_warns_of_a_candidate_read_through_an_index_on_sort_time_alone);
+/// Issue 44: a request table whose only index is on `sort_time` gives the candidate query an
+/// index to use (PostgreSQL walks it, ordered or as a bitmap; MySQL lists it among the usable
+/// keys), so it is no whole-table read, yet every request of the window is read whatever its
+/// type and status. Start-up warns, naming the table and the type and status columns.
+async fn start_up_warns_of_a_candidate_read_through_an_index_on_sort_time_alone(db: Db) {
+    let store = db.database();
+    let secondary: Vec<String> = match &db {
+        Db::Postgres(_) => {
+            db.fetch_strings(
+                "SELECT format('DROP INDEX %I', indexname) FROM pg_indexes
+                  WHERE tablename = 'approval_request' AND indexname <> 'approval_request_pkey'",
+            )
+            .await
+        }
+        Db::Mysql(_) => {
+            db.fetch_strings(
+                "SELECT DISTINCT CONCAT('DROP INDEX ', INDEX_NAME, ' ON approval_request')
+                   FROM information_schema.STATISTICS
+                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'approval_request'
+                    AND INDEX_NAME <> 'PRIMARY'",
+            )
+            .await
+        }
+    };
+    for drop in &secondary {
+        db.exec(drop).await;
+    }
+    db.exec("CREATE INDEX approval_request_sort_time ON approval_request (sort_time)")
+        .await;
+    // Requests of every type and status in the window, for the planner to weigh.
+    for id in 1..=200 {
+        owner_now(id).insert(&db).await;
+    }
+    db.exec("UPDATE approval_request SET status = 'APPROVED' WHERE id % 4 = 0")
+        .await;
+    db.exec("UPDATE approval_request SET request_type = 'OWNER_CHANGE' WHERE id % 3 = 0")
+        .await;
+    if let Db::Postgres(_) = db {
+        db.exec("ANALYZE approval_request").await;
+    }
+    let warnings = store.check_schema().await.expect("only warnings");
+    eprintln!("{}: {warnings:?}", db.name());
+    assert!(
+        warnings
+            .iter()
+            .any(|w| w.contains("OWNER_CONTRACT candidate query")
+                && w.contains("approval_request")
+                && (w.contains("does not hold its type and status")
+                    || w.contains("does not begin with its type and status"))),
+        "{}: {warnings:?}",
+        db.name()
+    );
+    assert!(
+        !warnings
+            .iter()
+            .any(|w| w.contains("reads table approval_request whole")),
+        "an index walk, not a whole-table read: {warnings:?}"
+    );
+}
+
 /// 0.2.0's wake triggers on approval_request and econtract, as its
 /// migrations 0004–0021 left them (the functions named, the bodies abridged
 /// to their effect).

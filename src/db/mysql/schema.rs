@@ -8,7 +8,8 @@ use super::ledger::SYNC_ECONTRACT;
 use super::{MysqlStore, db};
 use crate::db::DbError;
 use crate::db::schema::{
-    MigrationSet, Probe, Schema, Script, configured, hex, missing, pending, run_probes, script,
+    MigrationSet, Probed, Schema, Script, Write, WriteProbes, configured, hex, missing,
+    no_request_row, not_a_rename, pending, run_probes, script, sequence_refused, waited,
     wake_warnings,
 };
 use crate::domain::RequestType;
@@ -39,13 +40,29 @@ const SCRIPT: Script = Script {
     wrap: |sql, _| format!("DELIMITER $$\n{sql}\n$$\nDELIMITER ;\n"),
 };
 
-// The memo insert, as the controller makes it, changing nothing. The
-// e-contract upsert is probed by `upsert_problem`.
-const INSERT_PROBES: &[Probe] = &[Probe {
-    needs: "INSERT on autoapproval_request_memo (request_id, created_at, author, message)",
-    sql: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
-          SELECT NULL, NULL, NULL, NULL FROM DUAL WHERE FALSE",
-}];
+// The memo insert is probed for real by `write_probes` (a probe that
+// inserts nothing is refused already by a sequence default's rights, with
+// the server's words only); the e-contract upsert by `upsert_problem`.
+
+// The writes `write_probes` makes for real, as the controller makes them
+// (ledger.rs, claims.rs), each in a transaction rolled back.
+
+/// One request row nobody holds, locked without waiting (guarantee 1).
+const PICK_REQUEST: &str =
+    "SELECT id FROM autoapproval_request ORDER BY id DESC LIMIT 1 FOR UPDATE SKIP LOCKED";
+
+/// Every column the controller writes, the values unchanged but the write
+/// time, as a completion sets it (MySQL fires a row's triggers either way).
+const UPDATE_REQUEST: &str = "UPDATE autoapproval_request
+    SET status = status, updated_at = UTC_TIMESTAMP(6), owner_number = owner_number,
+        store_number = store_number, campaign_id = campaign_id, decided_at = decided_at,
+        decided_by = decided_by
+  WHERE id = ?";
+
+/// The memo insert of `add_memo` (ledger.rs).
+const INSERT_MEMO: &str =
+    "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
+              VALUES (?, ?, 'autoapproval', ?)";
 
 /// What the e-contract upsert needs, as a refusal names it.
 const UPSERT_NEEDS: &str = "INSERT and UPDATE on autoapproval_econtract (contract_ref, status, \
@@ -70,9 +87,69 @@ impl Schema for MysqlStore {
     }
 
     async fn binding_problems(&self) -> Result<Vec<String>, DbError> {
-        let mut problems = run_probes(&self.primary, INSERT_PROBES).await?;
+        let mut problems = run_probes(&self.primary, &[]).await?;
         problems.extend(self.upsert_problem().await?);
         Ok(problems)
+    }
+
+    async fn write_probes(&self) -> Result<WriteProbes, DbError> {
+        const OPERATION: &str = "probing the binding's writes";
+        let mut found = WriteProbes::default();
+        // A connection of its own, closed after: its lock wait is cut to
+        // the server's least (1 s), which the pool's sessions must not keep.
+        let mut conn = self.primary.acquire().await.map_err(db(OPERATION))?;
+        conn.close_on_drop();
+        sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
+            .execute(&mut *conn)
+            .await
+            .map_err(db(OPERATION))?;
+        // As GRANT names it: 'user'@'host'.
+        let user: String = sqlx::query_scalar(
+            "SELECT CONCAT(QUOTE(SUBSTRING_INDEX(CURRENT_USER(), '@', 1)), '@',
+                           QUOTE(SUBSTRING_INDEX(CURRENT_USER(), '@', -1)))",
+        )
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db(OPERATION))?;
+        let now = chrono::Utc::now();
+
+        // The request update, on a row nobody holds, its triggers firing.
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(db(OPERATION))?;
+        let picked = sqlx::query_scalar::<_, i64>(PICK_REQUEST)
+            .fetch_optional(&mut *tx)
+            .await;
+        let (request, updated) = match picked {
+            Ok(Some(id)) => (
+                Some(id),
+                Some(sqlx::query(UPDATE_REQUEST).bind(id).execute(&mut *tx).await),
+            ),
+            Ok(None) => (None, None),
+            Err(e) => (None, Some(Err(e))),
+        };
+        tx.rollback().await.map_err(db(OPERATION))?;
+        match updated {
+            None => found.add(no_request_row()),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => found.add(self.diagnose(Write::Request, &user, e).await?),
+        }
+
+        // The memo insert, its table's defaults and triggers running.
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(db(OPERATION))?;
+        let memo = sqlx::query(INSERT_MEMO)
+            .bind(request.unwrap_or(0))
+            .bind(now)
+            .bind("start-up probe, rolled back")
+            .execute(&mut *tx)
+            .await;
+        tx.rollback().await.map_err(db(OPERATION))?;
+        if let Err(e) = memo {
+            found.add(self.diagnose(Write::Memo, &user, e).await?);
+        }
+        Ok(found)
     }
 
     async fn candidate_scans(&self) -> Result<Vec<String>, DbError> {
@@ -134,6 +211,18 @@ impl MysqlStore {
                 Ok(_) => {}
                 Err(sqlx::Error::Database(e)) => {
                     tx.rollback().await.map_err(db(OPERATION))?;
+                    let number = e
+                        .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+                        .map(|e| e.number());
+                    // Through a view that is not a plain rename the upsert
+                    // cannot insert, whatever the grants.
+                    if let Some(1471 | 1348 | 1393 | 1395) = number {
+                        let how = "the view is not insertable into through its columns";
+                        if let Probed::Refused(said) = not_a_rename(Write::Upsert, how, e.message())
+                        {
+                            return Ok(Some(said));
+                        }
+                    }
                     return Ok(Some(format!("{UPSERT_NEEDS} needed: {}", e.message())));
                 }
                 Err(e) => return Err(db(OPERATION)(e)),
@@ -162,6 +251,170 @@ impl MysqlStore {
                 .as_deref()
                 .and_then(|d| column_behind(d, "contract_ref")),
         )))
+    }
+
+    /// What a refused write means, in words: the sequence, the column or
+    /// the trigger behind the server's message, and the fix.
+    async fn diagnose(
+        &self,
+        write: Write,
+        user: &str,
+        error: sqlx::Error,
+    ) -> Result<Probed, DbError> {
+        const OPERATION: &str = "reading why a write of the binding was refused";
+        let Some(e) = error.as_database_error() else {
+            return Err(db(OPERATION)(error));
+        };
+        let said = e.message().to_owned();
+        let number = e
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()
+            .map(|e| e.number());
+        match number {
+            // A lock wait (NOWAIT, innodb_lock_wait_timeout), a statement
+            // timeout (MariaDB 1969, MySQL 3024).
+            Some(1205 | 3572 | 1969 | 3024) => return Ok(waited(write, &said)),
+            // No row to hang the memo on: the insert got as far as its keys.
+            Some(1452) if write != Write::Request => return Ok(Probed::Passed),
+            // A sequence default (MariaDB's DEFAULT NEXTVAL(s)) runs with
+            // the writer's rights, not the view's definer's.
+            Some(1142 | 1143) => {
+                if let Some(table) = said.split(" for table ").nth(1) {
+                    let table = table.trim();
+                    if table.contains(write.view()) {
+                        let needs = match write {
+                            Write::Memo => {
+                                "INSERT on autoapproval_request_memo (request_id, created_at, \
+                                 author, message)"
+                            }
+                            Write::Upsert => UPSERT_NEEDS,
+                            Write::Request => {
+                                "UPDATE on autoapproval_request (status, updated_at, \
+                                 owner_number, store_number, campaign_id, decided_at, decided_by)"
+                            }
+                        };
+                        return Ok(Probed::Refused(format!("{needs} needed: {said}")));
+                    } else {
+                        return Ok(sequence_refused(
+                            write,
+                            table,
+                            user,
+                            &format!("GRANT SELECT, INSERT ON {table} TO {user}"),
+                            &said,
+                        ));
+                    }
+                }
+            }
+            Some(1364) => {
+                return Ok(Probed::Refused(format!(
+                    "{} through {} leaves a column of the table behind it without a value: \
+                     {said}; give that column a DEFAULT (ALTER TABLE … ALTER COLUMN … SET \
+                     DEFAULT …), as the table's owner",
+                    write.what(),
+                    write.view()
+                )));
+            }
+            Some(1471 | 1348 | 1393 | 1395) => {
+                return Ok(not_a_rename(
+                    write,
+                    "the view is not insertable into or updatable through its columns",
+                    &said,
+                ));
+            }
+            _ => {}
+        }
+        // Anything else a trigger of the business's may have raised (a
+        // SIGNAL, a right its definer lacks): name them, when this account
+        // may see them.
+        let definition: Option<String> = sqlx::query_scalar(
+            "SELECT VIEW_DEFINITION FROM information_schema.VIEWS
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = ?",
+        )
+        .bind(write.view())
+        .fetch_optional(&self.primary)
+        .await
+        .map_err(db(OPERATION))?;
+        let table = definition
+            .as_deref()
+            .and_then(|d| {
+                column_behind(
+                    d,
+                    if write == Write::Upsert {
+                        "contract_ref"
+                    } else {
+                        "id"
+                    },
+                )
+            })
+            .map(|(table, _)| table);
+        let triggers: Vec<String> = match &table {
+            Some(table) => sqlx::query_scalar(
+                "SELECT TRIGGER_NAME FROM information_schema.TRIGGERS
+                  WHERE CONCAT('`', EVENT_OBJECT_SCHEMA, '`.`', EVENT_OBJECT_TABLE, '`') = ?
+                    AND EVENT_MANIPULATION = ?
+                    AND ACTION_STATEMENT NOT LIKE '%autoapproval_request_changed%'
+                    AND ACTION_STATEMENT NOT LIKE '%autoapproval_econtract_changed%'
+                  ORDER BY ACTION_ORDER",
+            )
+            .bind(table)
+            .bind(write.event())
+            .fetch_all(&self.primary)
+            .await
+            .map_err(db(OPERATION))?,
+            None => Vec::new(),
+        };
+        Ok(Probed::Refused(mysql_trigger_refused(
+            write,
+            table.as_deref(),
+            &triggers,
+            user,
+            &said,
+        )))
+    }
+
+    /// The table behind autoapproval_request, the columns behind its
+    /// request_type, status and sort_time, and each index of that table with its
+    /// first two columns; `None` when this account cannot read the view's
+    /// definition (then the plan cannot be read either).
+    #[allow(clippy::type_complexity)]
+    async fn leading_columns(
+        &self,
+    ) -> Result<Option<(String, [String; 3], Vec<(String, Vec<String>)>)>, DbError> {
+        const OPERATION: &str = "reading the request table's indexes";
+        let definition: Option<String> = sqlx::query_scalar(
+            "SELECT VIEW_DEFINITION FROM information_schema.VIEWS
+              WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'autoapproval_request'",
+        )
+        .fetch_optional(&self.read)
+        .await
+        .map_err(db(OPERATION))?;
+        let Some(definition) = definition else {
+            return Ok(None);
+        };
+        let (Some((table, kind)), Some((_, status)), Some((_, sort))) = (
+            column_behind(&definition, "request_type"),
+            column_behind(&definition, "status"),
+            column_behind(&definition, "sort_time"),
+        ) else {
+            return Ok(None);
+        };
+        let rows: Vec<(String, String)> = sqlx::query_as(
+            "SELECT INDEX_NAME,
+                    GROUP_CONCAT(CONCAT('`', COLUMN_NAME, '`') ORDER BY SEQ_IN_INDEX SEPARATOR ',')
+               FROM information_schema.STATISTICS
+              WHERE CONCAT('`', TABLE_SCHEMA, '`.`', TABLE_NAME, '`') = ?
+                 OR (TABLE_SCHEMA = DATABASE() AND CONCAT('`', TABLE_NAME, '`') = ?)
+              GROUP BY INDEX_NAME",
+        )
+        .bind(&table)
+        .bind(&table)
+        .fetch_all(&self.read)
+        .await
+        .map_err(db(OPERATION))?;
+        let keys = rows
+            .into_iter()
+            .map(|(name, columns)| (name, columns.split(',').map(str::to_owned).collect()))
+            .collect();
+        Ok(Some((table, [kind, status, sort], keys)))
     }
 
     /// The versions of `set` applied; `None` when its history table is missing.
@@ -198,6 +451,7 @@ impl MysqlStore {
     async fn whole_table_reads(&self) -> Result<Vec<String>, DbError> {
         let now = chrono::Utc::now();
         let mut warnings = Vec::new();
+        let leading = self.leading_columns().await?;
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
             let Some(sql) = candidate_sql(request_type, 0) else {
                 continue;
@@ -239,6 +493,47 @@ impl MysqlStore {
                 })
                 .collect();
             unindexed.dedup();
+            // An index it can use that does not begin with the type and the
+            // status (one on sort_time alone) walks the whole window.
+            if let Some((table, columns, keys)) = &leading {
+                let mut usable: Vec<String> = rows
+                    .iter()
+                    .filter_map(|row| {
+                        let name: String = row.try_get("table").ok().flatten()?;
+                        let possible: String = row.try_get("possible_keys").ok().flatten()?;
+                        (table.ends_with(&format!("`{name}`"))).then_some(possible)
+                    })
+                    .flat_map(|p| p.split(',').map(str::to_owned).collect::<Vec<_>>())
+                    .collect();
+                // One row per branch of the union: each key once.
+                usable.sort();
+                usable.dedup();
+                let serves = |key: &String| {
+                    keys.iter().any(|(name, first)| {
+                        name == key
+                            && first.len() >= 2
+                            && columns[..2].iter().all(|c| first[..2].contains(c))
+                    })
+                };
+                if !usable.is_empty() && !usable.iter().any(serves) {
+                    warnings.push(format!(
+                        "the {} candidate query can read table {table} only through index {}, \
+                         which does not begin with its type and status columns ({}, {}): it \
+                         walks every request of the window, whatever its type and status; it \
+                         needs an index on the columns behind autoapproval_request's \
+                         (request_type, status, sort_time), e.g. CREATE INDEX \
+                         autoapproval_candidates ON {table} ({}, {}, {}) \
+                         (docs/INTEGRATING.md)",
+                        request_type.as_str(),
+                        usable.join(", "),
+                        columns[0],
+                        columns[1],
+                        columns[0],
+                        columns[1],
+                        columns[2],
+                    ));
+                }
+            }
             for table in unindexed {
                 warnings.push(format!(
                     "the {} candidate query reads table {table} whole: it needs an index on the \
@@ -265,6 +560,44 @@ fn no_unique_key(behind: Option<(String, String)>) -> String {
     format!(
         "{UPSERT_NEEDS} needed: the upsert inserted a second row for one contract_ref instead of \
          updating the first (every e-contract sync would add a ledger row); {fix}"
+    )
+}
+
+/// The refusal of a write that passed the grant checks: on MySQL a trigger
+/// runs with its definer's rights, so one refuses the controller's user
+/// itself (a SIGNAL, a check of USER()) or lacks a right for every writer.
+/// `table`: the table behind the view, when its definition was readable;
+/// `triggers`: its triggers of the write's event, when this account sees them.
+fn mysql_trigger_refused(
+    write: Write,
+    table: Option<&str>,
+    triggers: &[String],
+    user: &str,
+    said: &str,
+) -> String {
+    let on = table.unwrap_or("the table behind it");
+    let which = if triggers.is_empty() {
+        format!(
+            "if it is not a right of the view's definer on {on}, an {} trigger on {on} refused \
+             it (this account cannot list them: information_schema.TRIGGERS shows a table's \
+             triggers only to an account with the TRIGGER right on it; as the table's owner, \
+             SHOW TRIGGERS LIKE '<table>' names them)",
+            write.event()
+        )
+    } else {
+        format!(
+            "an {} trigger on {on} refused it ({})",
+            write.event(),
+            triggers.join(", ")
+        )
+    };
+    format!(
+        "{} through {} as the controller's user {user} was refused: {said}; {which}: a trigger \
+         runs with its definer's rights, so it refused {user} itself (a SIGNAL, a check of \
+         USER()) or its definer lacks a right: let it accept the controller's writes of the \
+         columns it writes, or grant its definer the right",
+        write.what(),
+        write.view()
     )
 }
 
