@@ -284,7 +284,7 @@ impl super::Database {
         for set in MigrationSet::chosen(reference_schema) {
             self.migrate_set(*set).await?;
         }
-        Ok(())
+        self.store_vocabulary().await
     }
 
     /// The SQL `migrate` would run for the sets asked for, without running it.
@@ -316,6 +316,8 @@ impl super::Database {
     /// Stops start-up when the schema lacks a controller migration this
     /// binary needs or the binding is unusable; returns the warnings.
     pub async fn check_schema(&self) -> Result<Vec<String>, DbError> {
-        self.schema_report().await?.into_result()
+        let warnings = self.schema_report().await?.into_result()?;
+        self.check_vocabulary().await?;
+        Ok(warnings)
     }
 }

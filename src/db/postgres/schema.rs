@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::migrate::Migrator;
 
-use super::candidates::candidate_sql;
+use super::candidates::candidate_template;
 use super::{PgStore, db};
 use crate::db::DbError;
 use crate::db::schema::{
@@ -133,7 +133,7 @@ impl PgStore {
         let now = chrono::Utc::now();
         let mut warnings = Vec::new();
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
-            let Some(sql) = candidate_sql(request_type) else {
+            let Some(sql) = candidate_template(request_type).map(|t| self.sql(t)) else {
                 continue;
             };
             let mut tx = self
@@ -145,6 +145,7 @@ impl PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db("explaining the candidate query"))?;
+            let sql = sql.as_str();
             let row = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN (FORMAT JSON) {sql}")))
                 .bind(now - chrono::Duration::days(1))
                 .bind(now)
@@ -181,7 +182,7 @@ fn ours(table: &str) -> bool {
 
 /// The business tables a plan reads whole: a sequential scan, or an index
 /// scan with no index condition (a full index walk).
-fn whole_reads(plan: &serde_json::Value) -> Vec<String> {
+pub(super) fn whole_reads(plan: &serde_json::Value) -> Vec<String> {
     let mut found = Vec::new();
     let mut stack = vec![plan];
     while let Some(node) = stack.pop() {
