@@ -316,8 +316,11 @@ impl super::Database {
     /// Stops start-up when the schema lacks a controller migration this
     /// binary needs or the binding is unusable; returns the warnings.
     pub async fn check_schema(&self) -> Result<Vec<String>, DbError> {
-        let warnings = self.schema_report().await?.into_result()?;
-        self.check_vocabulary().await?;
-        Ok(warnings)
+        // The vocabulary first: its refusals name a code or a view's
+        // expression where the binding's probes would give the database's words.
+        if self.missing_migrations().await?.is_empty() {
+            self.check_vocabulary().await?;
+        }
+        self.schema_report().await?.into_result()
     }
 }

@@ -50,7 +50,7 @@ const INSERT_PROBES: &[Probe] = &[
         needs: "INSERT and UPDATE on autoapproval_econtract, over a table with a unique key on \
                 the column behind contract_ref",
         sql: "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
-              SELECT NULL::text, NULL::text, NULL::timestamptz WHERE false
+              SELECT contract_ref, status, synced_at FROM autoapproval_econtract WHERE false
               ON CONFLICT (contract_ref) DO UPDATE
                  SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at",
     },
