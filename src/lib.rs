@@ -27,3 +27,4 @@ pub mod shadow;
 pub mod shutdown;
 pub mod telemetry;
 pub mod traces;
+pub mod vocabulary;

@@ -35,6 +35,9 @@ pub struct DatabaseArgs {
     /// MySQL / MariaDB only (no LISTEN/NOTIFY there): how often each replica reads the rows the triggers appended to auto_approve_wake; more than 0; the pickup latency of a new request is about half of it.
     #[arg(long, env = "AUTOAPPROVAL_WAKE_POLL_INTERVAL", default_value = "250ms", value_parser = parse_duration)]
     pub wake_poll_interval: Duration,
+    /// A file of your codes for our words (YAML or JSON: request_types, request_statuses, econtract_statuses, flags; docs/REFERENCE.md): `migrate` stores it for our routines, `run` binds its statements to it and refuses to start when it differs from what `migrate` stored [default: none, our own words].
+    #[arg(long, env = "AUTOAPPROVAL_VOCABULARY")]
+    pub vocabulary: Option<std::path::PathBuf>,
 }
 
 /// Limits on each statement of the controller's sessions (`run` only;

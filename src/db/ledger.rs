@@ -51,7 +51,8 @@ interface! {
 
 /// The ledger's methods that are the same on both backends but for their
 /// SQL, as items of `impl Ledger for <backend>` (beside its own
-/// `sync_econtract`). `$status` reads autoapproval_econtract.status by contract_ref;
+/// `sync_econtract`). `$status` reads autoapproval_econtract.status by contract_ref
+/// (a template the backend's `sql` renders);
 /// `$add` inserts a memo (request_id, created_at, message) by
 /// `autoapproval`; `$history` and `$memos` read a request's memos in id order.
 macro_rules! ledger_statements {
@@ -60,7 +61,7 @@ macro_rules! ledger_statements {
             &self,
             contract_ref: &str,
         ) -> Result<Option<String>, $crate::db::DbError> {
-            let row: Option<(String,)> = sqlx::query_as($status)
+            let row: Option<(String,)> = sqlx::query_as(self.sql($status))
                 .bind(contract_ref)
                 .fetch_optional(&self.primary)
                 .await

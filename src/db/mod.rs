@@ -55,6 +55,7 @@ macro_rules! interface {
 mod candidates;
 mod census;
 mod claims;
+mod codes;
 mod connect;
 mod layout;
 mod ledger;
@@ -69,6 +70,7 @@ mod rows;
 mod schema;
 mod shadow;
 mod tls;
+mod vocabulary;
 
 use candidates::Candidates;
 use census::CensusQueries;
@@ -149,6 +151,19 @@ pub enum DbError {
     ShadowWrite {
         /// The write refused.
         operation: &'static str,
+    },
+    /// The vocabulary file (--vocabulary) was refused.
+    #[error(transparent)]
+    Vocabulary(#[from] crate::vocabulary::VocabularyError),
+    /// The vocabulary `run` was given differs from the one `migrate` stored
+    /// for the database's routines.
+    #[error(
+        "--vocabulary differs from the one `autoapproval migrate` stored in auto_approve_vocabulary \
+         (run migrate with the same file): {differences}"
+    )]
+    VocabularyMismatch {
+        /// Each word whose code differs.
+        differences: String,
     },
     /// A setting is invalid.
     #[error("invalid database setting {setting}: {message}")]
@@ -333,12 +348,42 @@ impl Database {
                 message: "must name the same kind of database as --database-url".into(),
             });
         }
+        // The file is read and checked before any database is contacted.
+        let vocabulary = match &config.vocabulary {
+            Some(path) => crate::vocabulary::Vocabulary::load(path)?,
+            None => crate::vocabulary::Vocabulary::default(),
+        };
         let backend = if config.database_url.is_mysql() {
             Backend::Mysql(mysql::MysqlStore::connect(config, session).await?)
         } else {
             Backend::Postgres(postgres::PgStore::connect(config, session).await?)
         };
-        Ok(Database { backend })
+        Database { backend }.with_vocabulary(std::sync::Arc::new(vocabulary))
+    }
+
+    /// This store with its statements rendered for `vocabulary` (the
+    /// business's codes for our words, `--vocabulary`); a store is made
+    /// with our own words.
+    pub fn with_vocabulary(
+        self,
+        vocabulary: std::sync::Arc<crate::vocabulary::Vocabulary>,
+    ) -> Result<Self, DbError> {
+        match self.backend {
+            Backend::Postgres(b) => Ok(Self {
+                backend: Backend::Postgres(b.with_vocabulary(vocabulary)),
+            }),
+            Backend::Mysql(b) => Ok(Self {
+                backend: Backend::Mysql(b.with_vocabulary(vocabulary)?),
+            }),
+        }
+    }
+
+    /// The vocabulary the statements were rendered for.
+    pub fn vocabulary(&self) -> &std::sync::Arc<crate::vocabulary::Vocabulary> {
+        match &self.backend {
+            Backend::Postgres(b) => b.statements.codes().vocabulary(),
+            Backend::Mysql(b) => b.statements.codes().vocabulary(),
+        }
     }
 
     /// A store on PostgreSQL over pools the caller made (tests, the lab);

@@ -215,18 +215,12 @@ macro_rules! key_reads {
             &self,
             request_id: i64,
         ) -> Result<Option<$crate::domain::Request>, $crate::db::DbError> {
-            let row: Option<$crate::db::rows::RequestRow> = sqlx::query_as(concat!(
-                "SELECT id, request_type, status, sort_time, created_at, business_name,
-                        documents_released, operational_hold, menu_registered, logo_registered,
-                        previous_step_approved, econtract_ref, target_store_number, owner_number,
-                        store_number, campaign_id, decided_by
-                   FROM autoapproval_request WHERE id = ",
-                $id
-            ))
-            .bind(request_id)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("re-read request"))?;
+            let row: Option<$crate::db::rows::RequestRow> =
+                sqlx::query_as(self.sql($crate::db::rows::request_sql!($id)))
+                    .bind(request_id)
+                    .fetch_optional(&self.primary)
+                    .await
+                    .map_err(db("re-read request"))?;
             row.map($crate::db::rows::RequestRow::into_request)
                 .transpose()
         }
@@ -238,24 +232,12 @@ macro_rules! key_reads {
             Option<($crate::domain::Request, Option<$crate::domain::State>)>,
             $crate::db::DbError,
         > {
-            let row: Option<$crate::db::rows::RequestWithStateRow> = sqlx::query_as(concat!(
-                "SELECT r.id, r.request_type, r.status, r.sort_time, r.created_at, r.business_name,
-                        r.documents_released, r.operational_hold, r.menu_registered,
-                        r.logo_registered, r.previous_step_approved, r.econtract_ref,
-                        r.target_store_number, r.owner_number, r.store_number, r.campaign_id,
-                        r.decided_by,
-                        s.id AS s_id, s.status AS s_status, s.next_retry_time AS s_next_retry_time,
-                        s.retry_count AS s_retry_count, s.holder AS s_holder,
-                        s.fencing_token AS s_fencing_token, s.step AS s_step,
-                        s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
-                   FROM autoapproval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
-                  WHERE r.id = ",
-                $id
-            ))
-            .bind(request_id)
-            .fetch_optional(&self.primary)
-            .await
-            .map_err(db("read request and state"))?;
+            let row: Option<$crate::db::rows::RequestWithStateRow> =
+                sqlx::query_as(self.sql($crate::db::rows::request_with_state_sql!($id)))
+                    .bind(request_id)
+                    .fetch_optional(&self.primary)
+                    .await
+                    .map_err(db("read request and state"))?;
             row.map($crate::db::rows::RequestWithStateRow::into_parts)
                 .transpose()
         }
@@ -274,9 +256,46 @@ macro_rules! key_reads {
             .fetch_optional(&self.primary)
             .await
             .map_err(db("read state"))?;
-            row.map($crate::db::rows::StateRow::into_state)
-                .transpose()
+            row.map($crate::db::rows::StateRow::into_state).transpose()
         }
     };
 }
 pub(super) use key_reads;
+
+/// The re-read of a request by its key (`$id`: "$1" or "?"): a template
+/// (`db::codes`), its type, status and flags read back as our words.
+macro_rules! request_sql {
+    ($id:literal) => {
+        concat!(
+            "SELECT id, {TYPE_AS:request_type}, {STATUS_AS:status}, sort_time, created_at, business_name,
+                        {FLAG_AS:documents_released}, {FLAG_AS:operational_hold}, {FLAG_AS:menu_registered},
+                        {FLAG_AS:logo_registered}, {FLAG_AS:previous_step_approved}, econtract_ref,
+                        target_store_number, owner_number, store_number, campaign_id, decided_by
+                   FROM autoapproval_request WHERE id = ",
+            $id
+        )
+    };
+}
+pub(super) use request_sql;
+
+/// A request and its state row by the request's key, as [`request_sql`].
+macro_rules! request_with_state_sql {
+    ($id:literal) => {
+        concat!(
+            "SELECT r.id, {TYPE_AS:r.request_type}, {STATUS_AS:r.status}, r.sort_time, r.created_at,
+                        r.business_name, {FLAG_AS:r.documents_released}, {FLAG_AS:r.operational_hold},
+                        {FLAG_AS:r.menu_registered}, {FLAG_AS:r.logo_registered},
+                        {FLAG_AS:r.previous_step_approved}, r.econtract_ref,
+                        r.target_store_number, r.owner_number, r.store_number, r.campaign_id,
+                        r.decided_by,
+                        s.id AS s_id, s.status AS s_status, s.next_retry_time AS s_next_retry_time,
+                        s.retry_count AS s_retry_count, s.holder AS s_holder,
+                        s.fencing_token AS s_fencing_token, s.step AS s_step,
+                        s.last_reason AS s_last_reason, s.modified_at AS s_modified_at
+                   FROM autoapproval_request r LEFT JOIN auto_approve_state s ON s.request_id = r.id
+                  WHERE r.id = ",
+            $id
+        )
+    };
+}
+pub(super) use request_with_state_sql;

@@ -528,7 +528,7 @@ impl super::Database {
         for set in MigrationSet::chosen(reference_schema) {
             self.migrate_set(*set).await?;
         }
-        Ok(())
+        self.store_vocabulary().await
     }
 
     /// The SQL `migrate` would run for the sets asked for, without running it.
@@ -567,6 +567,11 @@ impl super::Database {
     /// Stops start-up when the schema lacks a controller migration this
     /// binary needs or the binding is unusable; returns the warnings.
     pub async fn check_schema(&self) -> Result<Vec<String>, DbError> {
+        // The vocabulary first: its refusals name a code or a view's
+        // expression where the binding's probes would give the database's words.
+        if self.missing_migrations().await?.is_empty() {
+            self.check_vocabulary().await?;
+        }
         let report = self.schema_report().await?;
         // An empty request table is a fresh install's: said, not warned of.
         for note in &report.unprobed {

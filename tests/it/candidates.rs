@@ -399,7 +399,7 @@ async fn the_newest_request_id_of_an_empty_table_is_zero(db: Db) {
 fn the_turn_benchmark_scripts_prepare_the_store_queries_verbatim() {
     let pg = include_str!("../../benches/turn_plans.sql");
     let owner = autoapproval::db::postgres::candidate_sql(RequestType::OwnerContract).unwrap();
-    for sql in [owner, autoapproval::db::postgres::FRESH_CANDIDATES] {
+    for sql in [owner, autoapproval::db::postgres::fresh_candidates_sql()] {
         assert!(pg.contains(sql), "benches/turn_plans.sql lacks:\n{sql}");
     }
     use autoapproval::db::mysql::{candidate_sql, fresh_candidates_sql};

@@ -240,7 +240,7 @@ fn the_backlog_benchmark_runs_the_stores_query_verbatim() {
     assert!(
         script.contains(&format!(
             "PREPARE backlog(timestamptz, timestamptz, int) AS\n{};",
-            autoapproval::db::postgres::BACKLOG_SQL
+            autoapproval::db::postgres::backlog_sql()
         )),
         "benches/backlog_plan.sql lacks the store's backlog query"
     );

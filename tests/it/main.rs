@@ -50,3 +50,4 @@ mod tls_database;
 mod tls_external;
 mod traces;
 mod upgrade;
+mod vocabulary;

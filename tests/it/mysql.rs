@@ -1098,6 +1098,7 @@ async fn mysql_the_coordination_pool_gives_up_on_a_held_fence_row_after_the_lock
             read_database_url: None,
             db_max_connections: 4,
             wake_poll_interval: POLL,
+            vocabulary: None,
         };
         let session = SessionArgs {
             db_lock_timeout: StdDuration::from_secs(1),

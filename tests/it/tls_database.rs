@@ -20,6 +20,7 @@ fn args(url: &str) -> DatabaseArgs {
         read_database_url: None,
         db_max_connections: 2,
         wake_poll_interval: Duration::from_millis(250),
+        vocabulary: None,
     }
 }
 

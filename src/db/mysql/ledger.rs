@@ -19,11 +19,15 @@ pub(super) const SYNC_ECONTRACT: &str =
         synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
         status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))";
 
+/// The ledger's status of a contract.
+pub(super) const ECONTRACT_STATUS: &str =
+    "SELECT status FROM autoapproval_econtract WHERE contract_ref = ?";
+
 // === impl MysqlStore ===
 
 impl Ledger for MysqlStore {
     ledger_statements! {
-        status: "SELECT status FROM autoapproval_econtract WHERE contract_ref = ?",
+        status: ECONTRACT_STATUS,
         add: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
               VALUES (?, ?, 'autoapproval', ?)",
         history: "SELECT created_at, author, message FROM autoapproval_request_memo

@@ -19,6 +19,7 @@ use std::time::Duration;
 use sqlx::mysql::{MySqlConnectOptions, MySqlPool};
 use sqlx::{Executor, MySql, Transaction};
 
+use super::codes::{Codes, Dialect, Statements};
 use super::{DatabaseArgs, DbError, SessionArgs, connect};
 
 /// `$query` with each of `$values` bound in order: the values of an
@@ -46,6 +47,7 @@ mod retention;
 mod rows;
 mod schema;
 mod shadow;
+mod vocabulary;
 mod wake_cursor;
 
 pub use candidates::{candidate_sql, candidates_among_sql, fresh_candidates_sql};
@@ -74,6 +76,24 @@ pub(crate) struct MysqlStore {
     /// Shadow mode: nothing is written to the business's tables (memos
     /// skipped, request and ledger writes refused).
     pub(super) shadow: bool,
+    /// The statements that name a code, rendered for the vocabulary (our
+    /// own words only, so far).
+    pub(super) statements: Statements,
+}
+
+/// Every template of the backend that holds a placeholder (`db::codes`).
+const TEMPLATES: [&str; 3] = [
+    crate::db::rows::request_sql!("?"),
+    crate::db::rows::request_with_state_sql!("?"),
+    ledger::ECONTRACT_STATUS,
+];
+
+/// The statements for our own words, rendered once per process.
+fn ours() -> &'static Statements {
+    static OURS: std::sync::LazyLock<Statements> = std::sync::LazyLock::new(|| {
+        Statements::new(Codes::new(Arc::default(), Dialect::Mysql), &TEMPLATES)
+    });
+    &OURS
 }
 
 /// A session's lock wait and statement limits (`SessionArgs`).
@@ -101,7 +121,29 @@ impl MysqlStore {
             poll_interval: DEFAULT_WAKE_POLL_INTERVAL,
             limits: None,
             shadow: false,
+            statements: ours().clone(),
         }
+    }
+
+    /// The statement rendered from `template` for this store's vocabulary.
+    pub(super) fn sql(&self, template: &'static str) -> sqlx::SqlStr {
+        self.statements.get(template)
+    }
+
+    /// Only our own words on MySQL for now: a coded vocabulary is refused
+    /// before anything runs, rather than statements speaking the wrong codes.
+    pub(super) fn with_vocabulary(
+        mut self,
+        vocabulary: Arc<crate::vocabulary::Vocabulary>,
+    ) -> Result<Self, DbError> {
+        if !vocabulary.is_ours() {
+            return Err(DbError::Config {
+                setting: "--vocabulary",
+                message: "codes other than our own words are supported on PostgreSQL only in this version".into(),
+            });
+        }
+        self.statements = Statements::new(Codes::new(vocabulary, Dialect::Mysql), &TEMPLATES);
+        Ok(self)
     }
 
     pub(super) fn with_poll_interval(mut self, interval: Duration) -> Self {
@@ -149,6 +191,7 @@ impl MysqlStore {
             wakes: Arc::clone(&self.wakes),
             poll_interval: self.poll_interval,
             limits: self.limits,
+            statements: self.statements.clone(),
             shadow: self.shadow,
         }
     }

@@ -3,6 +3,8 @@
 
 use super::{CHUNK, MysqlStore, db, placeholders};
 use crate::db::rows::{key_reads, status_rows};
+#[allow(unused_imports)]
+use crate::db::rows::{request_sql, request_with_state_sql};
 use crate::db::{DbError, RequestStatusRow, Rows};
 
 // === impl MysqlStore ===

@@ -17,8 +17,8 @@ const OWNER_CANDIDATES: &str = "\
 SELECT r.id AS request_id, s.id AS state_id
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.request_type = 'OWNER_CONTRACT'
+ WHERE r.status IN ({OPEN})
+   AND r.request_type = {TYPE:OWNER_CONTRACT}
    AND r.sort_time >= $1
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
@@ -32,8 +32,8 @@ const AD_CANDIDATES: &str = "\
 SELECT r.id AS request_id, s.id AS state_id
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
- WHERE r.status IN ('ING', 'PENDING', 'RETRY')
-   AND r.request_type = 'AD_CONTRACT'
+ WHERE r.status IN ({OPEN})
+   AND r.request_type = {TYPE:AD_CONTRACT}
    AND r.sort_time >= $1
    AND r.target_store_number IS NOT NULL
    AND (s.id IS NULL
@@ -48,13 +48,13 @@ SELECT r.id AS request_id, s.id AS state_id
 // key, in the candidate queries' order (status, then oldest sort_time), so
 // that a turn takes them in that order; no limit.
 const CANDIDATES_AMONG: &str = "\
-SELECT r.id AS request_id, r.request_type, s.id AS state_id
+SELECT r.id AS request_id, {TYPE_AS:r.request_type}, s.id AS state_id
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id = ANY($4::bigint[])
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
-   AND (r.request_type = 'OWNER_CONTRACT'
-        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
+   AND r.status IN ({OPEN})
+   AND (r.request_type = {TYPE:OWNER_CONTRACT}
+        OR (r.request_type = {TYPE:AD_CONTRACT} AND r.target_store_number IS NOT NULL))
    AND r.sort_time >= $1
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= $2 AND s.retry_count < $3))
@@ -68,13 +68,16 @@ SELECT r.id AS request_id, r.request_type, s.id AS state_id
 /// it. Due retries: the partial index `auto_approve_state_due`
 /// (next_retry_time) WHERE status = 'RETRY_WAITING' (migration 0016), in due
 /// order, to the limit; each probes its request by primary key. Waiting
-/// requests are in neither, however many there are.
+/// requests are in neither, however many there are. A template
+/// (`db::codes`): [`fresh_candidates_sql`] is it in our words. The type is
+/// bound as our word and turned into the business's code in the statement
+/// (`TYPE_PARAM`): neither branch reads by type, so no index needs it as a literal.
 pub const FRESH_CANDIDATES: &str = "\
 (SELECT r.id AS request_id, NULL::bigint AS state_id
    FROM autoapproval_request r
   WHERE r.id > $7
-    AND r.status IN ('ING', 'PENDING', 'RETRY')
-    AND r.request_type = $8
+    AND r.status IN ({OPEN})
+    AND r.request_type = {TYPE_PARAM:$8}
     AND r.sort_time >= $1
     AND ($8 <> 'AD_CONTRACT' OR r.target_store_number IS NOT NULL)
     AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
@@ -89,8 +92,8 @@ UNION ALL
   WHERE s.status = 'RETRY_WAITING'
     AND s.next_retry_time <= $2
     AND s.retry_count < $3
-    AND r.status IN ('ING', 'PENDING', 'RETRY')
-    AND r.request_type = $8
+    AND r.status IN ({OPEN})
+    AND r.request_type = {TYPE_PARAM:$8}
     AND r.sort_time >= $1
     AND ($8 <> 'AD_CONTRACT' OR r.target_store_number IS NOT NULL)
     AND ($5::bigint[] IS NULL OR r.id % $6 = ANY($5::bigint[]))
@@ -98,13 +101,35 @@ UNION ALL
   ORDER BY s.next_retry_time
   LIMIT $4)";
 
-/// The candidate SQL for a type; `None` for types that are not auto-approvable.
-pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[
+    OWNER_CANDIDATES,
+    AD_CANDIDATES,
+    CANDIDATES_AMONG,
+    FRESH_CANDIDATES,
+];
+
+/// The template of a type's candidate query; `None` for types that are not
+/// auto-approvable.
+pub(super) fn candidate_template(request_type: RequestType) -> Option<&'static str> {
     match request_type {
         RequestType::OwnerContract => Some(OWNER_CANDIDATES),
         RequestType::AdContract => Some(AD_CANDIDATES),
         _ => None,
     }
+}
+
+/// The candidate SQL for a type in our own words; `None` for types that are
+/// not auto-approvable.
+pub fn candidate_sql(request_type: RequestType) -> Option<&'static str> {
+    candidate_template(request_type).map(|t| super::ours().text(t).unwrap_or(t))
+}
+
+/// The fresh-candidates SQL in our own words ([`FRESH_CANDIDATES`] rendered).
+pub fn fresh_candidates_sql() -> &'static str {
+    super::ours()
+        .text(FRESH_CANDIDATES)
+        .unwrap_or(FRESH_CANDIDATES)
 }
 
 impl Candidates for PgStore {
@@ -113,7 +138,7 @@ impl Candidates for PgStore {
         request_ids: &[i64],
         query: &CandidateQuery,
     ) -> Result<Vec<Candidate>, DbError> {
-        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(CANDIDATES_AMONG)
+        let rows: Vec<(i64, String, Option<i64>)> = sqlx::query_as(self.sql(CANDIDATES_AMONG))
             .bind(query.window_start)
             .bind(query.now)
             .bind(query.retry_limit)
@@ -129,7 +154,7 @@ impl Candidates for PgStore {
         query: &CandidateQuery,
         since: i64,
     ) -> Result<Vec<Candidate>, DbError> {
-        if candidate_sql(query.request_type).is_none() {
+        if candidate_template(query.request_type).is_none() {
             return Ok(Vec::new());
         }
         self.typed_rows(
@@ -149,7 +174,7 @@ impl Candidates for PgStore {
     }
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, DbError> {
-        let Some(sql) = candidate_sql(query.request_type) else {
+        let Some(sql) = candidate_template(query.request_type) else {
             return Ok(Vec::new());
         };
         self.typed_rows(sql, query, None, "candidate query").await
@@ -162,7 +187,7 @@ impl PgStore {
     /// type as $7 and $8 for the fresh query.
     async fn typed_rows(
         &self,
-        sql: &'static str,
+        template: &'static str,
         query: &CandidateQuery,
         since: Option<i64>,
         operation: &'static str,
@@ -171,7 +196,7 @@ impl PgStore {
             Some(f) => (Some(f.shards.clone()), f.shard_count.max(1)),
             None => (None, 1),
         };
-        let mut statement = sqlx::query_as(sql)
+        let mut statement = sqlx::query_as(self.sql(template))
             .bind(query.window_start)
             .bind(query.now)
             .bind(query.retry_limit)

@@ -30,21 +30,22 @@ SELECT count(*) FILTER (WHERE status = 'IN_PROGRESS') AS in_progress,
 /// due retries are read from the state table in retry order until the
 /// first whose request is eligible, so their cost is bounded by the state
 /// table (in progress + waiting), not by the open requests.
-/// docs/BENCHMARKS.md shows the plans.
+/// docs/BENCHMARKS.md shows the plans. A template (`db::codes`):
+/// [`backlog_sql`] is it in our words.
 pub const BACKLOG_SQL: &str = "\
 SELECT LEAST(
   (SELECT min(first.sort_time)
-     FROM (VALUES ('OWNER_CONTRACT', 'ING'), ('OWNER_CONTRACT', 'PENDING'),
-                  ('OWNER_CONTRACT', 'RETRY'), ('AD_CONTRACT', 'ING'),
-                  ('AD_CONTRACT', 'PENDING'), ('AD_CONTRACT', 'RETRY')) AS k(request_type, status)
+     FROM (VALUES ({TYPE:OWNER_CONTRACT}, {STATUS:ING}), ({TYPE:OWNER_CONTRACT}, {STATUS:PENDING}),
+                  ({TYPE:OWNER_CONTRACT}, {STATUS:RETRY}), ({TYPE:AD_CONTRACT}, {STATUS:ING}),
+                  ({TYPE:AD_CONTRACT}, {STATUS:PENDING}), ({TYPE:AD_CONTRACT}, {STATUS:RETRY})) AS k(request_type, status)
      CROSS JOIN LATERAL (
        SELECT r.sort_time
          FROM autoapproval_request r
-        WHERE r.status IN ('ING', 'PENDING', 'RETRY')
+        WHERE r.status IN ({OPEN})
           AND r.request_type = k.request_type
           AND r.status = k.status
           AND r.sort_time >= $1
-          AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
+          AND (r.request_type = {TYPE:OWNER_CONTRACT} OR r.target_store_number IS NOT NULL)
           AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
           AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
         ORDER BY r.sort_time
@@ -55,13 +56,21 @@ SELECT LEAST(
     WHERE s.status = 'RETRY_WAITING'
       AND s.next_retry_time <= $2
       AND s.retry_count < $3
-      AND r.status IN ('ING', 'PENDING', 'RETRY')
-      AND r.request_type IN ('OWNER_CONTRACT', 'AD_CONTRACT')
+      AND r.status IN ({OPEN})
+      AND r.request_type IN ({TYPE:OWNER_CONTRACT}, {TYPE:AD_CONTRACT})
       AND r.sort_time >= $1
-      AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
+      AND (r.request_type = {TYPE:OWNER_CONTRACT} OR r.target_store_number IS NOT NULL)
       AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
     ORDER BY s.next_retry_time
     LIMIT 1))";
+
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[BACKLOG_SQL];
+
+/// [`BACKLOG_SQL`] in our own words.
+pub fn backlog_sql() -> &'static str {
+    super::ours().text(BACKLOG_SQL).unwrap_or(BACKLOG_SQL)
+}
 
 impl CensusQueries for PgStore {
     async fn census(&self, retry_limit: i32) -> Result<RequestCensus, DbError> {
@@ -78,7 +87,7 @@ impl CensusQueries for PgStore {
         now: DateTime<Utc>,
         retry_limit: i32,
     ) -> Result<Option<DateTime<Utc>>, DbError> {
-        let (oldest,): (Option<DateTime<Utc>>,) = sqlx::query_as(BACKLOG_SQL)
+        let (oldest,): (Option<DateTime<Utc>>,) = sqlx::query_as(self.sql(BACKLOG_SQL))
             .bind(window_start)
             .bind(now)
             .bind(retry_limit)

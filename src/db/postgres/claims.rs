@@ -28,31 +28,7 @@ impl Claims for PgStore {
             // them whether or not a state row exists, and an earlier life of
             // the request may have left some), as a due retry's are.
             None => sqlx::query_as(
-                "WITH claimed AS (
-                 INSERT INTO auto_approve_state
-                        (request_id, request_type, status, holder, fencing_token, claim_nonce,
-                         created_at, modified_at)
-                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $7, $5, now()
-                  WHERE ($6::int IS NULL OR EXISTS (
-                        SELECT 1 FROM shard_fence f
-                         WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
-                           FOR SHARE))
-                    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
-                    -- The fleet's brake (migration 0005), in the statement
-                    -- itself: no claim is won once a pause is committed.
-                    AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
-                    -- Only a known decision refuses: an unknown status is
-                    -- claimed, and the chain's re-read reports it by name.
-                    AND EXISTS (SELECT 1 FROM autoapproval_request r
-                                 WHERE r.id = $1 AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))
-                 ON CONFLICT (request_id) DO NOTHING
-                 RETURNING id, request_id, retry_count, transient_streak
-                 ), consumed AS (
-                     DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
-                 )
-                 SELECT id, retry_count, transient_streak,
-                        (SELECT created_at FROM autoapproval_request WHERE id = $1)
-                   FROM claimed",
+                self.sql(CLAIM_NEW),
             )
             .bind(candidate.request_id)
             .bind(candidate.request_type.as_str())
@@ -113,12 +89,11 @@ impl Claims for PgStore {
             // Approved meanwhile (a lagging replica's candidate), decided by
             // a person, or held by another worker: the status tells.
             None if candidate.state_id.is_none() => {
-                let status: Option<(String,)> =
-                    sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = $1")
-                        .bind(candidate.request_id)
-                        .fetch_optional(&self.primary)
-                        .await
-                        .map_err(db("claim new request: why refused"))?;
+                let status: Option<(String,)> = sqlx::query_as(self.sql(WHY_REFUSED))
+                    .bind(candidate.request_id)
+                    .fetch_optional(&self.primary)
+                    .await
+                    .map_err(db("claim new request: why refused"))?;
                 ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()))
                     .or_fleet_paused(FleetPauses::fleet_pause(self).await?)
             }
@@ -241,68 +216,25 @@ impl Claims for PgStore {
         // no column shows (undone since, or outside the request row). Wake
         // rows are read under the snapshot; one committed after it belongs
         // to a change of the locked row or the ledger, compared above.
-        let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(
-            "WITH free AS (
-                 SELECT id, econtract_ref, status IN ('ING', 'PENDING', 'RETRY') AS open,
-                        (status, request_type, documents_released, operational_hold,
-                         menu_registered, logo_registered, previous_step_approved, econtract_ref,
-                         target_store_number)
-                            IS NOT DISTINCT FROM ($6, $7, $8, $9, $10, $11, $12, $13, $14) AS held,
-                        set_config('autoapproval.writing_request', id::text, true)
-                   FROM autoapproval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
-             ), ledger AS (
-                 SELECT e.status FROM autoapproval_econtract e
-                  WHERE $15::text IS NOT NULL AND e.contract_ref = (SELECT econtract_ref FROM free)
-                    FOR SHARE NOWAIT
-             ), woken AS (
-                 SELECT id FROM auto_approve_state
-                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
-                    AND claim_nonce = $5
-                    AND (woken_at IS NOT NULL
-                         OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = $1)
-                         OR NOT (SELECT held FROM free)
-                         OR ($15::text IS NOT NULL
-                             AND (SELECT status FROM ledger) IS DISTINCT FROM $15))
-                    AND EXISTS (SELECT 1 FROM free WHERE open)
-             ), fenced AS (
-                 DELETE FROM auto_approve_state
-                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
-                    AND claim_nonce = $5 AND NOT EXISTS (SELECT 1 FROM woken)
-                    AND (SELECT count(*) FROM free) >= 0
-                 RETURNING id
-             ), sent AS (
-                 DELETE FROM auto_approve_sent s
-                  WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
-                    AND EXISTS (SELECT 1 FROM free WHERE open)
-             ), approved AS (
-                 UPDATE autoapproval_request r
-                    SET status = 'APPROVED', decided_at = now(), decided_by = 'autoapproval', updated_at = now()
-                   FROM free
-                  WHERE r.id = free.id AND r.status IN ('ING', 'PENDING', 'RETRY')
-                    AND EXISTS (SELECT 1 FROM fenced)
-                 RETURNING r.id
-             )
-             SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM approved),
-                    EXISTS (SELECT 1 FROM woken)",
-        )
-        .bind(claim.request_id)
-        .bind(claim.state_id)
-        .bind(&claim.fence.holder)
-        .bind(claim.fence.token)
-        .bind(claim.nonce)
-        .bind(facts.status.as_str())
-        .bind(facts.request_type.as_str())
-        .bind(facts.documents_released)
-        .bind(facts.operational_hold)
-        .bind(facts.menu_registered)
-        .bind(facts.logo_registered)
-        .bind(facts.previous_step_approved)
-        .bind(facts.econtract_ref.as_deref())
-        .bind(facts.target_store_number)
-        .bind(facts.econtract_status.as_deref())
-        .fetch_one(&self.primary)
-        .await
-        .map_err(db("complete"))?;
+        let (fenced, approved, woken): (bool, bool, bool) = sqlx::query_as(self.sql(COMPLETE))
+            .bind(claim.request_id)
+            .bind(claim.state_id)
+            .bind(&claim.fence.holder)
+            .bind(claim.fence.token)
+            .bind(claim.nonce)
+            .bind(facts.status.as_str())
+            .bind(facts.request_type.as_str())
+            .bind(facts.documents_released)
+            .bind(facts.operational_hold)
+            .bind(facts.menu_registered)
+            .bind(facts.logo_registered)
+            .bind(facts.previous_step_approved)
+            .bind(facts.econtract_ref.as_deref())
+            .bind(facts.target_store_number)
+            .bind(facts.econtract_status.as_deref())
+            .fetch_one(&self.primary)
+            .await
+            .map_err(db("complete"))?;
         Ok(match (fenced, approved, woken) {
             (false, _, true) => Completion::Woken,
             (false, _, false) => Completion::Stale,
@@ -455,3 +387,80 @@ const SAVE_CAMPAIGN_ID: &str = concat!(
    FROM saved WHERE s.request_id = saved.id AND s.idempotency_key = $7)
 SELECT id FROM saved"
 );
+
+// The claim of a new request (no state row), consuming its wakes.
+const CLAIM_NEW: &str = "WITH claimed AS (
+                 INSERT INTO auto_approve_state
+                        (request_id, request_type, status, holder, fencing_token, claim_nonce,
+                         created_at, modified_at)
+                 SELECT $1, $2, 'IN_PROGRESS', $3, $4, $7, $5, now()
+                  WHERE ($6::int IS NULL OR EXISTS (
+                        SELECT 1 FROM shard_fence f
+                         WHERE f.shard_count = $6 AND f.shard = $1 % $6 AND f.token = $4
+                           FOR SHARE))
+                    AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = $1)
+                    -- The fleet's brake (migration 0005), in the statement
+                    -- itself: no claim is won once a pause is committed.
+                    AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
+                    -- Only a known decision refuses: an unknown status is
+                    -- claimed, and the chain's re-read reports it by name.
+                    AND EXISTS (SELECT 1 FROM autoapproval_request r
+                                 WHERE r.id = $1 AND r.status NOT IN ({DECIDED}))
+                 ON CONFLICT (request_id) DO NOTHING
+                 RETURNING id, request_id, retry_count, transient_streak
+                 ), consumed AS (
+                     DELETE FROM auto_approve_wake w USING claimed c WHERE w.request_id = c.request_id
+                 )
+                 SELECT id, retry_count, transient_streak,
+                        (SELECT created_at FROM autoapproval_request WHERE id = $1)
+                   FROM claimed";
+
+// A refused claim's request status, read as our word.
+const WHY_REFUSED: &str = "SELECT {STATUS_AS:status} FROM autoapproval_request WHERE id = $1";
+
+// The completion: see `complete`.
+const COMPLETE: &str = "WITH free AS (
+                 SELECT id, econtract_ref, status IN ({OPEN}) AS open,
+                        ({STATUS_WORD:status}, {TYPE_WORD:request_type}, {FLAG:documents_released},
+                         {FLAG:operational_hold}, {FLAG:menu_registered}, {FLAG:logo_registered},
+                         {FLAG:previous_step_approved}, econtract_ref, target_store_number)
+                            IS NOT DISTINCT FROM ($6, $7, $8, $9, $10, $11, $12, $13, $14) AS held,
+                        set_config('autoapproval.writing_request', id::text, true)
+                   FROM autoapproval_request WHERE id = $1 FOR NO KEY UPDATE NOWAIT
+             ), ledger AS (
+                 SELECT {ECONTRACT_AS:e.status} FROM autoapproval_econtract e
+                  WHERE $15::text IS NOT NULL AND e.contract_ref = (SELECT econtract_ref FROM free)
+                    FOR SHARE NOWAIT
+             ), woken AS (
+                 SELECT id FROM auto_approve_state
+                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
+                    AND claim_nonce = $5
+                    AND (woken_at IS NOT NULL
+                         OR EXISTS (SELECT 1 FROM auto_approve_wake w WHERE w.request_id = $1)
+                         OR NOT (SELECT held FROM free)
+                         OR ($15::text IS NOT NULL
+                             AND (SELECT status FROM ledger) IS DISTINCT FROM $15))
+                    AND EXISTS (SELECT 1 FROM free WHERE open)
+             ), fenced AS (
+                 DELETE FROM auto_approve_state
+                  WHERE id = $2 AND status = 'IN_PROGRESS' AND holder = $3 AND fencing_token = $4
+                    AND claim_nonce = $5 AND NOT EXISTS (SELECT 1 FROM woken)
+                    AND (SELECT count(*) FROM free) >= 0
+                 RETURNING id
+             ), sent AS (
+                 DELETE FROM auto_approve_sent s
+                  WHERE s.request_id = $1 AND EXISTS (SELECT 1 FROM fenced)
+                    AND EXISTS (SELECT 1 FROM free WHERE open)
+             ), approved AS (
+                 UPDATE autoapproval_request r
+                    SET status = {STATUS:APPROVED}, decided_at = now(), decided_by = 'autoapproval', updated_at = now()
+                   FROM free
+                  WHERE r.id = free.id AND r.status IN ({OPEN})
+                    AND EXISTS (SELECT 1 FROM fenced)
+                 RETURNING r.id
+             )
+             SELECT EXISTS (SELECT 1 FROM fenced), EXISTS (SELECT 1 FROM approved),
+                    EXISTS (SELECT 1 FROM woken)";
+
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[CLAIM_NEW, WHY_REFUSED, COMPLETE];

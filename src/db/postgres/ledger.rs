@@ -9,7 +9,7 @@ use crate::db::{DbError, Ledger};
 
 impl Ledger for PgStore {
     ledger_statements! {
-        status: "SELECT status FROM autoapproval_econtract WHERE contract_ref = $1",
+        status: ECONTRACT_STATUS,
         add: "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
               VALUES ($1, $2, 'autoapproval', $3)",
         history: "SELECT created_at, author, message FROM autoapproval_request_memo
@@ -28,19 +28,28 @@ impl Ledger for PgStore {
         // One statement, one round-trip: the transaction-local setting,
         // read by the econtract trigger (migration 0007), lasts until the
         // statement's implicit transaction ends, after the trigger fired.
-        sqlx::query(
-            "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
-             SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
-             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
-              WHERE NOT (autoapproval_econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')",
-        )
-        .bind(contract_ref)
-        .bind(status)
-        .bind(now)
-        .bind(request_id.to_string())
-        .execute(&self.primary)
-        .await
-        .map_err(db("sync e-contract"))?;
+        sqlx::query(self.sql(SYNC_ECONTRACT))
+            .bind(contract_ref)
+            .bind(status)
+            .bind(now)
+            .bind(request_id.to_string())
+            .execute(&self.primary)
+            .await
+            .map_err(db("sync e-contract"))?;
         Ok(())
     }
 }
+
+// The ledger's status of a contract, as our word.
+const ECONTRACT_STATUS: &str =
+    "SELECT {ECONTRACT_AS:status} FROM autoapproval_econtract WHERE contract_ref = $1";
+
+// The sync: the e-sign system's answer ($2, our word) written as the
+// business's code; a signature is never taken back by a stale PENDING.
+pub(super) const SYNC_ECONTRACT: &str = "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
+             SELECT $1, {ECONTRACT_PARAM:$2}, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
+             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
+              WHERE NOT (autoapproval_econtract.status = {ECONTRACT:SIGNED} AND EXCLUDED.status = {ECONTRACT:PENDING})";
+
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[ECONTRACT_STATUS, SYNC_ECONTRACT];

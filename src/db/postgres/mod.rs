@@ -6,7 +6,11 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgPool};
 use sqlx::{Postgres, Transaction};
 
+use std::sync::Arc;
+
+use super::codes::{Codes, Dialect, Statements};
 use super::{DatabaseArgs, DbError, SessionArgs, connect};
+use crate::vocabulary::Vocabulary;
 
 mod candidates;
 mod census;
@@ -20,9 +24,10 @@ mod retention;
 mod rows;
 mod schema;
 mod shadow;
+mod vocabulary;
 
-pub use candidates::{FRESH_CANDIDATES, candidate_sql};
-pub use census::BACKLOG_SQL;
+pub use candidates::{FRESH_CANDIDATES, candidate_sql, fresh_candidates_sql};
+pub use census::{BACKLOG_SQL, backlog_sql};
 pub(crate) use notify::Listener;
 
 /// The manual-approval functions of migration 0013, with their argument
@@ -57,6 +62,34 @@ pub(crate) struct PgStore {
     /// Shadow mode: nothing is written to the business's tables (memos
     /// skipped, request and ledger writes refused).
     pub(super) shadow: bool,
+    /// Every statement that names a code, rendered for the vocabulary.
+    pub(super) statements: Statements,
+}
+
+/// Every template of the backend that holds a placeholder (`db::codes`).
+fn templates() -> Vec<&'static str> {
+    [
+        candidates::TEMPLATES,
+        census::TEMPLATES,
+        claims::TEMPLATES,
+        ledger::TEMPLATES,
+        recovery::TEMPLATES,
+        retention::TEMPLATES,
+        rows::TEMPLATES,
+    ]
+    .concat()
+}
+
+/// The statements for a vocabulary.
+fn statements(vocabulary: Arc<Vocabulary>) -> Statements {
+    Statements::new(Codes::new(vocabulary, Dialect::Postgres), &templates())
+}
+
+/// The statements for our own words, rendered once per process.
+pub(super) fn ours() -> &'static Statements {
+    static OURS: std::sync::LazyLock<Statements> =
+        std::sync::LazyLock::new(|| statements(Arc::default()));
+    &OURS
 }
 
 impl PgStore {
@@ -66,7 +99,18 @@ impl PgStore {
             read,
             separate_read: false,
             shadow: false,
+            statements: ours().clone(),
         }
+    }
+
+    pub(super) fn with_vocabulary(mut self, vocabulary: Arc<Vocabulary>) -> Self {
+        self.statements = statements(vocabulary);
+        self
+    }
+
+    /// The statement rendered from `template` for this store's vocabulary.
+    pub(super) fn sql(&self, template: &'static str) -> sqlx::SqlStr {
+        self.statements.get(template)
     }
 
     /// Connects both pools; the read pool is the primary when no replica is
@@ -96,6 +140,7 @@ impl PgStore {
             read,
             separate_read: config.read_database_url.is_some(),
             shadow: false,
+            statements: ours().clone(),
         })
     }
 
@@ -104,6 +149,7 @@ impl PgStore {
             .connect_lazy_with(self.primary.connect_options().as_ref().clone());
         PgStore {
             shadow: self.shadow,
+            statements: self.statements.clone(),
             ..PgStore::new(pool.clone(), pool)
         }
     }
@@ -145,5 +191,38 @@ impl SessionArgs {
             ("lock_timeout", ms(self.db_lock_timeout)),
             ("statement_timeout", ms(self.db_statement_timeout)),
         ])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every placeholder of every template is known: none is left in the
+    /// statements, for our words or for codes.
+    #[test]
+    fn every_template_renders_without_a_placeholder_left() {
+        let coded = Vocabulary::parse(
+            "request_types: {OWNER_CONTRACT: 1, AD_CONTRACT: 2}
+request_statuses: {ING: I, PENDING: P, RETRY: R, APPROVED: A, REJECTED: X, CANCELED: C}
+econtract_statuses: {PENDING: 0, SIGNED: 2, REJECTED: 3}
+flags: {yes: Y}",
+        )
+        .unwrap();
+        for vocabulary in [Vocabulary::default(), coded] {
+            let statements = statements(Arc::new(vocabulary));
+            for template in templates() {
+                let sql = statements.text(template).unwrap();
+                assert!(
+                    !sql.contains("{OPEN")
+                        && !sql.contains("{STATUS")
+                        && !sql.contains("{TYPE")
+                        && !sql.contains("{ECONTRACT")
+                        && !sql.contains("{FLAG")
+                        && !sql.contains("{DECIDED"),
+                    "{sql}"
+                );
+            }
+        }
     }
 }

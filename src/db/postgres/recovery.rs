@@ -35,14 +35,10 @@ impl Recovery for PgStore {
         .fetch_all(&self.primary)
         .await
         .map_err(db("cleanse stuck claims"))?;
-        let deleted = sqlx::query(
-            "DELETE FROM auto_approve_state s
-              WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
-                                 WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
-        )
-        .execute(&self.primary)
-        .await
-        .map_err(db("cleanse finished rows"))?;
+        let deleted = sqlx::query(self.sql(FINISHED))
+            .execute(&self.primary)
+            .await
+            .map_err(db("cleanse finished rows"))?;
         Ok(CleanseReport {
             recovered: recovered.into_iter().map(|(id,)| id).collect(),
             deleted: deleted.rows_affected(),
@@ -50,16 +46,11 @@ impl Recovery for PgStore {
     }
 
     async fn forget_closed(&self, request_id: i64) -> Result<bool, DbError> {
-        let done = sqlx::query(
-            "DELETE FROM auto_approve_state s
-              WHERE s.request_id = $1 AND s.status = 'RETRY_WAITING'
-                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
-                                 WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
-        )
-        .bind(request_id)
-        .execute(&self.primary)
-        .await
-        .map_err(db("forget closed request"))?;
+        let done = sqlx::query(self.sql(FORGET_CLOSED))
+            .bind(request_id)
+            .execute(&self.primary)
+            .await
+            .map_err(db("forget closed request"))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -149,3 +140,17 @@ impl Recovery for PgStore {
         Ok(Some(recovered.into_iter().map(|(id,)| id).collect()))
     }
 }
+
+// The state rows whose request is no longer open.
+const FINISHED: &str = "DELETE FROM auto_approve_state s
+              WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
+                                 WHERE r.id = s.request_id AND r.status IN ({OPEN}))";
+
+// A waiting request's row, once the request is no longer open.
+const FORGET_CLOSED: &str = "DELETE FROM auto_approve_state s
+              WHERE s.request_id = $1 AND s.status = 'RETRY_WAITING'
+                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
+                                 WHERE r.id = s.request_id AND r.status IN ({OPEN}))";
+
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[FINISHED, FORGET_CLOSED];

@@ -12,7 +12,7 @@ SELECT r.id
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id = ANY($1::bigint[])
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
+   AND r.status IN ({OPEN})
    AND (s.retry_count >= $2 OR r.sort_time < $3)
    AND (s.id IS NULL OR s.status = 'RETRY_WAITING')
    AND r.updated_at <= now() - make_interval(secs => $4)
@@ -24,8 +24,11 @@ SELECT r.id
 const STILL_NEEDED: &str = "\
 EXISTS (SELECT 1 FROM autoapproval_request r
          WHERE r.id = {table}.request_id
-           AND (r.status IN ('ING', 'PENDING', 'RETRY')
+           AND (r.status IN ({OPEN})
                 OR COALESCE(r.decided_at, r.updated_at) > now() - make_interval(secs => $1)))";
+
+/// The templates here (`db::codes`).
+pub(super) const TEMPLATES: &[&str] = &[ABANDONED];
 
 impl Retention for PgStore {
     async fn abandoned_among(
@@ -36,7 +39,7 @@ impl Retention for PgStore {
         if request_ids.is_empty() {
             return Ok(Vec::new());
         }
-        sqlx::query_scalar(ABANDONED)
+        sqlx::query_scalar(self.sql(ABANDONED))
             .bind(request_ids)
             .bind(query.retry_limit)
             .bind(query.window_start)
@@ -93,7 +96,11 @@ impl PgStore {
         seconds: f64,
         operation: &'static str,
     ) -> Result<u64, DbError> {
-        let needed = STILL_NEEDED.replace("{table}", table);
+        let needed = self
+            .statements
+            .codes()
+            .render(STILL_NEEDED)
+            .replace("{table}", table);
         let sql = format!(
             "DELETE FROM {table} WHERE ({key}) IN (
                  SELECT {key} FROM {table} WHERE NOT {needed} LIMIT $2)"

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::migrate::Migrator;
 
-use super::candidates::candidate_sql;
+use super::candidates::candidate_template;
 use super::{PgStore, db};
 use crate::db::DbError;
 use crate::db::schema::{
@@ -51,7 +51,7 @@ const INSERT_PROBES: &[Probe] = &[
     Probe {
         needs: "INSERT on autoapproval_econtract (contract_ref, status, synced_at)",
         sql: "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
-              SELECT NULL::text, NULL::text, NULL::timestamptz WHERE false",
+              SELECT contract_ref, status, synced_at FROM autoapproval_econtract WHERE false",
     },
     Probe {
         needs: "UPDATE on autoapproval_econtract (status, synced_at)",
@@ -84,12 +84,6 @@ const UPDATE_REQUEST: &str = "UPDATE autoapproval_request
 const INSERT_MEMO: &str =
     "INSERT INTO autoapproval_request_memo (request_id, created_at, author, message)
               VALUES ($1, $2, 'autoapproval', $3)";
-
-/// The e-contract sync of `sync_econtract` (ledger.rs).
-const SYNC_ECONTRACT: &str = "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at)
-             SELECT $1, $2, $3 FROM (SELECT set_config('autoapproval.syncing_request', $4, true)) AS origin
-             ON CONFLICT (contract_ref) DO UPDATE SET status = EXCLUDED.status, synced_at = EXCLUDED.synced_at
-              WHERE NOT (autoapproval_econtract.status = 'SIGNED' AND EXCLUDED.status = 'PENDING')";
 
 /// The triggers of the tables behind a view (`$1`), but for ours (which
 /// run as their owner): the rewrite rule of a view depends on each table it
@@ -197,7 +191,8 @@ impl Schema for PgStore {
             .execute(&mut *tx)
             .await
             .map_err(db(OPERATION))?;
-        let upsert = sqlx::query(SYNC_ECONTRACT)
+        // The real statement, in the business's codes (`db::codes`).
+        let upsert = sqlx::query(self.sql(super::ledger::SYNC_ECONTRACT))
             .bind(format!("aa-probe-{:08x}", rand::random::<u32>()))
             .bind("PENDING")
             .bind(now)
@@ -387,7 +382,7 @@ impl PgStore {
             Err(e) => return Err(db(OPERATION)(e)),
         };
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
-            let Some(sql) = candidate_sql(request_type) else {
+            let Some(sql) = candidate_template(request_type).map(|t| self.sql(t)) else {
                 continue;
             };
             let mut tx = self.read.begin().await.map_err(db(OPERATION))?;
@@ -395,6 +390,7 @@ impl PgStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db(OPERATION))?;
+            let sql = sql.as_str();
             let row = sqlx::query(sqlx::AssertSqlSafe(format!(
                 "EXPLAIN (VERBOSE, FORMAT JSON) {sql}"
             )))
@@ -467,7 +463,7 @@ fn outputs(plan: &serde_json::Value) -> Option<Vec<String>> {
 
 /// The business tables a plan reads whole: a sequential scan, or an index
 /// scan with no index condition (a full index walk).
-fn whole_reads(plan: &serde_json::Value) -> Vec<String> {
+pub(super) fn whole_reads(plan: &serde_json::Value) -> Vec<String> {
     let mut found = Vec::new();
     for (kind, table, fields) in scans(plan) {
         let whole = kind == "Seq Scan"

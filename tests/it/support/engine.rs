@@ -77,6 +77,7 @@ impl Env {
             read_database_url: read_url.map(|u| u.parse().expect("the read replica's URL")),
             db_max_connections: 4,
             wake_poll_interval: std::time::Duration::from_millis(250),
+            vocabulary: None,
         };
         let store = Database::connect(&args, session)
             .await
