@@ -298,6 +298,7 @@ impl Discovery {
                 }
                 shards = acquired.take() => {
                     self.reconcile_shards(&shards).await;
+                    self.restore_paused().await;
                     Woken::default()
                 }
                 // The fleet's pause held requests back: their CRs wait for
@@ -356,6 +357,9 @@ impl Discovery {
             }
             // After the turn, which took the woken candidates in order.
             self.wake(&woken.ids).await;
+            if kind == TurnKind::Poll {
+                self.restore_paused().await;
+            }
             backlog = matches!(&turn, Ok(summary) if summary.full);
             let delay = match turn {
                 Ok(summary) if summary.full => Some(self.settings.backlog_delay),
@@ -513,6 +517,28 @@ impl Discovery {
                 paused, "AutoApproval deleted while its request is open; recreating it"
             );
             self.create(request_id, approval_type, paused).await;
+        }
+    }
+
+    /// Puts back the missing CR of each paused open request of our shards.
+    /// A paused request is no candidate, so nothing else brings its CR
+    /// back when the deletion was seen while its shard was elsewhere, or
+    /// its re-creation failed (guarantee 4: the pause is lifted on the CR).
+    async fn restore_paused(&self) {
+        let paused = match self.store.paused_requests().await {
+            Ok(ids) => ids,
+            Err(error) => {
+                warn!(%error, "cannot list the paused requests; a missing CR of theirs waits for the next poll");
+                return;
+            }
+        };
+        let missing: Vec<i64> = self
+            .workable_among(&paused)
+            .into_iter()
+            .filter(|id| self.cache.get(&self.key(*id)).is_none())
+            .collect();
+        if !missing.is_empty() {
+            self.restore(&missing).await;
         }
     }
 

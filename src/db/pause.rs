@@ -35,6 +35,10 @@ interface! {
         /// The pause of `request_id`, if it is paused.
         #[tracing::instrument(name = "store.pause_of", skip_all)]
         fn pause_of(&self, request_id: i64) -> Result<Option<Pause>, DbError>;
+        /// Every paused request, oldest id first: the few whose CR must
+        /// stand while the pause does.
+        #[tracing::instrument(name = "store.paused_requests", skip_all)]
+        fn paused_requests(&self) -> Result<Vec<i64>, DbError>;
     }
 }
 
@@ -84,6 +88,13 @@ macro_rules! impl_pauses {
                     .fetch_optional(&self.primary)
                     .await
                     .map_err(db("read pause"))
+            }
+
+            async fn paused_requests(&self) -> Result<Vec<i64>, $crate::db::DbError> {
+                sqlx::query_scalar("SELECT request_id FROM auto_approve_pause ORDER BY request_id")
+                    .fetch_all(&self.read)
+                    .await
+                    .map_err(db("list paused requests"))
             }
         }
     };

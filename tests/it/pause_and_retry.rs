@@ -11,7 +11,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 
 use crate::support::{
     Cluster, Db, On, eventually, insert_state, on_both_servers, owner_now, request_status,
-    state_exists, total_calls, waiting_owner_now,
+    state_exists, test_settings, total_calls, waiting_owner_now,
 };
 
 /// Creates the CR of `request_id` with `spec.paused: true`, as a person would.
@@ -167,6 +167,42 @@ async fn a_retry_asked_for_with_an_annotation_runs_at_once_and_once_per_value(db
         events.iter().any(|(r, _)| r == "RetryRequested"),
         "{events:?}"
     );
+    cluster.stop().await;
+}
+
+on_both_servers!(a_paused_cr_deleted_while_no_replica_watched_comes_back_paused);
+/// A paused request is no candidate, so its CR deleted while no replica
+/// watched (a rollout, a lost shard under load) is not seen as a deletion:
+/// the next replica puts it back, paused, and claims nothing meanwhile.
+async fn a_paused_cr_deleted_while_no_replica_watched_comes_back_paused(db: Db, on: On) {
+    let mut cluster = Cluster::on(on, db.clone()).await;
+    create_paused(&cluster, 117).await;
+    let first = cluster.wait_phase(117, Phase::Paused).await;
+    owner_now(117).insert(&db).await;
+    cluster.stop().await;
+    cluster
+        .api
+        .delete(&crd::cr_name(117), &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the CR to be gone", || async {
+        cluster.cr(117).await.is_none().then_some(())
+    })
+    .await
+    .expect("gone");
+    cluster.restart(test_settings());
+    let back = eventually("the CR to come back", || async {
+        let cr = cluster.cr(117).await?;
+        (cr.uid() != first.uid() && cr.status.as_ref()?.phase == Some(Phase::Paused)).then_some(cr)
+    })
+    .await
+    .expect("CR");
+    assert!(back.spec.paused, "recreated paused");
+    assert!(!state_exists(&db, 117).await, "never claimed");
+    assert_eq!(total_calls(&cluster.sim), 0);
+
+    unpause(&cluster, 117).await;
+    cluster.wait_phase(117, Phase::Approved).await;
     cluster.stop().await;
 }
 
