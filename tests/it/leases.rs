@@ -343,6 +343,9 @@ async fn a_replica_written_out_of_its_member_lease_drops_every_shard(db: Db) {
         .fetch_i64("SELECT max(token) FROM shard_fence WHERE shard_count = 16")
         .await;
 
+    // Losses counted from here: a renewal late on a loaded machine may
+    // have dropped a shard already, which is no failure of this guard.
+    let lost_before = metric_sum(&text(), "autoapproval_shard_losses_total", &[]);
     let leases: Api<Lease> = Api::namespaced(cluster.client.clone(), NS);
     let member = autoapproval::coordination::member_lease_name("replica-1");
     eventually("the member Lease to be written out", || async {
@@ -364,7 +367,7 @@ async fn a_replica_written_out_of_its_member_lease_drops_every_shard(db: Db) {
                 "SELECT count(*) FROM shard_fence WHERE shard_count = 16 AND token > {before}"
             ))
             .await;
-        (lost == 16.0 && refenced == 16).then_some(())
+        (lost - lost_before >= 16.0 && refenced == 16).then_some(())
     })
     .await
     .expect("dropped and taken again");
