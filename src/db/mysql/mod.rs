@@ -76,8 +76,7 @@ pub(crate) struct MysqlStore {
     /// Shadow mode: nothing is written to the business's tables (memos
     /// skipped, request and ledger writes refused).
     pub(super) shadow: bool,
-    /// The statements that name a code, rendered for the vocabulary (our
-    /// own words only, so far).
+    /// The statements that name a code, rendered for the vocabulary.
     pub(super) statements: Statements,
 }
 
@@ -146,18 +145,11 @@ impl MysqlStore {
         sqlx::AssertSqlSafe(self.statements.codes().render(template))
     }
 
-    /// Only our own words on MySQL for now: a coded vocabulary is refused
-    /// before anything runs, rather than statements speaking the wrong codes.
+    /// This store with its statements rendered for `vocabulary`.
     pub(super) fn with_vocabulary(
         mut self,
         vocabulary: Arc<crate::vocabulary::Vocabulary>,
     ) -> Result<Self, DbError> {
-        if !vocabulary.is_ours() {
-            return Err(DbError::Config {
-                setting: "--vocabulary",
-                message: "codes other than our own words are supported on PostgreSQL only in this version".into(),
-            });
-        }
         self.statements = Statements::new(Codes::new(vocabulary, Dialect::Mysql), &TEMPLATES);
         Ok(self)
     }
