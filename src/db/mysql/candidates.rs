@@ -182,7 +182,7 @@ fn in_among_order(
             .find(|s| s.as_str() == word)
             .map(|s| vocabulary.status_code(s).clone())
     };
-    rows.sort_by(|a, b| (code(&a.3), a.4, a.0).cmp(&(code(&b.3), b.4, b.0)));
+    rows.sort_by_key(|r| (code(&r.3), r.4, r.0));
     rows.into_iter()
         .map(|(request_id, request_type, state_id, _, _)| (request_id, request_type, state_id))
         .collect()
