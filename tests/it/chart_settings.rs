@@ -77,6 +77,19 @@ fn run_with_settings(r: &Rendered, kubeconfig: &Path) -> Command {
     for e in r.controller()["env"].as_array().unwrap() {
         let name = e["name"].as_str().unwrap();
         let value = match name {
+            // The mounted file, stood in for by the rendered ConfigMap's text: the binary reads
+            // and checks it before anything is contacted.
+            "AUTOAPPROVAL_VOCABULARY" => {
+                let text = r
+                    .all("ConfigMap")
+                    .into_iter()
+                    .find_map(|c| c["data"]["vocabulary.yaml"].as_str())
+                    .expect("AUTOAPPROVAL_VOCABULARY set without the vocabulary ConfigMap");
+                let dir = crate::support::fresh_dir("vocabulary-stand-in");
+                let file = dir.join("vocabulary.yaml");
+                std::fs::write(&file, text).expect("write the vocabulary stand-in");
+                file.display().to_string()
+            }
             "AUTOAPPROVAL_DATABASE_URL" | "AUTOAPPROVAL_READ_DATABASE_URL" => {
                 "postgres://autoapproval@127.0.0.1:1/unused".to_owned()
             }

@@ -635,6 +635,127 @@ fn tls_volumes_are_mounted_read_only_into_the_controller_the_migration_job_and_t
     assert!(pod_spec(&objects, "Job")["volumes"].is_null());
 }
 
+/// The vocabulary's text in the ConfigMap named `name`, or None when it is not rendered.
+fn vocabulary_text<'a>(objects: &'a [Value], name: &str) -> Option<&'a str> {
+    of_kind(objects, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == name)
+        .and_then(|c| c["data"]["vocabulary.yaml"].as_str())
+}
+
+/// `container` names the mounted vocabulary file and mounts its folder read-only from the
+/// volume `vocabulary`, which `spec` takes from the ConfigMap `config_map`.
+fn binds_the_vocabulary(spec: &Value, container: &Value, config_map: &str, what: &str) {
+    assert_eq!(
+        env(container, "AUTOAPPROVAL_VOCABULARY").map(|e| &e["value"]),
+        Some(&json!("/etc/autoapproval/vocabulary/vocabulary.yaml")),
+        "{what}: AUTOAPPROVAL_VOCABULARY"
+    );
+    assert!(
+        mounts(container).contains(&(
+            "vocabulary".to_owned(),
+            "/etc/autoapproval/vocabulary".to_owned(),
+            true
+        )),
+        "{what}: the vocabulary mounted read-only: {:?}",
+        mounts(container)
+    );
+    let volume = spec["volumes"]
+        .as_array()
+        .and_then(|v| v.iter().find(|v| v["name"] == "vocabulary"))
+        .unwrap_or_else(|| panic!("{what}: no vocabulary volume"));
+    assert_eq!(volume["configMap"]["name"], config_map, "{what}");
+}
+
+#[test]
+fn the_vocabulary_value_is_mounted_into_the_controller_the_migration_job_and_the_init_container() {
+    // Block style: `--set-string` takes no commas.
+    let text = "request_types:\n  OWNER_CONTRACT: 1\n  AD_CONTRACT: 2\nflags:\n  yes: Y";
+    let set = format!("vocabulary={text}");
+    let fullname = RELEASE;
+    let own = format!("{fullname}-vocabulary");
+    let hook = format!("{fullname}-migrate-vocabulary");
+
+    // With Helm: the hook Job runs before the chart's other objects exist, so it mounts a hook
+    // copy created just before it; the controller mounts the release's own.
+    let objects = render(&["--set-string", &set]);
+    assert_eq!(vocabulary_text(&objects, &own), Some(text), "the ConfigMap");
+    assert_eq!(
+        vocabulary_text(&objects, &hook),
+        Some(text),
+        "the hook copy"
+    );
+    let copy = of_kind(&objects, "ConfigMap")
+        .into_iter()
+        .find(|c| c["metadata"]["name"] == hook.as_str())
+        .expect("the hook copy");
+    let annotations = &copy["metadata"]["annotations"];
+    assert_eq!(annotations["helm.sh/hook"], "pre-install,pre-upgrade");
+    let weight = |v: &Value| v.as_str().and_then(|w| w.parse::<i64>().ok());
+    let job = one(&objects, "Job");
+    assert!(
+        weight(&annotations["helm.sh/hook-weight"])
+            < weight(&job["metadata"]["annotations"]["helm.sh/hook-weight"]),
+        "the copy exists before the Job: {annotations}"
+    );
+    let deployment = pod_spec(&objects, "Deployment");
+    binds_the_vocabulary(deployment, &deployment["containers"][0], &own, "controller");
+    assert!(
+        one(&objects, "Deployment")["spec"]["template"]["metadata"]["annotations"]
+            ["checksum/vocabulary"]
+            .is_string(),
+        "a changed vocabulary rolls the pods"
+    );
+    let spec = pod_spec(&objects, "Job");
+    binds_the_vocabulary(spec, &spec["initContainers"][0], &hook, "the Job's migrate");
+    binds_the_vocabulary(spec, &spec["containers"][0], &hook, "the Job's check");
+
+    // Without Helm's hooks: one ConfigMap, for the Job and the init container alike.
+    let objects = render(&["--set-string", &set, "--set", "helmHooks=false"]);
+    assert_eq!(vocabulary_text(&objects, &hook), None, "no hook copy");
+    let deployment = pod_spec(&objects, "Deployment");
+    binds_the_vocabulary(
+        deployment,
+        &deployment["initContainers"][0],
+        &own,
+        "init container",
+    );
+    binds_the_vocabulary(deployment, &deployment["containers"][0], &own, "controller");
+    let spec = pod_spec(&objects, "Job");
+    binds_the_vocabulary(
+        spec,
+        &spec["initContainers"][0],
+        &own,
+        "plain Job's migrate",
+    );
+    binds_the_vocabulary(spec, &spec["containers"][0], &own, "plain Job's check");
+
+    // Empty, the default: our own words, nothing rendered, mounted or named.
+    for args in [&[][..], &["--set", "helmHooks=false"][..]] {
+        let objects = render(args);
+        assert!(
+            of_kind(&objects, "ConfigMap")
+                .iter()
+                .all(|c| c["data"].get("vocabulary.yaml").is_none()),
+            "{args:?}: no vocabulary ConfigMap"
+        );
+        for kind in ["Deployment", "Job"] {
+            let spec = pod_spec(&objects, kind);
+            let containers = spec["containers"].as_array().into_iter().flatten();
+            let inits = spec["initContainers"].as_array().into_iter().flatten();
+            for c in containers.chain(inits) {
+                assert!(
+                    env(c, "AUTOAPPROVAL_VOCABULARY").is_none()
+                        && !mounts(c).iter().any(|(n, _, _)| n == "vocabulary"),
+                    "{args:?}: {kind} {} names or mounts a vocabulary",
+                    c["name"]
+                );
+            }
+            assert!(spec["volumes"].is_null(), "{args:?}: {kind} has volumes");
+        }
+    }
+}
+
 #[test]
 fn the_helm_test_image_is_pinned_by_digest() {
     let objects = render(&[]);

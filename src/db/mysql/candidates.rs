@@ -15,8 +15,15 @@ use crate::db::candidates::{of_any_type, of_type};
 use crate::db::{CandidateQuery, Candidates, DbError, ShardFilter};
 use crate::domain::{Candidate, RequestType};
 
-/// The open statuses in pickup order (ING < PENDING < RETRY).
+/// The open statuses, one branch each (the order is the codes' own:
+/// `ORDER BY status`).
 const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
+
+/// A template of `db::codes` in our own words, as tests and the EXPLAIN of
+/// a binding read it.
+fn in_our_words(template: &str) -> String {
+    super::ours().codes().render(template)
+}
 
 /// The candidate SQL of a type for `shards` shards (0: no shard filter);
 /// `None` for types that are not auto-approvable. Binds, three times (one
@@ -31,6 +38,11 @@ const OPEN: [&str; 3] = ["ING", "PENDING", "RETRY"];
 /// instead of the three open ranges. Each branch is one range read in
 /// order that LIMIT stops; the outer sort is of at most 3 × limit rows.
 pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    candidate_template(request_type, shards).map(|t| in_our_words(&t))
+}
+
+/// [`candidate_sql`] as a template of `db::codes`.
+pub(super) fn candidate_template(request_type: RequestType, shards: usize) -> Option<String> {
     let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
     let branches: Vec<String> = OPEN
         .iter()
@@ -39,8 +51,8 @@ pub fn candidate_sql(request_type: RequestType, shards: usize) -> Option<String>
                 "(SELECT r.id AS request_id, s.id AS state_id, r.status, r.sort_time
      FROM autoapproval_request r
      LEFT JOIN auto_approve_state s ON s.request_id = r.id
-    WHERE r.request_type = '{}'
-      AND r.status = '{status}'
+    WHERE r.request_type = {{TYPE:{}}}
+      AND r.status = {{STATUS:{status}}}
       AND r.sort_time >= ?{ad}
       AND (s.id IS NULL
            OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?)){shard}
@@ -85,14 +97,22 @@ fn type_and_shard_conditions(
 /// then now, retry limit, window start, [K, each shard,] limit. The new
 /// branch's state id is a typed NULL so that the union's column is BIGINT.
 pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<String> {
+    fresh_candidates_template(request_type, shards).map(|t| in_our_words(&t))
+}
+
+/// [`fresh_candidates_sql`] as a template of `db::codes`.
+pub(super) fn fresh_candidates_template(
+    request_type: RequestType,
+    shards: usize,
+) -> Option<String> {
     let (ad, shard) = type_and_shard_conditions(request_type, shards)?;
     let request_type = request_type.as_str();
     Some(format!(
         "(SELECT r.id AS request_id, CAST(NULL AS SIGNED) AS state_id
      FROM autoapproval_request r
     WHERE r.id > ?
-      AND r.request_type = '{request_type}'
-      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.request_type = {{TYPE:{request_type}}}
+      AND r.status IN ({{OPEN}})
       AND r.sort_time >= ?{ad}
       AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id){shard}
       AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
@@ -105,8 +125,8 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
     WHERE s.status = 'RETRY_WAITING'
       AND s.next_retry_time <= ?
       AND s.retry_count < ?
-      AND r.request_type = '{request_type}'
-      AND r.status IN ('ING', 'PENDING', 'RETRY')
+      AND r.request_type = {{TYPE:{request_type}}}
+      AND r.status IN ({{OPEN}})
       AND r.sort_time >= ?{ad}{shard}
       AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
     ORDER BY s.next_retry_time
@@ -121,14 +141,20 @@ pub fn fresh_candidates_sql(request_type: RequestType, shards: usize) -> Option<
 /// list longer than [`CHUNK`] takes several statements, whose rows
 /// [`Candidates::candidates_among`] sorts again as one.
 pub fn candidates_among_sql(n: usize) -> String {
+    in_our_words(&candidates_among_template(n))
+}
+
+/// [`candidates_among_sql`] as a template of `db::codes`: the type and the
+/// status are read back as our words; the statement sorts by the codes.
+pub(super) fn candidates_among_template(n: usize) -> String {
     format!(
-        "SELECT r.id AS request_id, r.request_type, s.id AS state_id, r.status, r.sort_time
+        "SELECT r.id AS request_id, {{TYPE_AS:r.request_type}}, s.id AS state_id, {{STATUS_AS:r.status}}, r.sort_time
   FROM autoapproval_request r
   LEFT JOIN auto_approve_state s ON s.request_id = r.id
  WHERE r.id IN ({})
-   AND r.status IN ('ING', 'PENDING', 'RETRY')
-   AND (r.request_type = 'OWNER_CONTRACT'
-        OR (r.request_type = 'AD_CONTRACT' AND r.target_store_number IS NOT NULL))
+   AND r.status IN ({{OPEN}})
+   AND (r.request_type = {{TYPE:OWNER_CONTRACT}}
+        OR (r.request_type = {{TYPE:AD_CONTRACT}} AND r.target_store_number IS NOT NULL))
    AND r.sort_time >= ?
    AND (s.id IS NULL
         OR (s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?))
@@ -143,10 +169,20 @@ pub fn candidates_among_sql(n: usize) -> String {
 type AmongRow = (i64, String, Option<i64>, String, DateTime<Utc>);
 
 /// The rows of every chunk as one list in the statement's own order
-/// (`ORDER BY r.status, r.sort_time, r.id`): each statement sorts only its
-/// chunk, and the turn takes its limit from the front of the whole list.
-fn in_among_order(mut rows: Vec<AmongRow>) -> Vec<(i64, String, Option<i64>)> {
-    rows.sort_by(|a, b| (&a.3, a.4, a.0).cmp(&(&b.3, b.4, b.0)));
+/// (`ORDER BY r.status, r.sort_time, r.id`, the status by its code, read
+/// back as our word): each statement sorts only its chunk, and the turn
+/// takes its limit from the front of the whole list.
+fn in_among_order(
+    mut rows: Vec<AmongRow>,
+    vocabulary: &crate::vocabulary::Vocabulary,
+) -> Vec<(i64, String, Option<i64>)> {
+    let code = |word: &str| {
+        crate::domain::RequestStatus::OPEN
+            .into_iter()
+            .find(|s| s.as_str() == word)
+            .map(|s| vocabulary.status_code(s).clone())
+    };
+    rows.sort_by_key(|r| (code(&r.3), r.4, r.0));
     rows.into_iter()
         .map(|(request_id, request_type, state_id, _, _)| (request_id, request_type, state_id))
         .collect()
@@ -185,8 +221,8 @@ impl Candidates for MysqlStore {
         }
         let mut rows: Vec<AmongRow> = Vec::new();
         for chunk in request_ids.chunks(CHUNK) {
-            let sql = candidates_among_sql(chunk.len());
-            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
+            let sql = self.render(&candidates_among_template(chunk.len()));
+            let q = bind_all!(sqlx::query_as(sql), chunk);
             rows.extend(
                 q.bind(query.window_start)
                     .bind(query.now)
@@ -196,7 +232,7 @@ impl Candidates for MysqlStore {
                     .map_err(db("candidates among requests"))?,
             );
         }
-        of_any_type(in_among_order(rows))
+        of_any_type(in_among_order(rows, self.statements.codes().vocabulary()))
     }
 
     async fn fresh_candidates(
@@ -205,10 +241,10 @@ impl Candidates for MysqlStore {
         since: i64,
     ) -> Result<Vec<Candidate>, DbError> {
         let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
-        let Some(sql) = fresh_candidates_sql(query.request_type, shards) else {
+        let Some(sql) = fresh_candidates_template(query.request_type, shards) else {
             return Ok(Vec::new());
         };
-        let q = sqlx::query_as(sqlx::AssertSqlSafe(sql))
+        let q = sqlx::query_as(self.render(&sql))
             .bind(since)
             .bind(query.window_start);
         let q = bind_shards(q, query.shards.as_ref())
@@ -233,10 +269,10 @@ impl Candidates for MysqlStore {
 
     async fn candidates(&self, query: &CandidateQuery) -> Result<Vec<Candidate>, DbError> {
         let shards = query.shards.as_ref().map_or(0, |f| f.shards.len().max(1));
-        let Some(sql) = candidate_sql(query.request_type, shards) else {
+        let Some(sql) = candidate_template(query.request_type, shards) else {
             return Ok(Vec::new());
         };
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(sql));
+        let mut q = sqlx::query_as(self.render(&sql));
         for _ in OPEN {
             q = q
                 .bind(query.window_start)

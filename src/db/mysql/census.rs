@@ -21,8 +21,8 @@ SELECT COUNT(CASE WHEN status = 'IN_PROGRESS' THEN 1 END) AS in_progress,
 fn first_new(request_type: &str, status: &str) -> String {
     format!(
         "(SELECT r.sort_time AS t FROM autoapproval_request r
-          WHERE r.request_type = '{request_type}' AND r.status = '{status}' AND r.sort_time >= ?
-            AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
+          WHERE r.request_type = {{TYPE:{request_type}}} AND r.status = {{STATUS:{status}}} AND r.sort_time >= ?
+            AND (r.request_type = {{TYPE:OWNER_CONTRACT}} OR r.target_store_number IS NOT NULL)
             AND NOT EXISTS (SELECT 1 FROM auto_approve_state s WHERE s.request_id = r.id)
             AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
           ORDER BY r.sort_time LIMIT 1)"
@@ -32,8 +32,9 @@ fn first_new(request_type: &str, status: &str) -> String {
 /// When the oldest eligible-but-unclaimed request became eligible, as
 /// PostgreSQL's BACKLOG_SQL. MariaDB has no LATERAL join, so the six
 /// (type, status) ranges are six branches of a UNION ALL, each bound with
-/// the window start; the due retries are the seventh.
-fn backlog_sql() -> String {
+/// the window start; the due retries are the seventh. A template of
+/// `db::codes`.
+pub(super) fn backlog_sql() -> String {
     let mut branches = Vec::new();
     for request_type in ["OWNER_CONTRACT", "AD_CONTRACT"] {
         for status in ["ING", "PENDING", "RETRY"] {
@@ -45,10 +46,10 @@ fn backlog_sql() -> String {
             FROM auto_approve_state s
             JOIN autoapproval_request r ON r.id = s.request_id
            WHERE s.status = 'RETRY_WAITING' AND s.next_retry_time <= ? AND s.retry_count < ?
-             AND r.status IN ('ING', 'PENDING', 'RETRY')
-             AND r.request_type IN ('OWNER_CONTRACT', 'AD_CONTRACT')
+             AND r.status IN ({OPEN})
+             AND r.request_type IN ({TYPE:OWNER_CONTRACT}, {TYPE:AD_CONTRACT})
              AND r.sort_time >= ?
-             AND (r.request_type = 'OWNER_CONTRACT' OR r.target_store_number IS NOT NULL)
+             AND (r.request_type = {TYPE:OWNER_CONTRACT} OR r.target_store_number IS NOT NULL)
              AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)
            ORDER BY s.next_retry_time LIMIT 1)"
             .to_owned(),
@@ -78,7 +79,7 @@ impl CensusQueries for MysqlStore {
         now: DateTime<Utc>,
         retry_limit: i32,
     ) -> Result<Option<DateTime<Utc>>, DbError> {
-        let mut q = sqlx::query_as(sqlx::AssertSqlSafe(backlog_sql()));
+        let mut q = sqlx::query_as(self.render(&backlog_sql()));
         for _ in 0..6 {
             q = q.bind(window_start);
         }

@@ -25,6 +25,7 @@ use super::naming::{Named, named_write};
 use super::notify::delete_wakes;
 use super::{MysqlStore, db, give_up};
 use crate::db::claims::{bind_fence, fenced_writes, fresh_nonce, sent_keys, sent_result};
+use crate::db::codes::Statements;
 use crate::db::{ClaimOutcome, Claims, Completion, DbError, RetryWrite, StepResult};
 use crate::domain::{Candidate, Claim, Facts, Fence};
 
@@ -61,36 +62,26 @@ impl Claims for MysqlStore {
             None => {
                 // Only a known decision refuses the claim: an unknown status
                 // is claimed, and the chain's re-read reports it by name.
-                let inserted = sqlx::query(
-                    "INSERT IGNORE INTO auto_approve_state
-                            (request_id, request_type, status, holder, fencing_token, claim_nonce,
-                             created_at, modified_at)
-                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
-                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
-                        AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
-                        AND EXISTS (SELECT 1 FROM autoapproval_request r
-                                     WHERE r.id = ? AND r.status NOT IN ('APPROVED', 'REJECTED', 'CANCELED'))",
-                )
-                .bind(candidate.request_id)
-                .bind(candidate.request_type.as_str())
-                .bind(&fence.holder)
-                .bind(fence.token)
-                .bind(nonce)
-                .bind(candidate.request_id)
-                .bind(candidate.request_id)
-                .execute(&mut *tx)
-                .await
-                .map_err(db("claim new request"))?;
+                let inserted = sqlx::query(self.sql(CLAIM_NEW))
+                    .bind(candidate.request_id)
+                    .bind(candidate.request_type.as_str())
+                    .bind(&fence.holder)
+                    .bind(fence.token)
+                    .bind(nonce)
+                    .bind(candidate.request_id)
+                    .bind(candidate.request_id)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db("claim new request"))?;
                 if inserted.rows_affected() == 0 {
                     // Approved meanwhile (a lagging replica's candidate), decided
                     // by a person, or held by another worker: the status tells.
                     // A plain read: READ COMMITTED locks nothing here.
-                    let status: Option<(String,)> =
-                        sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = ?")
-                            .bind(candidate.request_id)
-                            .fetch_optional(&mut *tx)
-                            .await
-                            .map_err(db("claim new request: why refused"))?;
+                    let status: Option<(String,)> = sqlx::query_as(self.sql(WHY_REFUSED))
+                        .bind(candidate.request_id)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(db("claim new request: why refused"))?;
                     let fleet = fleet_pause_in(&mut tx).await?;
                     let outcome = ClaimOutcome::refused(status.as_ref().map(|(s,)| s.as_str()))
                         .or_fleet_paused(fleet);
@@ -284,7 +275,7 @@ impl Claims for MysqlStore {
             Named::WritingRequest,
             claim.request_id,
             "complete: name the request",
-            async |conn| complete_on(conn, claim, facts).await,
+            async |conn| complete_on(conn, &self.statements, claim, facts).await,
         )
         .await
     }
@@ -396,6 +387,7 @@ const SAVE_CAMPAIGN_ID: &str =
 /// primary key.
 async fn complete_on(
     conn: &mut MySqlConnection,
+    statements: &Statements,
     claim: &Claim,
     facts: &Facts,
 ) -> Result<Completion, DbError> {
@@ -403,7 +395,7 @@ async fn complete_on(
     // A locking read returns the newest committed version, and no change
     // to the row can come in between it and the approval: its gate
     // columns are what the approval stands on, with or without a trigger.
-    let row = lock_request_facts(&mut tx, claim.request_id)
+    let row = lock_request_facts(&mut tx, statements, claim.request_id)
         .await
         .map_err(db("complete: lock request"))?;
     let open = row.as_ref().is_some_and(|r| is_open(&r.status));
@@ -413,13 +405,11 @@ async fn complete_on(
         // Locked as the request row is, for the same reasons: the gate
         // passed on it. FOR UPDATE, the one NOWAIT lock MySQL 8 and
         // MariaDB spell alike.
-        let ledger: Option<(String,)> = sqlx::query_as(
-            "SELECT status FROM autoapproval_econtract WHERE contract_ref = ? FOR UPDATE NOWAIT",
-        )
-        .bind(contract.as_deref())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db("complete: lock e-contract"))?;
+        let ledger: Option<(String,)> = sqlx::query_as(statements.get(LOCK_LEDGER))
+            .bind(contract.as_deref())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db("complete: lock e-contract"))?;
         changed = ledger.map(|(status,)| status).as_deref() != facts.econtract_status.as_deref();
     }
     // A wake row (the claim consumed the earlier ones) or woken_at: a
@@ -458,16 +448,11 @@ async fn complete_on(
         Some(_) => {}
     }
     if open {
-        sqlx::query(
-            "UPDATE autoapproval_request
-                SET status = 'APPROVED', decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
-                    updated_at = UTC_TIMESTAMP(6)
-              WHERE id = ?",
-        )
-        .bind(claim.request_id)
-        .execute(&mut *tx)
-        .await
-        .map_err(db("complete: approve request"))?;
+        sqlx::query(statements.get(APPROVE))
+            .bind(claim.request_id)
+            .execute(&mut *tx)
+            .await
+            .map_err(db("complete: approve request"))?;
     }
     sqlx::query("DELETE FROM auto_approve_state WHERE id = ?")
         .bind(claim.state_id)
@@ -524,16 +509,13 @@ impl LockedRequest {
 /// gate columns, or `None` when it is gone.
 async fn lock_request_facts(
     tx: &mut Tx<'_>,
+    statements: &Statements,
     request_id: i64,
 ) -> Result<Option<LockedRequest>, sqlx::Error> {
-    sqlx::query_as(
-        "SELECT status, request_type, documents_released, operational_hold, menu_registered,
-                logo_registered, previous_step_approved, econtract_ref, target_store_number
-           FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT",
-    )
-    .bind(request_id)
-    .fetch_optional(&mut **tx)
-    .await
+    sqlx::query_as(statements.get(LOCK_FACTS))
+        .bind(request_id)
+        .fetch_optional(&mut **tx)
+        .await
 }
 
 /// Saves a result only while the claim is still ours: the request row
@@ -614,18 +596,15 @@ async fn fence_is_current(
     Ok(token.is_some_and(|(t,)| t == fence.token))
 }
 
-/// Locks the request row by primary key without waiting; its status, or
-/// `None` when it is gone.
-async fn lock_request_nowait(
-    tx: &mut Tx<'_>,
-    request_id: i64,
-) -> Result<Option<String>, sqlx::Error> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT status FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT")
+/// Locks the request row by primary key without waiting; `None` when it
+/// is gone. Its key is read, not its status: a code of any type will do.
+async fn lock_request_nowait(tx: &mut Tx<'_>, request_id: i64) -> Result<Option<i64>, sqlx::Error> {
+    let row: Option<(i64,)> =
+        sqlx::query_as("SELECT id FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT")
             .bind(request_id)
             .fetch_optional(&mut **tx)
             .await?;
-    Ok(row.map(|(s,)| s))
+    Ok(row.map(|(id,)| id))
 }
 
 /// Locks the claim's state row by primary key (`lock`: FOR UPDATE or LOCK
@@ -676,3 +655,36 @@ pub(super) async fn insert_memo(
     .await?;
     Ok(())
 }
+
+/// The claim of a new request (no state row): only a known decision
+/// refuses it; an unknown status is claimed, and the chain's re-read
+/// reports it by name. A template of `db::codes`.
+pub(super) const CLAIM_NEW: &str = "INSERT IGNORE INTO auto_approve_state
+                            (request_id, request_type, status, holder, fencing_token, claim_nonce,
+                             created_at, modified_at)
+                     SELECT ?, ?, 'IN_PROGRESS', ?, ?, ?, UTC_TIMESTAMP(6), UTC_TIMESTAMP(6) FROM DUAL
+                      WHERE NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = ?)
+                        AND NOT EXISTS (SELECT 1 FROM auto_approve_fleet_pause)
+                        AND EXISTS (SELECT 1 FROM autoapproval_request r
+                                     WHERE r.id = ? AND r.status NOT IN ({DECIDED}))";
+
+/// A refused claim's request status, as our word.
+pub(super) const WHY_REFUSED: &str =
+    "SELECT {STATUS_AS:status} FROM autoapproval_request WHERE id = ?";
+
+/// The completion's lock of the request row, its status, type and flags as
+/// our words.
+pub(super) const LOCK_FACTS: &str =
+    "SELECT {STATUS_AS:status}, {TYPE_AS:request_type}, {FLAG_AS:documents_released},
+            {FLAG_AS:operational_hold}, {FLAG_AS:menu_registered}, {FLAG_AS:logo_registered},
+            {FLAG_AS:previous_step_approved}, econtract_ref, target_store_number
+       FROM autoapproval_request WHERE id = ? FOR UPDATE NOWAIT";
+
+/// The completion's lock of the ledger row, its status as our word.
+pub(super) const LOCK_LEDGER: &str = "SELECT {ECONTRACT_AS:status} FROM autoapproval_econtract WHERE contract_ref = ? FOR UPDATE NOWAIT";
+
+/// The approval, in the business's code.
+pub(super) const APPROVE: &str = "UPDATE autoapproval_request
+                SET status = {STATUS:APPROVED}, decided_at = UTC_TIMESTAMP(6), decided_by = 'autoapproval',
+                    updated_at = UTC_TIMESTAMP(6)
+              WHERE id = ?";

@@ -12,16 +12,17 @@ use crate::db::{DbError, Ledger};
 /// second row, which start-up refuses, `schema.rs`); VALUES(col) is the
 /// row proposed (MySQL 8.0.20+ deprecates it for a row alias MariaDB lacks;
 /// both still accept it). Assignments run left to right, so synced_at is
-/// judged before status changes. Binds: contract_ref, status, synced_at.
+/// judged before status changes. Binds: contract_ref, status (our word,
+/// written as the business's code), synced_at. A template of `db::codes`.
 pub(super) const SYNC_ECONTRACT: &str =
-    "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, ?, ?)
+    "INSERT INTO autoapproval_econtract (contract_ref, status, synced_at) VALUES (?, {ECONTRACT_PARAM:?}, ?)
      ON DUPLICATE KEY UPDATE
-        synced_at = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', synced_at, VALUES(synced_at)),
-        status = IF(status = 'SIGNED' AND VALUES(status) = 'PENDING', status, VALUES(status))";
+        synced_at = IF(status = {ECONTRACT:SIGNED} AND VALUES(status) = {ECONTRACT:PENDING}, synced_at, VALUES(synced_at)),
+        status = IF(status = {ECONTRACT:SIGNED} AND VALUES(status) = {ECONTRACT:PENDING}, status, VALUES(status))";
 
-/// The ledger's status of a contract.
+/// The ledger's status of a contract, as our word.
 pub(super) const ECONTRACT_STATUS: &str =
-    "SELECT status FROM autoapproval_econtract WHERE contract_ref = ?";
+    "SELECT {ECONTRACT_AS:status} FROM autoapproval_econtract WHERE contract_ref = ?";
 
 // === impl MysqlStore ===
 
@@ -52,7 +53,7 @@ impl Ledger for MysqlStore {
             request_id,
             "sync e-contract: name the request",
             async |conn| {
-                sqlx::query(SYNC_ECONTRACT)
+                sqlx::query(self.sql(SYNC_ECONTRACT))
                     .bind(contract_ref)
                     .bind(status)
                     .bind(now)

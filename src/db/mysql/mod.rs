@@ -76,16 +76,25 @@ pub(crate) struct MysqlStore {
     /// Shadow mode: nothing is written to the business's tables (memos
     /// skipped, request and ledger writes refused).
     pub(super) shadow: bool,
-    /// The statements that name a code, rendered for the vocabulary (our
-    /// own words only, so far).
+    /// The statements that name a code, rendered for the vocabulary.
     pub(super) statements: Statements,
 }
 
-/// Every template of the backend that holds a placeholder (`db::codes`).
-const TEMPLATES: [&str; 3] = [
+/// Every template of the backend that holds a placeholder (`db::codes`);
+/// the statements built per call (a list's placeholders, a shard filter)
+/// are rendered as they are built (`MysqlStore::render`).
+const TEMPLATES: [&str; 11] = [
     crate::db::rows::request_sql!("?"),
     crate::db::rows::request_with_state_sql!("?"),
     ledger::ECONTRACT_STATUS,
+    ledger::SYNC_ECONTRACT,
+    claims::CLAIM_NEW,
+    claims::WHY_REFUSED,
+    claims::LOCK_FACTS,
+    claims::LOCK_LEDGER,
+    claims::APPROVE,
+    recovery::FINISHED,
+    recovery::FORGET_CLOSED,
 ];
 
 /// The statements for our own words, rendered once per process.
@@ -130,18 +139,17 @@ impl MysqlStore {
         self.statements.get(template)
     }
 
-    /// Only our own words on MySQL for now: a coded vocabulary is refused
-    /// before anything runs, rather than statements speaking the wrong codes.
+    /// A statement built per call (`template` holds placeholders of
+    /// `db::codes`), rendered for this store's vocabulary.
+    pub(super) fn render(&self, template: &str) -> sqlx::AssertSqlSafe<String> {
+        sqlx::AssertSqlSafe(self.statements.codes().render(template))
+    }
+
+    /// This store with its statements rendered for `vocabulary`.
     pub(super) fn with_vocabulary(
         mut self,
         vocabulary: Arc<crate::vocabulary::Vocabulary>,
     ) -> Result<Self, DbError> {
-        if !vocabulary.is_ours() {
-            return Err(DbError::Config {
-                setting: "--vocabulary",
-                message: "codes other than our own words are supported on PostgreSQL only in this version".into(),
-            });
-        }
         self.statements = Statements::new(Codes::new(vocabulary, Dialect::Mysql), &TEMPLATES);
         Ok(self)
     }
@@ -352,6 +360,58 @@ fn placeholders(n: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every placeholder of every statement is known: none is left, for
+    /// our words or for codes, the statements built per call included.
+    #[test]
+    fn every_template_renders_without_a_placeholder_left() {
+        use crate::domain::RequestType;
+        let coded = crate::vocabulary::Vocabulary::parse(
+            "request_types: {OWNER_CONTRACT: 1, AD_CONTRACT: 2}
+request_statuses: {ING: I, PENDING: P, RETRY: R, APPROVED: A, REJECTED: X, CANCELED: C}
+econtract_statuses: {PENDING: 0, SIGNED: 2, REJECTED: 3}
+flags: {yes: Y}",
+        )
+        .unwrap();
+        let mut built = vec![
+            candidates::candidates_among_template(3),
+            census::backlog_sql(),
+            retention::STILL_NEEDED.to_owned(),
+        ];
+        for t in [RequestType::OwnerContract, RequestType::AdContract] {
+            built.push(candidates::candidate_template(t, 2).unwrap());
+            built.push(candidates::fresh_candidates_template(t, 0).unwrap());
+        }
+        for vocabulary in [crate::vocabulary::Vocabulary::default(), coded] {
+            let codes = Codes::new(Arc::new(vocabulary), Dialect::Mysql);
+            let statements = Statements::new(codes.clone(), &TEMPLATES);
+            let rendered = TEMPLATES
+                .iter()
+                .map(|t| statements.text(t).unwrap().to_owned())
+                .chain(built.iter().map(|t| codes.render(t)));
+            for sql in rendered {
+                assert!(
+                    ![
+                        "{OPEN",
+                        "{STATUS",
+                        "{TYPE",
+                        "{ECONTRACT",
+                        "{FLAG",
+                        "{DECIDED"
+                    ]
+                    .iter()
+                    .any(|p| sql.contains(p)),
+                    "{sql}"
+                );
+            }
+        }
+        // Our own words render to the statements as they were.
+        assert!(
+            candidates::candidate_sql(RequestType::AdContract, 0)
+                .unwrap()
+                .contains("r.request_type = 'AD_CONTRACT'\n      AND r.status = 'ING'")
+        );
+    }
 
     #[test]
     fn placeholders_list_one_per_value() {

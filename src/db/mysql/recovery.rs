@@ -52,25 +52,19 @@ impl Recovery for MysqlStore {
             .map_err(db("cleanse stuck claims"))?;
             tx.commit().await.map_err(db("cleanse: commit"))?;
         }
-        let finished = ids(
-            sqlx::query_as(
-                "SELECT s.id FROM auto_approve_state s
-                  WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
-                                     WHERE r.id = s.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
-            )
+        let finished = ids(sqlx::query_as(self.sql(FINISHED))
             .fetch_all(&self.primary)
             .await
-            .map_err(db("cleanse: find finished rows"))?,
-        );
+            .map_err(db("cleanse: find finished rows"))?);
         let mut deleted = 0;
         for chunk in finished.chunks(CHUNK) {
             let sql = format!(
                 "DELETE FROM auto_approve_state
                   WHERE id IN ({}) AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
-                        WHERE r.id = auto_approve_state.request_id AND r.status IN ('ING', 'PENDING', 'RETRY'))",
+                        WHERE r.id = auto_approve_state.request_id AND r.status IN ({{OPEN}}))",
                 placeholders(chunk.len())
             );
-            let q = bind_all!(sqlx::query(sqlx::AssertSqlSafe(sql)), chunk);
+            let q = bind_all!(sqlx::query(self.render(&sql)), chunk);
             deleted += q
                 .execute(&self.primary)
                 .await
@@ -83,17 +77,11 @@ impl Recovery for MysqlStore {
 
     // By the unique request_id.
     async fn forget_closed(&self, request_id: i64) -> Result<bool, DbError> {
-        let done = sqlx::query(
-            "DELETE FROM auto_approve_state
-              WHERE request_id = ? AND status = 'RETRY_WAITING'
-                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
-                                 WHERE r.id = auto_approve_state.request_id
-                                   AND r.status IN ('ING', 'PENDING', 'RETRY'))",
-        )
-        .bind(request_id)
-        .execute(&self.primary)
-        .await
-        .map_err(db("forget closed request"))?;
+        let done = sqlx::query(self.sql(FORGET_CLOSED))
+            .bind(request_id)
+            .execute(&self.primary)
+            .await
+            .map_err(db("forget closed request"))?;
         Ok(done.rows_affected() == 1)
     }
 
@@ -325,3 +313,15 @@ async fn recover(
     }
     Ok(())
 }
+
+/// The state rows whose request is no longer open.
+pub(super) const FINISHED: &str = "SELECT s.id FROM auto_approve_state s
+                  WHERE NOT EXISTS (SELECT 1 FROM autoapproval_request r
+                                     WHERE r.id = s.request_id AND r.status IN ({OPEN}))";
+
+/// A waiting request's row, once the request is no longer open.
+pub(super) const FORGET_CLOSED: &str = "DELETE FROM auto_approve_state
+              WHERE request_id = ? AND status = 'RETRY_WAITING'
+                AND NOT EXISTS (SELECT 1 FROM autoapproval_request r
+                                 WHERE r.id = auto_approve_state.request_id
+                                   AND r.status IN ({OPEN}))";

@@ -9,10 +9,10 @@ use crate::db::retention::{AbandonedQuery, BATCH, Retention, RowsCollected};
 
 /// A request still needed by a row of ours: open, or decided less than
 /// `?` microseconds ago. `{table}` is the row's table.
-const STILL_NEEDED: &str = "\
+pub(super) const STILL_NEEDED: &str = "\
 EXISTS (SELECT 1 FROM autoapproval_request r
          WHERE r.id = {table}.request_id
-           AND (r.status IN ('ING', 'PENDING', 'RETRY')
+           AND (r.status IN ({OPEN})
                 OR COALESCE(r.decided_at, r.updated_at) > UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND))";
 
 fn micros(d: Duration) -> i64 {
@@ -33,7 +33,7 @@ impl Retention for MysqlStore {
                    FROM autoapproval_request r
                    LEFT JOIN auto_approve_state s ON s.request_id = r.id
                   WHERE r.id IN ({})
-                    AND r.status IN ('ING', 'PENDING', 'RETRY')
+                    AND r.status IN ({{OPEN}})
                     AND (s.retry_count >= ? OR r.sort_time < ?)
                     AND (s.id IS NULL OR s.status = 'RETRY_WAITING')
                     AND r.updated_at <= UTC_TIMESTAMP(6) - INTERVAL ? MICROSECOND
@@ -41,7 +41,7 @@ impl Retention for MysqlStore {
                     AND NOT EXISTS (SELECT 1 FROM auto_approve_pause p WHERE p.request_id = r.id)",
                 placeholders(chunk.len())
             );
-            let q = bind_all!(sqlx::query_scalar(sqlx::AssertSqlSafe(sql)), chunk)
+            let q = bind_all!(sqlx::query_scalar(self.render(&sql)), chunk)
                 .bind(query.retry_limit)
                 .bind(query.window_start)
                 .bind(idle)
@@ -103,7 +103,11 @@ impl MysqlStore {
         decided_micros: i64,
         operation: &'static str,
     ) -> Result<u64, DbError> {
-        let needed = STILL_NEEDED.replace("{table}", table);
+        let needed = self
+            .statements
+            .codes()
+            .render(STILL_NEEDED)
+            .replace("{table}", table);
         let sql = format!("DELETE FROM {table} WHERE NOT {needed} LIMIT {BATCH}");
         let mut total = 0;
         loop {

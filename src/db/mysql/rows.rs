@@ -24,13 +24,13 @@ impl Rows for MysqlStore {
         let mut rows: Vec<(i64, String, f64)> = Vec::with_capacity(request_ids.len());
         for chunk in request_ids.chunks(CHUNK) {
             let sql = format!(
-                "SELECT id, status,
+                "SELECT id, {{STATUS_AS:status}},
                         GREATEST(TIMESTAMPDIFF(MICROSECOND, COALESCE(decided_at, updated_at),
                                                UTC_TIMESTAMP(6)), 0) / 1e6
                    FROM autoapproval_request WHERE id IN ({})",
                 placeholders(chunk.len())
             );
-            let q = bind_all!(sqlx::query_as(sqlx::AssertSqlSafe(sql)), chunk);
+            let q = bind_all!(sqlx::query_as(self.render(&sql)), chunk);
             rows.extend(
                 q.fetch_all(&self.primary)
                     .await

@@ -3,7 +3,7 @@
 use sqlx::Row;
 use sqlx::migrate::Migrator;
 
-use super::candidates::candidate_sql;
+use super::candidates::candidate_template;
 use super::ledger::SYNC_ECONTRACT;
 use super::{MysqlStore, db};
 use crate::db::DbError;
@@ -201,7 +201,7 @@ impl MysqlStore {
         let pending = "PENDING";
         let mut tx = self.primary.begin().await.map_err(db(OPERATION))?;
         for _ in 0..2 {
-            let upsert = sqlx::query(SYNC_ECONTRACT)
+            let upsert = sqlx::query(self.sql(SYNC_ECONTRACT))
                 .bind(&contract)
                 .bind(pending)
                 .bind(chrono::Utc::now())
@@ -453,7 +453,9 @@ impl MysqlStore {
         let mut warnings = Vec::new();
         let leading = self.leading_columns().await?;
         for request_type in [RequestType::OwnerContract, RequestType::AdContract] {
-            let Some(sql) = candidate_sql(request_type, 0) else {
+            let Some(sql) =
+                candidate_template(request_type, 0).map(|t| self.statements.codes().render(&t))
+            else {
                 continue;
             };
             let mut explain = sqlx::query(sqlx::AssertSqlSafe(format!("EXPLAIN {sql}")));
@@ -605,7 +607,7 @@ fn mysql_trigger_refused(
 /// definition as information_schema.VIEWS shows it (both servers write
 /// `` `db`.`table`.`column` AS `alias` ``); `None` for anything else (an
 /// expression, a definition this account may not read).
-fn column_behind(definition: &str, alias: &str) -> Option<(String, String)> {
+pub(super) fn column_behind(definition: &str, alias: &str) -> Option<(String, String)> {
     let marker = format!(" AS `{alias}`");
     let at = definition
         .to_ascii_lowercase()

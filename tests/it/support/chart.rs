@@ -112,12 +112,13 @@ impl Rendered {
         found[0]
     }
 
-    /// The settings ConfigMap (not the dashboard's).
+    /// The settings ConfigMap (not the dashboard's, nor the vocabulary's).
     pub fn settings(&self) -> &Value {
         let found: Vec<&Value> = self
             .all("ConfigMap")
             .into_iter()
             .filter(|o| o["metadata"]["labels"].get("grafana_dashboard").is_none())
+            .filter(|o| o["data"].get("vocabulary.yaml").is_none())
             .collect();
         assert_eq!(
             found.len(),

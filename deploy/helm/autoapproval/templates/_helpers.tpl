@@ -126,6 +126,9 @@ owns what migrate creates and the controller's role nothing (docs/INTEGRATING.md
           key: {{ default (required "secret.keys.databaseUrl names the Secret key of the database URL" .Values.secret.keys.databaseUrl) .Values.secret.keys.migrationDatabaseUrl }}
     - name: AUTOAPPROVAL_LOG_JSON
       value: {{ toString .Values.config.logJson | quote }}
+    {{- with include "autoapproval.vocabularyEnv" . }}
+    {{- . | nindent 4 }}
+    {{- end }}
     {{- with include "autoapproval.logEnv" . }}
     {{- . | nindent 4 }}
     {{- end }}
@@ -133,7 +136,7 @@ owns what migrate creates and the controller's role nothing (docs/INTEGRATING.md
     {{- toYaml .Values.migrations.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
-  {{- with include "autoapproval.tlsVolumeMounts" . | trim }}
+  {{- with include "autoapproval.jobVolumeMounts" . | trim }}
   volumeMounts:
     {{- . | nindent 4 }}
   {{- end }}
@@ -168,6 +171,46 @@ files. The drivers read the files at each new connection, so a rotated Secret ne
     defaultMode: {{ .defaultMode }}
     {{- end }}
 {{- end }}
+{{- end }}
+
+{{/*
+The vocabulary (values `vocabulary`): its ConfigMap a read-only volume, the file at
+/etc/autoapproval/vocabulary/vocabulary.yaml, named by AUTOAPPROVAL_VOCABULARY, in every container
+that binds statements or stores the vocabulary (the controller, migrate, check). Nothing when
+empty: the binary's default, our own words. The hook Job mounts the hook copy, the only one that
+exists before the chart's other objects (argument: the ConfigMap's name suffix).
+*/}}
+{{- define "autoapproval.vocabularyDir" -}}/etc/autoapproval/vocabulary{{- end }}
+
+{{- define "autoapproval.vocabularyEnv" -}}
+{{- if .Values.vocabulary -}}
+- name: AUTOAPPROVAL_VOCABULARY
+  value: {{ include "autoapproval.vocabularyDir" . }}/vocabulary.yaml
+{{- end }}
+{{- end }}
+
+{{- define "autoapproval.vocabularyVolumeMount" -}}
+{{- if .Values.vocabulary -}}
+- name: vocabulary
+  mountPath: {{ include "autoapproval.vocabularyDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+
+{{/* The vocabulary's volume; `list . "vocabulary"` or `list . "migrate-vocabulary"`. */}}
+{{- define "autoapproval.vocabularyVolume" -}}
+{{- $root := index . 0 }}
+{{- if $root.Values.vocabulary -}}
+- name: vocabulary
+  configMap:
+    name: {{ include "autoapproval.fullname" $root }}-{{ index . 1 }}
+{{- end }}
+{{- end }}
+
+{{/* The mounts of the containers that connect beside the controller: TLS and the vocabulary. */}}
+{{- define "autoapproval.jobVolumeMounts" -}}
+{{ include "autoapproval.tlsVolumeMounts" . }}
+{{ include "autoapproval.vocabularyVolumeMount" . }}
 {{- end }}
 
 {{/* The mounts of tls.volumes: /etc/autoapproval/tls/<name>/, read-only. */}}
@@ -205,6 +248,9 @@ lines become the pod's termination message, kept after the logs are gone.
     {{- end }}
     - name: AUTOAPPROVAL_LOG_JSON
       value: {{ toString .Values.config.logJson | quote }}
+    {{- with include "autoapproval.vocabularyEnv" . }}
+    {{- . | nindent 4 }}
+    {{- end }}
     {{- with include "autoapproval.logEnv" . }}
     {{- . | nindent 4 }}
     {{- end }}
@@ -212,7 +258,7 @@ lines become the pod's termination message, kept after the logs are gone.
     {{- toYaml .Values.migrations.resources | nindent 4 }}
   securityContext:
     {{- toYaml .Values.securityContext | nindent 4 }}
-  {{- with include "autoapproval.tlsVolumeMounts" . | trim }}
+  {{- with include "autoapproval.jobVolumeMounts" . | trim }}
   volumeMounts:
     {{- . | nindent 4 }}
   {{- end }}
