@@ -400,6 +400,29 @@ pub struct Claim {
 /// The retry limit after which a request is no longer selected (the seed's 300).
 pub const DEFAULT_RETRY_LIMIT: i32 = 300;
 
+/// Status of an e-contract in the e-sign system.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ContractStatus {
+    /// Sent, not yet signed by every party.
+    Pending,
+    /// Signed by every party.
+    Signed,
+    /// Declined or voided.
+    Rejected,
+}
+
+impl ContractStatus {
+    /// The ledger's spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ContractStatus::Pending => "PENDING",
+            ContractStatus::Signed => "SIGNED",
+            ContractStatus::Rejected => "REJECTED",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::path::Path;
 
+use crate::domain::ContractStatus;
 use crate::domain::{RequestStatus, RequestType};
-use crate::external::ContractStatus;
 
 /// A code of the business's: a string or an integer, of a shape that is
 /// safe to write as an SQL literal (checked when the file is read).

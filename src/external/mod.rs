@@ -145,28 +145,7 @@ pub struct FoundCampaign {
     pub store_number: i64,
 }
 
-/// Status of an e-contract in the e-sign system.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
-pub enum ContractStatus {
-    /// Sent, not yet signed by every party.
-    Pending,
-    /// Signed by every party.
-    Signed,
-    /// Declined or voided.
-    Rejected,
-}
-
-impl ContractStatus {
-    /// The ledger's spelling.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ContractStatus::Pending => "PENDING",
-            ContractStatus::Signed => "SIGNED",
-            ContractStatus::Rejected => "REJECTED",
-        }
-    }
-}
+pub use crate::domain::ContractStatus;
 
 /// What the owner service needs to create an owner.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
