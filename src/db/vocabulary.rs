@@ -41,3 +41,28 @@ impl super::Database {
         Ok(())
     }
 }
+
+/// The columns we write, by view: none may be an expression of its view
+/// (a `CASE`, a count), which the database cannot write through.
+pub(super) const WRITTEN: &[(&str, &[&str])] = &[
+    (
+        "autoapproval_request",
+        &[
+            "status",
+            "updated_at",
+            "owner_number",
+            "store_number",
+            "campaign_id",
+            "decided_at",
+            "decided_by",
+        ],
+    ),
+    (
+        "autoapproval_econtract",
+        &["contract_ref", "status", "synced_at"],
+    ),
+    (
+        "autoapproval_request_memo",
+        &["request_id", "created_at", "author", "message"],
+    ),
+];

@@ -5,32 +5,7 @@
 use super::schema::column_behind;
 use super::{MysqlStore, db};
 use crate::db::DbError;
-use crate::db::vocabulary::VocabularyTable;
-
-/// The columns we write, by view: none may be an expression of its view
-/// (a `CASE`, a count), which the database cannot write through.
-const WRITTEN: &[(&str, &[&str])] = &[
-    (
-        "autoapproval_request",
-        &[
-            "status",
-            "updated_at",
-            "owner_number",
-            "store_number",
-            "campaign_id",
-            "decided_at",
-            "decided_by",
-        ],
-    ),
-    (
-        "autoapproval_econtract",
-        &["contract_ref", "status", "synced_at"],
-    ),
-    (
-        "autoapproval_request_memo",
-        &["request_id", "created_at", "author", "message"],
-    ),
-];
+use crate::db::vocabulary::{VocabularyTable, WRITTEN};
 
 /// SELECT command denied: the controller's account was not granted the
 /// table (an install from before migration 0006 keeps its grants).

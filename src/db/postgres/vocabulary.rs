@@ -7,33 +7,8 @@ use super::schema::whole_reads;
 use super::{PgStore, db};
 use crate::db::DbError;
 use crate::db::codes::literal;
-use crate::db::vocabulary::VocabularyTable;
+use crate::db::vocabulary::{VocabularyTable, WRITTEN};
 use crate::domain::{RequestStatus, RequestType};
-
-/// The columns we write, by view: none may be an expression of its view
-/// (a `CASE`, a count), which the database cannot write through.
-const WRITTEN: &[(&str, &[&str])] = &[
-    (
-        "autoapproval_request",
-        &[
-            "status",
-            "updated_at",
-            "owner_number",
-            "store_number",
-            "campaign_id",
-            "decided_at",
-            "decided_by",
-        ],
-    ),
-    (
-        "autoapproval_econtract",
-        &["contract_ref", "status", "synced_at"],
-    ),
-    (
-        "autoapproval_request_memo",
-        &["request_id", "created_at", "author", "message"],
-    ),
-];
 
 // The written columns the database cannot update through their view,
 // INSTEAD OF triggers counted (pg_column_is_updatable's third argument).
